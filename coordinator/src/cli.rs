@@ -1,0 +1,155 @@
+//! Command-line flags, grouped as the contract groups them. Every flag also
+//! reads an `RSEMBED_*` environment variable.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use rsembed_worker::engine::session::Device;
+
+/// rsembed: remote-sensing archives to searchable Git-RSCLIP embeddings.
+#[derive(Debug, Parser)]
+#[command(name = "rsembed", version, about)]
+pub struct Cli {
+    /// Log format: `text` for terminals, `json` for clusters.
+    #[arg(
+        long,
+        env = "RSEMBED_LOG_FORMAT",
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Embedded mode: plan, embed and write the whole job in this process.
+    Run(RunArgs),
+    /// Dry run: the inputs and tasks a job would have; writes nothing.
+    Plan(PlanArgs),
+    /// Text embeddings, one JSON array per line.
+    Text(TextArgs),
+}
+
+/// How inputs are cut into chips.
+#[derive(Debug, Clone, Args)]
+pub struct TilingArgs {
+    /// Chip size in source pixels. Default: the model's input size, so chips need no resize.
+    #[arg(long, env = "RSEMBED_CHIP_SIZE")]
+    pub chip_size: Option<u32>,
+    /// Stride in source pixels. Default: the chip size (no overlap).
+    #[arg(long, env = "RSEMBED_STRIDE")]
+    pub stride: Option<u32>,
+    /// 1-based band indexes in R,G,B order, e.g. `4,3,2`. Default: 1,2,3 (1 replicated for one-band rasters).
+    #[arg(long, env = "RSEMBED_BANDS", value_delimiter = ',')]
+    pub bands: Option<Vec<u32>>,
+    /// `auto`, `none`, or `MIN:MAX` linear to 0-255. `auto` keeps 8-bit data as it is and
+    /// stretches other data by scene-level 2nd-98th percentiles.
+    #[arg(long, env = "RSEMBED_SCALE", default_value = "auto")]
+    pub scale: String,
+    /// Drop chips whose valid fraction is below this. Default: drop only chips with no valid pixel.
+    #[arg(long, env = "RSEMBED_MIN_VALID")]
+    pub min_valid: Option<f32>,
+    /// Inputs per task, on average. Task boundaries are content-defined, so adding
+    /// a file to an archive changes one task, not all the tasks after it.
+    #[arg(long, env = "RSEMBED_TASK_SIZE", default_value_t = 64)]
+    pub task_size: usize,
+}
+
+/// How inference runs.
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, env = "RSEMBED_DEVICE", default_value = "cpu")]
+    pub device: Device,
+    /// Images per inference call: `auto` or a number. On CPU, `auto` is 16.
+    #[arg(long, env = "RSEMBED_BATCH_SIZE", default_value = "auto")]
+    pub batch_size: String,
+    /// GPU memory limit for ONNX Runtime's arena, in bytes.
+    #[arg(long, env = "RSEMBED_GPU_MEM_LIMIT")]
+    pub gpu_mem_limit: Option<u64>,
+    /// Use the model's float16 vision graph (`vision_fp16` in rsembed-model.json).
+    #[arg(long, env = "RSEMBED_FP16")]
+    pub fp16: bool,
+    /// Threads inside one ONNX Runtime operator. Default: ONNX Runtime's choice (one per core).
+    #[arg(long, env = "RSEMBED_INTRA_THREADS")]
+    pub intra_threads: Option<usize>,
+    /// Path of libonnxruntime.so. Default: ORT_DYLIB_PATH, then next to the executable, then the system.
+    #[arg(long, env = "RSEMBED_ORT_LIB")]
+    pub ort_lib: Option<PathBuf>,
+}
+
+impl EngineArgs {
+    /// The batch size to use for a device.
+    pub fn batch_size(&self) -> Result<usize, String> {
+        match self.batch_size.as_str() {
+            "auto" => Ok(16),
+            n => match n.parse::<usize>() {
+                Ok(v) if (1..=4096).contains(&v) => Ok(v),
+                _ => Err(format!(
+                    "--batch-size must be `auto` or 1..=4096, not `{n}`"
+                )),
+            },
+        }
+    }
+}
+
+/// `rsembed run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Input: a local folder or file, or an object store URL (s3://, gs://, az://, http(s)://).
+    #[arg(long, env = "RSEMBED_INPUT")]
+    pub input: String,
+    /// Output: a local folder or an object store URL; gets job.json, chips/, errors/, manifest.json.
+    #[arg(long, env = "RSEMBED_OUTPUT")]
+    pub output: String,
+    /// Model directory (see tools/export_onnx.py).
+    #[arg(long, env = "RSEMBED_MODEL")]
+    pub model: PathBuf,
+    /// Tiling.
+    #[command(flatten)]
+    pub tiling: TilingArgs,
+    /// Inference.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Tasks processed at once; two keep the model busy while one task is written.
+    #[arg(long, env = "RSEMBED_TASKS_IN_FLIGHT", default_value_t = 2)]
+    pub tasks_in_flight: usize,
+    /// Inputs decoded at once. Default: the number of cores.
+    #[arg(long, env = "RSEMBED_DECODE_THREADS")]
+    pub decode_threads: Option<usize>,
+    /// Print the summary as JSON instead of text.
+    #[arg(long, env = "RSEMBED_JSON")]
+    pub json: bool,
+}
+
+/// `rsembed plan`.
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    /// Input: a local folder or file, or an object store URL.
+    #[arg(long, env = "RSEMBED_INPUT")]
+    pub input: String,
+    /// Tiling.
+    #[command(flatten)]
+    pub tiling: TilingArgs,
+    /// Print the plan as JSON.
+    #[arg(long, env = "RSEMBED_JSON")]
+    pub json: bool,
+}
+
+/// `rsembed text`.
+#[derive(Debug, Clone, Args)]
+pub struct TextArgs {
+    /// Model directory.
+    #[arg(long, env = "RSEMBED_MODEL")]
+    pub model: PathBuf,
+    /// Inference (only device, threads and the ORT library matter here).
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Texts to embed; each gets one output line.
+    #[arg(required = true)]
+    pub texts: Vec<String>,
+}

@@ -1,0 +1,30 @@
+//! The coordinator's error type.
+
+/// Errors of the coordinator library.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A worker-side failure: model, ORT, store, Parquet.
+    #[error(transparent)]
+    Worker(#[from] rsembed_worker::Error),
+    /// An object store operation failed.
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    /// The input cannot be listed.
+    #[error("input: {0}")]
+    Input(String),
+    /// The output cannot be used.
+    #[error("output: {0}")]
+    Output(String),
+    /// A flag value that makes no sense.
+    #[error("{0}")]
+    Usage(String),
+    /// The run stopped before finishing.
+    #[error("cancelled")]
+    Cancelled,
+    /// JSON that does not parse.
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+/// The coordinator's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

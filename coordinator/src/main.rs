@@ -1,0 +1,114 @@
+//! The `rsembed` command.
+
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use clap::Parser;
+use rsembed_coordinator::cli::{Cli, Command, PlanArgs};
+use rsembed_coordinator::plan::{plan, ListStats};
+use rsembed_coordinator::{run, text};
+use tracing_subscriber::EnvFilter;
+
+/// Exit code of a run that finished with some inputs recorded as failed.
+const EXIT_FAILED_INPUTS: u8 = 3;
+
+fn init_tracing(format: &str) {
+    let filter = EnvFilter::try_from_env("RSEMBED_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(&cli.log_format);
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
+    match cmd {
+        Command::Run(args) => {
+            let json = args.json;
+            let s = run::run(args).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", s.render());
+            }
+            Ok(if s.failed_inputs > 0 {
+                ExitCode::from(EXIT_FAILED_INPUTS)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Command::Plan(args) => plan_cmd(args).await,
+        Command::Text(args) => {
+            let mut out = std::io::stdout().lock();
+            text::run(&args, &mut out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
+    let stores = rsembed_worker::store::StoreCache::default();
+    let input = stores.location(&args.input)?;
+    let stats = Arc::new(ListStats::default());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let planner = tokio::spawn(plan(
+        input.clone(),
+        "plan".into(),
+        args.tiling.task_size,
+        stats.clone(),
+        tx,
+    ));
+    let mut largest = 0usize;
+    while let Some(t) = rx.recv().await {
+        largest = largest.max(t.inputs.len());
+    }
+    planner.await??;
+    let v = serde_json::json!({
+        "input": input.url.as_str(),
+        "inputs": stats.inputs.load(Ordering::Relaxed),
+        "skipped": stats.skipped.load(Ordering::Relaxed),
+        "tasks": stats.tasks.load(Ordering::Relaxed),
+        "largest_task": largest,
+        "chips": stats.inputs.load(Ordering::Relaxed),
+        "bytes": stats.bytes.load(Ordering::Relaxed),
+    });
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!("rsembed plan: {}", input.url);
+        for k in [
+            "inputs",
+            "skipped",
+            "tasks",
+            "largest_task",
+            "chips",
+            "bytes",
+        ] {
+            println!("  {k:<14}{}", v[k]);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,195 @@
+//! Planning: list the input as a stream and cut it into deterministic tasks.
+//!
+//! The listing is never held whole: inputs flow through a bounded channel into
+//! task groups, and each finished group is sent on as a task. Order is
+//! lexicographic by path, as object stores list, so a plan made twice is the
+//! same plan.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use object_store::{ObjectMeta, ObjectStoreExt};
+use rsembed_schemas::task::{ends_group, Task, TaskInput};
+use rsembed_worker::store::Location;
+use tokio::sync::mpsc;
+
+use crate::error::{Error, Result};
+
+/// File name extensions read as whole images (case-insensitive).
+pub const IMAGE_EXTENSIONS: [&str; 5] = ["png", "jpg", "jpeg", "tif", "tiff"];
+
+/// Counts of what the listing saw.
+#[derive(Debug, Default)]
+pub struct ListStats {
+    /// Inputs planned.
+    pub inputs: AtomicU64,
+    /// Bytes of the planned inputs.
+    pub bytes: AtomicU64,
+    /// Objects left out because their extension is not an image's.
+    pub skipped: AtomicU64,
+    /// Tasks planned.
+    pub tasks: AtomicU64,
+}
+
+fn is_image_name(name: &str) -> bool {
+    let base = name.rsplit('/').next().unwrap_or(name);
+    if base.starts_with('.') {
+        // Dotfiles: macOS `._x.jpg` resource forks, editor swap files.
+        return false;
+    }
+    base.rsplit_once('.')
+        .map(|(_, ext)| IMAGE_EXTENSIONS.iter().any(|e| ext.eq_ignore_ascii_case(e)))
+        .unwrap_or(false)
+}
+
+/// `source_version`: the ETag where the store has one, else size + modification time.
+///
+/// Local files use size + mtime even though object_store makes an ETag for them,
+/// because that ETag includes the inode, which changes when a dataset is copied.
+fn version_of(loc: &Location, meta: &ObjectMeta) -> String {
+    match (&meta.e_tag, loc.is_local()) {
+        (Some(tag), false) => tag.trim_matches('"').to_owned(),
+        _ => format!(
+            "{}-{}",
+            meta.size,
+            meta.last_modified.timestamp_nanos_opt().unwrap_or_default()
+        ),
+    }
+}
+
+fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
+    TaskInput {
+        uri: loc.uri_of(&meta.location),
+        size: meta.size,
+        version: Some(version_of(loc, meta)),
+    }
+}
+
+/// Lists the inputs under `loc` in lexicographic order into `tx`.
+async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) -> Result<()> {
+    let send = |meta: ObjectMeta| {
+        let tx = tx.clone();
+        async move {
+            if !is_image_name(meta.location.as_ref()) {
+                stats.skipped.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            stats.inputs.fetch_add(1, Ordering::Relaxed);
+            stats.bytes.fetch_add(meta.size, Ordering::Relaxed);
+            tx.send(input_of(loc, &meta))
+                .await
+                .map_err(|_| Error::Cancelled)
+        }
+    };
+    // A single object is an input of its own.
+    if !loc.prefix.as_ref().is_empty() {
+        if let Ok(meta) = loc.store.head(&loc.prefix).await {
+            let is_dir = loc.local_dir().map(|d| d.is_dir()).unwrap_or(false);
+            if !is_dir {
+                return send(meta).await;
+            }
+        }
+    }
+    if let Some(dir) = loc.local_dir() {
+        if !dir.is_dir() {
+            return Err(Error::Input(format!(
+                "input {} does not exist or is not a folder or file",
+                loc.url
+            )));
+        }
+        // object_store's local listing follows readdir order; a sorted walk keeps
+        // plans deterministic, reading one directory at a time.
+        let (wtx, mut wrx) = mpsc::channel::<std::result::Result<std::path::PathBuf, String>>(256);
+        let root = dir.clone();
+        let walker = tokio::task::spawn_blocking(move || {
+            let walk = walkdir::WalkDir::new(&root)
+                .sort_by_file_name()
+                .into_iter()
+                .filter_entry(|e| {
+                    e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.')
+                });
+            for e in walk {
+                let item = match e {
+                    Ok(e) if e.file_type().is_file() => Ok(e.into_path()),
+                    Ok(_) => continue,
+                    Err(err) => Err(err.to_string()),
+                };
+                if wtx.blocking_send(item).is_err() {
+                    break;
+                }
+            }
+        });
+        while let Some(item) = wrx.recv().await {
+            let path = item.map_err(|e| Error::Input(format!("listing {}: {e}", loc.url)))?;
+            let p = object_store::path::Path::from(path.to_string_lossy().trim_start_matches('/'));
+            let meta = loc.store.head(&p).await?;
+            send(meta).await?;
+        }
+        walker
+            .await
+            .map_err(|e| Error::Input(format!("listing panicked: {e}")))?;
+        return Ok(());
+    }
+    let mut s = loc.store.list(Some(&loc.prefix));
+    while let Some(meta) = s.next().await {
+        send(meta?).await?;
+    }
+    Ok(())
+}
+
+/// Streams the tasks of a job into `tasks`. Returns when the listing is done.
+pub async fn plan(
+    loc: Location,
+    job_id: String,
+    task_size: usize,
+    stats: Arc<ListStats>,
+    tasks: mpsc::Sender<Task>,
+) -> Result<()> {
+    let (itx, mut irx) = mpsc::channel::<TaskInput>(1024);
+    let lister = {
+        let stats = stats.clone();
+        async move {
+            let r = list(&loc, &stats, itx).await;
+            r
+        }
+    };
+    let grouper = async {
+        let mut group = Vec::new();
+        while let Some(input) = irx.recv().await {
+            let uri = input.uri.clone();
+            group.push(input);
+            if ends_group(&uri, group.len(), task_size) {
+                stats.tasks.fetch_add(1, Ordering::Relaxed);
+                let t = Task::new(&job_id, std::mem::take(&mut group));
+                tasks.send(t).await.map_err(|_| Error::Cancelled)?;
+            }
+        }
+        if !group.is_empty() {
+            stats.tasks.fetch_add(1, Ordering::Relaxed);
+            tasks
+                .send(Task::new(&job_id, group))
+                .await
+                .map_err(|_| Error::Cancelled)?;
+        }
+        Ok::<(), Error>(())
+    };
+    let (l, g) = tokio::join!(lister, grouper);
+    l?;
+    g
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selects_images_by_extension() {
+        assert!(is_image_name("a/b/c.PNG"));
+        assert!(is_image_name("x.jpeg"));
+        assert!(is_image_name("scene.TIF"));
+        assert!(!is_image_name("labels.csv"));
+        assert!(!is_image_name("a/._c.jpg"));
+        assert!(!is_image_name("noext"));
+    }
+}

@@ -1,0 +1,127 @@
+//! The one-screen summary `rsembed run` ends with.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+/// What a run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    /// The job.
+    pub job_id: String,
+    /// Output URL.
+    pub output: String,
+    /// Output folder, when local.
+    pub local_output: Option<PathBuf>,
+    /// Tasks in the plan.
+    pub tasks: u64,
+    /// Tasks found finished and not run again.
+    pub tasks_resumed: u64,
+    /// Inputs planned.
+    pub inputs: u64,
+    /// Objects left out as not images (by extension).
+    pub skipped: u64,
+    /// Chip rows in the dataset.
+    pub chips: u64,
+    /// Chips embedded by this run (less than `chips` on resume).
+    pub chips_embedded: u64,
+    /// Inputs recorded in errors/.
+    pub failed_inputs: u64,
+    /// Bytes read from the input store.
+    pub bytes_read: u64,
+    /// Wall time.
+    pub seconds: f64,
+    /// Embedding dimension.
+    pub embed_dim: usize,
+}
+
+impl Summary {
+    /// Chips embedded per second of wall time.
+    pub fn chips_per_second(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.chips_embedded as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// The glob a query engine reads the chips with.
+    pub fn chips_glob(&self) -> String {
+        match &self.local_output {
+            Some(p) => format!("{}/chips/*.parquet", p.display()),
+            None => format!("{}/chips/*.parquet", self.output.trim_end_matches('/')),
+        }
+    }
+
+    /// The text summary.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let status = if self.failed_inputs == 0 {
+            "done".to_owned()
+        } else {
+            format!("done, {} inputs failed", self.failed_inputs)
+        };
+        s += &format!("rsembed run: {status} in {:.1} s\n", self.seconds);
+        s += &format!("  job             {}\n", self.job_id);
+        s += &format!(
+            "  tasks           {} ({} already done)\n",
+            self.tasks, self.tasks_resumed
+        );
+        s += &format!("  inputs          {}", self.inputs);
+        if self.skipped > 0 {
+            s += &format!(
+                " ({} other files skipped: not an image by extension)",
+                self.skipped
+            );
+        }
+        s += "\n";
+        s += &format!(
+            "  chips           {} (embedding dim {})\n",
+            self.chips, self.embed_dim
+        );
+        s += &format!("  failed inputs   {}", self.failed_inputs);
+        if self.failed_inputs > 0 {
+            s += &format!(
+                " (reasons in {}/errors/)",
+                self.output.trim_end_matches('/')
+            );
+        }
+        s += "\n";
+        s += &format!("  chips/s         {:.1}\n", self.chips_per_second());
+        s += &format!("  read            {}\n", human_bytes(self.bytes_read));
+        s += &format!("  output          {}\n", self.output);
+        s += &format!("  GeoParquet      {}\n", self.chips_glob());
+        s += &format!(
+            "  query           duckdb -c \"SELECT source_uri, len(embedding) FROM '{}' LIMIT 5\"\n",
+            self.chips_glob()
+        );
+        s
+    }
+}
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_bytes_units() {
+        assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+}

@@ -1,0 +1,141 @@
+//! Helpers for the end-to-end tests in `tests/`: the real binaries, the
+//! committed fixtures, the shared sample data and DuckDB through Python.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("integration-tests lives in the workspace")
+        .to_path_buf()
+}
+
+/// The committed tiny test model.
+pub fn tiny_model() -> PathBuf {
+    root().join("fixtures/models/tiny-siglip")
+}
+
+/// The committed sample images.
+pub fn fixture_images() -> PathBuf {
+    root().join("fixtures/images")
+}
+
+/// `../shared/data`, when this checkout has it. Tests that use it print that
+/// they skipped when it is absent.
+pub fn shared_data() -> Option<PathBuf> {
+    let p = root().join("../shared/data");
+    p.join("MANIFEST.txt").is_file().then_some(p)
+}
+
+/// The ONNX Runtime library the tests use: ORT_DYLIB_PATH, or `.cache/ort`.
+pub fn ort_lib() -> PathBuf {
+    if let Some(p) = std::env::var_os("ORT_DYLIB_PATH") {
+        return PathBuf::from(p);
+    }
+    let p = root().join(".cache/ort/libonnxruntime.so.1.31.1");
+    assert!(
+        p.is_file(),
+        "ONNX Runtime library missing: run scripts/setup-ort.sh (or scripts/test.sh), or set ORT_DYLIB_PATH"
+    );
+    p
+}
+
+/// Builds (once) and returns a binary of the workspace.
+pub fn binary(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let st = Command::new(cargo)
+            .current_dir(root())
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "rsembed-coordinator",
+                "-p",
+                "rsembed-worker",
+                "--bins",
+            ])
+            .status()
+            .expect("cargo runs");
+        assert!(st.success(), "building the binaries failed");
+    });
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    target.join("debug").join(name)
+}
+
+/// A `rsembed` command with the test ORT library and quiet logs.
+pub fn rsembed() -> Command {
+    let mut c = Command::new(binary("rsembed"));
+    c.env("ORT_DYLIB_PATH", ort_lib())
+        .env("RSEMBED_LOG", "warn");
+    c
+}
+
+/// Runs a command and returns its output, printing it for failed tests to show.
+pub fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("command starts");
+    eprintln!("$ {cmd:?}\nexit: {:?}", out.status.code());
+    eprintln!("stdout:\n{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// The Python with the test packages (duckdb): RSEMBED_TEST_PYTHON or `.cache/venv`.
+pub fn python() -> PathBuf {
+    if let Some(p) = std::env::var_os("RSEMBED_TEST_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let p = root().join(".cache/venv/bin/python");
+    assert!(
+        p.is_file(),
+        "test Python missing: run scripts/setup-test-env.sh (or scripts/test.sh), or set RSEMBED_TEST_PYTHON"
+    );
+    p
+}
+
+/// Runs a DuckDB query through the Python package and returns its rows as JSON.
+pub fn duckdb(sql: &str) -> serde_json::Value {
+    let script = r#"
+import sys, json, duckdb
+rows = duckdb.sql(sys.argv[1]).fetchall()
+print(json.dumps([[v if isinstance(v, (int, float, str, type(None))) else (list(v) if isinstance(v, (list, tuple)) else str(v)) for v in r] for r in rows]))
+"#;
+    let out = Command::new(python())
+        .args(["-c", script, sql])
+        .output()
+        .expect("python starts");
+    assert!(
+        out.status.success(),
+        "duckdb query failed: {sql}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("duckdb output is JSON")
+}
+
+/// Copies a directory tree (files only), for tests that damage a copy.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+/// Cosine similarity.
+pub fn cosine(a: &[f64], b: &[f64]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+    let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
+    dot / (na * nb)
+}

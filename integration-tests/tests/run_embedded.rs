@@ -1,0 +1,232 @@
+//! `rsembed run` end to end: real images, real ONNX Runtime, Parquet read back by DuckDB.
+
+use std::path::Path;
+
+use rsembed_integration_tests::*;
+use serde_json::Value;
+
+fn run_job(input: &Path, output: &Path) -> std::process::Output {
+    run(rsembed().args([
+        "run",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+        "--model",
+        tiny_model().to_str().unwrap(),
+    ]))
+}
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .unwrap()
+}
+
+fn image_count(dir: &Path) -> usize {
+    let exts = ["png", "jpg", "jpeg", "tif", "tiff"];
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            n += image_count(&p);
+        } else if p
+            .extension()
+            .map(|x| exts.contains(&x.to_string_lossy().to_lowercase().as_str()))
+            .unwrap_or(false)
+        {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[test]
+fn fixtures_run_writes_dataset_duckdb_reads() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run_job(&fixture_images(), &out);
+    assert_eq!(o.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("chips/*.parquet"),
+        "summary names the GeoParquet"
+    );
+    assert!(stdout.contains("duckdb -c"), "summary gives a DuckDB query");
+
+    let n = image_count(&fixture_images());
+    let manifest = read_json(&out.join("manifest.json"));
+    assert_eq!(manifest["rows"], n as u64);
+    assert_eq!(manifest["failed_inputs"], 0);
+    let job = read_json(&out.join("job.json"));
+    assert_eq!(job["job_id"], manifest["job_id"]);
+    assert_eq!(job["model"]["name"], "tiny-siglip");
+    assert_eq!(job["model"]["sha256"].as_str().unwrap().len(), 64);
+
+    let glob = format!("{}/chips/*.parquet", out.display());
+    let dim = read_json(&tiny_model().join("rsembed-model.json"))["embed_dim"]
+        .as_u64()
+        .unwrap();
+    let rows = duckdb(&format!(
+        "SELECT count(*), len(any_value(embedding)), count(DISTINCT chip_id), \
+         min(list_sum(list_transform(embedding::FLOAT[], x -> x * x))), \
+         max(list_sum(list_transform(embedding::FLOAT[], x -> x * x))), \
+         count(geometry), min(valid_fraction) FROM '{glob}'"
+    ));
+    let r = &rows[0];
+    assert_eq!(r[0], n as u64, "one row per image");
+    assert_eq!(r[1], dim);
+    assert_eq!(r[2], n as u64, "chip ids are unique");
+    assert!((r[3].as_f64().unwrap() - 1.0).abs() < 1e-4, "L2-normalized");
+    assert!((r[4].as_f64().unwrap() - 1.0).abs() < 1e-4, "L2-normalized");
+    assert_eq!(r[5], 0, "plain images have no footprint");
+    assert_eq!(r[6], 1.0);
+
+    // Whole images are one chip at 0,0 with their own size.
+    let sizes = duckdb(&format!(
+        "SELECT x, y, width, height, source_uri FROM '{glob}' ORDER BY source_uri"
+    ));
+    for s in sizes.as_array().unwrap() {
+        assert_eq!((s[0].as_i64(), s[1].as_i64()), (Some(0), Some(0)));
+        let uri = s[4].as_str().unwrap();
+        assert!(uri.starts_with("file:///"), "{uri}");
+        let path = uri.trim_start_matches("file://");
+        let (w, h) = image::image_dimensions(path).unwrap();
+        assert_eq!(
+            (s[2].as_u64(), s[3].as_u64()),
+            (Some(w as u64), Some(h as u64))
+        );
+    }
+
+    // The contract says DuckDB can score against a query vector directly.
+    let sim = duckdb(&format!(
+        "SELECT array_cosine_similarity(embedding, embedding) FROM '{glob}' LIMIT 1"
+    ));
+    assert!((sim[0][0].as_f64().unwrap() - 1.0).abs() < 1e-5);
+
+    // File metadata: GeoParquet and rsembed provenance.
+    let kv = duckdb(&format!(
+        "SELECT decode(key), decode(value) FROM parquet_kv_metadata('{glob}') \
+         WHERE decode(key) IN ('geo', 'rsembed') ORDER BY 1 LIMIT 2"
+    ));
+    let geo: Value = serde_json::from_str(kv[0][1].as_str().unwrap()).unwrap();
+    assert_eq!(geo["version"], "1.1.0");
+    assert_eq!(geo["primary_column"], "geometry");
+    let meta: Value = serde_json::from_str(kv[1][1].as_str().unwrap()).unwrap();
+    assert_eq!(meta["schema_version"], 1);
+    assert_eq!(meta["job_id"], manifest["job_id"]);
+    assert_eq!(meta["model_sha256"], job["model"]["sha256"]);
+}
+
+#[test]
+fn embeddings_match_hugging_face_end_to_end() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    assert_eq!(run_job(&fixture_images(), &out).status.code(), Some(0));
+    let reference = read_json(&tiny_model().join("reference.json"));
+    let glob = format!("{}/chips/*.parquet", out.display());
+    let mut checked = 0;
+    for img in reference["images"].as_array().unwrap() {
+        let file = root().join("fixtures").join(img["file"].as_str().unwrap());
+        let uri = format!("file://{}", file.display());
+        let rows = duckdb(&format!(
+            "SELECT embedding::FLOAT[] FROM '{glob}' WHERE source_uri = '{}'",
+            uri.replace('\'', "''")
+        ));
+        let ours: Vec<f64> = rows[0][0]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let theirs: Vec<f64> = img["image_embeds"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let cos = cosine(&ours, &theirs);
+        let min = if img["resized"].as_bool().unwrap() {
+            0.999
+        } else {
+            0.9999
+        };
+        assert!(cos >= min, "{}: cosine {cos} < {min}", file.display());
+        checked += 1;
+    }
+    assert!(checked >= 4);
+}
+
+#[test]
+#[allow(clippy::print_stderr)]
+fn shared_chips_one_row_per_image() {
+    let Some(data) = shared_data() else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let chips = data.join("chips");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run_job(&chips, &out);
+    assert_eq!(o.status.code(), Some(0), "every shared chip decodes");
+    let n = image_count(&chips);
+    assert!(n >= 10);
+    let rows = duckdb(&format!(
+        "SELECT count(*), len(any_value(embedding)) FROM '{}/chips/*.parquet'",
+        out.display()
+    ));
+    assert_eq!(rows[0][0], n as u64);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("skipped"),
+        "labels.csv is reported as skipped"
+    );
+}
+
+#[test]
+fn rerun_resumes_without_duplicates() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    assert_eq!(run_job(&fixture_images(), &out).status.code(), Some(0));
+    let first = read_json(&out.join("manifest.json"));
+    let o = run(rsembed().args([
+        "run",
+        "--json",
+        "--input",
+        fixture_images().to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--model",
+        tiny_model().to_str().unwrap(),
+    ]));
+    assert_eq!(o.status.code(), Some(0));
+    let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(summary["tasks_resumed"], summary["tasks"]);
+    assert_eq!(summary["chips_embedded"], 0);
+    let second = read_json(&out.join("manifest.json"));
+    assert_eq!(first["files"], second["files"], "same files, same bytes");
+    let rows = duckdb(&format!(
+        "SELECT count(*) - count(DISTINCT chip_id) FROM '{}/chips/*.parquet'",
+        out.display()
+    ));
+    assert_eq!(rows[0][0], 0);
+}
+
+#[test]
+fn output_of_another_job_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    assert_eq!(run_job(&fixture_images(), &out).status.code(), Some(0));
+    let o = run(rsembed().args([
+        "run",
+        "--input",
+        fixture_images().to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--model",
+        tiny_model().to_str().unwrap(),
+        "--stride",
+        "128",
+    ]));
+    assert_ne!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("must not mix"));
+}

@@ -1,0 +1,157 @@
+//! Arrow schemas of the rows rsembed writes: `chips/*.parquet` and `errors/*.parquet`.
+
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
+
+/// Column names of the chip schema, in file order.
+pub mod col {
+    /// Stable chip identity, 32 hex chars.
+    pub const CHIP_ID: &str = "chip_id";
+    /// Canonical URL of the input.
+    pub const SOURCE_URI: &str = "source_uri";
+    /// ETag, or size + modification time.
+    pub const SOURCE_VERSION: &str = "source_version";
+    /// Window origin, column.
+    pub const X: &str = "x";
+    /// Window origin, row.
+    pub const Y: &str = "y";
+    /// Window width in source pixels.
+    pub const WIDTH: &str = "width";
+    /// Window height in source pixels.
+    pub const HEIGHT: &str = "height";
+    /// Share of real, non-nodata pixels.
+    pub const VALID_FRACTION: &str = "valid_fraction";
+    /// Source CRS.
+    pub const CRS: &str = "crs";
+    /// WKB footprint in OGC:CRS84.
+    pub const GEOMETRY: &str = "geometry";
+    /// GeoParquet 1.1 bbox covering.
+    pub const BBOX: &str = "bbox";
+    /// Centre longitude.
+    pub const CENTRE_LON: &str = "centre_lon";
+    /// Centre latitude.
+    pub const CENTRE_LAT: &str = "centre_lat";
+    /// L2-normalized embedding.
+    pub const EMBEDDING: &str = "embedding";
+}
+
+/// Fields of the `bbox` struct column, in GeoParquet covering order.
+pub fn bbox_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("xmin", DataType::Float64, false),
+        Field::new("ymin", DataType::Float64, false),
+        Field::new("xmax", DataType::Float64, false),
+        Field::new("ymax", DataType::Float64, false),
+    ])
+}
+
+/// The Arrow type of the embedding column for dimension `embed_dim`.
+pub fn embedding_type(embed_dim: usize) -> DataType {
+    DataType::FixedSizeList(
+        Arc::new(Field::new("item", DataType::Float32, false)),
+        i32::try_from(embed_dim).expect("embedding dimension fits in i32"),
+    )
+}
+
+/// The chip row schema, version [`crate::SCHEMA_VERSION`].
+pub fn chip_schema(embed_dim: usize) -> SchemaRef {
+    use col::*;
+    Arc::new(Schema::new(vec![
+        Field::new(CHIP_ID, DataType::Utf8, false),
+        Field::new(SOURCE_URI, DataType::Utf8, false),
+        Field::new(SOURCE_VERSION, DataType::Utf8, true),
+        Field::new(X, DataType::Int32, false),
+        Field::new(Y, DataType::Int32, false),
+        Field::new(WIDTH, DataType::Int32, false),
+        Field::new(HEIGHT, DataType::Int32, false),
+        Field::new(VALID_FRACTION, DataType::Float32, false),
+        Field::new(CRS, DataType::Utf8, true),
+        Field::new(GEOMETRY, DataType::Binary, true),
+        Field::new(BBOX, DataType::Struct(bbox_fields()), true),
+        Field::new(CENTRE_LON, DataType::Float64, true),
+        Field::new(CENTRE_LAT, DataType::Float64, true),
+        Field::new(EMBEDDING, embedding_type(embed_dim), false),
+    ]))
+}
+
+/// Column names of the error schema.
+pub mod error_col {
+    /// The input that failed.
+    pub const SOURCE_URI: &str = "source_uri";
+    /// The pipeline stage that failed: see [`super::ErrorStage`].
+    pub const STAGE: &str = "stage";
+    /// Human-readable reason, with its source chain.
+    pub const ERROR: &str = "error";
+}
+
+/// The schema of `errors/*.parquet`.
+pub fn error_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new(error_col::SOURCE_URI, DataType::Utf8, false),
+        Field::new(error_col::STAGE, DataType::Utf8, false),
+        Field::new(error_col::ERROR, DataType::Utf8, false),
+    ]))
+}
+
+/// Where in the pipeline an input failed; written as the `stage` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorStage {
+    /// Reading bytes from storage.
+    Fetch,
+    /// Decoding the file format.
+    Decode,
+    /// Resizing and normalizing.
+    Preprocess,
+    /// Running the model.
+    Inference,
+}
+
+impl ErrorStage {
+    /// The value written in the `stage` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorStage::Fetch => "fetch",
+            ErrorStage::Decode => "decode",
+            ErrorStage::Preprocess => "preprocess",
+            ErrorStage::Inference => "inference",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chip_schema_matches_design_order() {
+        let schema = chip_schema(768);
+        let names: Vec<_> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "chip_id",
+                "source_uri",
+                "source_version",
+                "x",
+                "y",
+                "width",
+                "height",
+                "valid_fraction",
+                "crs",
+                "geometry",
+                "bbox",
+                "centre_lon",
+                "centre_lat",
+                "embedding"
+            ]
+        );
+        assert_eq!(
+            schema.field_with_name("embedding").unwrap().data_type(),
+            &embedding_type(768)
+        );
+        assert!(!schema.field_with_name("chip_id").unwrap().is_nullable());
+        assert!(schema.field_with_name("geometry").unwrap().is_nullable());
+    }
+}

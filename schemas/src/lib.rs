@@ -1,0 +1,21 @@
+//! The contracts of rsembed, as Rust types.
+//!
+//! Everything that crosses a process or storage boundary is defined here: the
+//! model directory's `rsembed-model.json`, task messages, the Arrow schema of
+//! chip and error rows, the GeoParquet and `rsembed` file metadata, the job spec
+//! (`job.json`) and the manifest (`manifest.json`). See `shared/DESIGN.md`; the
+//! types here must keep those contracts exactly. No tokio and no ONNX Runtime.
+#![warn(missing_docs)]
+
+pub mod chip;
+pub mod ids;
+pub mod job;
+pub mod meta;
+pub mod model;
+pub mod task;
+
+/// Version of the chip row schema written into every file's `rsembed` metadata.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The software version recorded in job specs and file metadata.
+pub const SOFTWARE_VERSION: &str = concat!("rsembed ", env!("CARGO_PKG_VERSION"));

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what the tests need: Python packages into .cache/venv and the ONNX
+# Runtime library into .cache/ort/. Safe to run again; it skips what is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.cache/venv
+req=integration-tests/requirements.txt
+stamp="$venv/.installed-$(sha256sum "$req" | cut -c1-16)"
+if [[ ! -f "$stamp" ]]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+  touch "$stamp"
+fi
+scripts/setup-ort.sh >/dev/null

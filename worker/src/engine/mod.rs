@@ -1,0 +1,90 @@
+//! Inference: the ONNX Runtime sessions, the backend trait and the engine thread.
+
+pub mod runtime;
+pub mod session;
+pub mod text;
+pub mod thread;
+pub mod vision;
+
+use crate::error::Result;
+
+/// A batch of preprocessed images, NCHW float32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelBatch {
+    /// Images in the batch.
+    pub n: usize,
+    /// Channels (3).
+    pub channels: usize,
+    /// Height.
+    pub height: usize,
+    /// Width.
+    pub width: usize,
+    /// `n * channels * height * width` floats.
+    pub data: Vec<f32>,
+}
+
+impl PixelBatch {
+    /// Floats per image.
+    pub fn image_len(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+}
+
+/// Embeddings of a batch, row-major [n, dim], L2-normalized.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embeddings {
+    /// Rows.
+    pub n: usize,
+    /// Dimension.
+    pub dim: usize,
+    /// `n * dim` floats.
+    pub data: Vec<f32>,
+}
+
+impl Embeddings {
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &[f32] {
+        &self.data[i * self.dim..(i + 1) * self.dim]
+    }
+}
+
+/// The model behind the engine thread. Small and synchronous, so a
+/// fault-injecting backend can stand in for ONNX Runtime in tests.
+pub trait Backend: Send {
+    /// Embeds a batch; returns L2-normalized rows in batch order.
+    fn embed(&mut self, batch: &PixelBatch) -> Result<Embeddings>;
+    /// The largest batch the backend accepts, when it knows one.
+    fn max_batch(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// Scales every row of `data` (rows of `dim`) to unit L2 norm.
+///
+/// An all-zero row stays zero rather than becoming NaN.
+pub fn l2_normalize_rows(data: &mut [f32], dim: usize) {
+    for row in data.chunks_exact_mut(dim) {
+        let norm = row
+            .iter()
+            .map(|v| (*v as f64) * (*v as f64))
+            .sum::<f64>()
+            .sqrt();
+        if norm > 0.0 {
+            let inv = (1.0 / norm) as f32;
+            row.iter_mut().for_each(|v| *v *= inv);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn l2_normalizes_each_row() {
+        let mut d = vec![3.0, 4.0, 0.0, 0.0, 0.0, 0.0];
+        l2_normalize_rows(&mut d, 3);
+        assert_eq!(&d[..3], &[0.6, 0.8, 0.0]);
+        assert_eq!(&d[3..], &[0.0, 0.0, 0.0]);
+    }
+}

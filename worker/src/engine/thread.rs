@@ -1,0 +1,121 @@
+//! The engine thread: one OS thread owns the model; async code talks to it
+//! through a bounded queue and gets each answer on a oneshot.
+
+use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
+
+use crate::engine::{Backend, Embeddings, PixelBatch};
+use crate::error::{Error, Result};
+
+struct Request {
+    batch: PixelBatch,
+    reply: oneshot::Sender<Result<Embeddings>>,
+    span: tracing::Span,
+}
+
+/// A cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Request>,
+    max_batch: Option<usize>,
+}
+
+impl EngineHandle {
+    /// Starts the engine thread. `factory` runs on that thread, so a backend
+    /// whose session must not move between threads never does. Returns once the
+    /// backend is built, with its error if it could not be.
+    pub fn spawn<B, F>(name: &str, queue: usize, factory: F) -> Result<EngineHandle>
+    where
+        B: Backend + 'static,
+        F: FnOnce() -> Result<B> + Send + 'static,
+    {
+        let (tx, mut rx) = mpsc::channel::<Request>(queue.max(1));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Option<usize>>>();
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                let mut backend = match factory() {
+                    Ok(b) => {
+                        let _ = ready_tx.send(Ok(b.max_batch()));
+                        b
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                while let Some(req) = rx.blocking_recv() {
+                    let _enter = req.span.enter();
+                    let out = backend.embed(&req.batch);
+                    // The caller may have given up (cancellation); that is not our error.
+                    let _ = req.reply.send(out);
+                }
+            })
+            .map_err(Error::Io)?;
+        let max_batch = ready_rx
+            .recv()
+            .map_err(|_| Error::EngineGone("engine thread died while starting".into()))??;
+        Ok(EngineHandle { tx, max_batch })
+    }
+
+    /// The backend's batch limit, if it has one.
+    pub fn max_batch(&self) -> Option<usize> {
+        self.max_batch
+    }
+
+    /// Embeds one batch, waiting for room in the queue first.
+    pub async fn embed(&self, batch: PixelBatch) -> Result<Embeddings> {
+        let (reply, rx) = oneshot::channel();
+        let span = tracing::Span::current();
+        self.tx
+            .send(Request { batch, reply, span })
+            .instrument(tracing::trace_span!("engine_queue"))
+            .await
+            .map_err(|_| Error::EngineGone("engine queue closed".into()))?;
+        rx.await
+            .map_err(|_| Error::EngineGone("engine thread dropped a request".into()))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Echo;
+    impl Backend for Echo {
+        fn embed(&mut self, batch: &PixelBatch) -> Result<Embeddings> {
+            let data = batch
+                .data
+                .chunks_exact(batch.image_len())
+                .flat_map(|img| [img[0], 1.0])
+                .collect();
+            Ok(Embeddings {
+                n: batch.n,
+                dim: 2,
+                data,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_in_order_from_its_own_thread() {
+        let h = EngineHandle::spawn("test-engine", 2, || Ok(Echo)).unwrap();
+        let batch = PixelBatch {
+            n: 2,
+            channels: 1,
+            height: 1,
+            width: 1,
+            data: vec![5.0, 7.0],
+        };
+        let e = h.embed(batch).await.unwrap();
+        assert_eq!(e.data, vec![5.0, 1.0, 7.0, 1.0]);
+    }
+
+    #[test]
+    fn factory_error_comes_back() {
+        let r = EngineHandle::spawn::<Echo, _>("test-engine", 1, || {
+            Err(Error::EngineGone("no model".into()))
+        });
+        assert!(r.is_err());
+    }
+}

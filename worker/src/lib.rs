@@ -1,0 +1,17 @@
+//! The rsembed worker: reads inputs, decodes and preprocesses them, runs the
+//! SigLIP vision graph in ONNX Runtime and writes GeoParquet.
+//!
+//! The same code runs inside `rsembed run` (embedded mode) and inside the
+//! `rsembed-worker` pull worker.
+#![warn(missing_docs)]
+
+pub mod engine;
+pub mod error;
+pub mod model;
+pub mod pipeline;
+pub mod preprocess;
+pub mod raster;
+pub mod sink;
+pub mod store;
+
+pub use error::{Error, Result};

@@ -1,0 +1,213 @@
+//! The model directory: reading and checking its JSON files, hashing its graphs.
+//!
+//! Nothing here loads ONNX Runtime, so the coordinator can fingerprint a model
+//! on a machine without a GPU or the ORT library.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use rsembed_schemas::job::{FileDigest, ModelRef};
+use rsembed_schemas::model::{
+    GraphSpec, ModelManifest, PreprocessorConfig, MODEL_MANIFEST, PREPROCESSOR_CONFIG, TOKENIZER,
+};
+use sha2::{Digest, Sha256};
+
+use crate::error::{Error, Result};
+
+/// A model directory whose JSON files parsed and whose files exist.
+#[derive(Debug, Clone)]
+pub struct ModelDir {
+    /// The directory.
+    pub dir: PathBuf,
+    /// `rsembed-model.json`.
+    pub manifest: ModelManifest,
+    /// `preprocessor_config.json`.
+    pub preprocessor: PreprocessorConfig,
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::ModelFile {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn invalid(path: &Path, reason: impl Into<String>) -> Error {
+    Error::ModelInvalid {
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// Hex SHA-256 and size of a file, streamed.
+pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
+    let mut f = std::fs::File::open(path).map_err(|source| Error::ModelFile {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf).map_err(|source| Error::ModelFile {
+            path: path.to_owned(),
+            source,
+        })?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+        n += k as u64;
+    }
+    Ok((hex::encode(h.finalize()), n))
+}
+
+impl ModelDir {
+    /// Reads and checks a model directory. Every failure names the file at fault.
+    pub fn open(dir: impl AsRef<Path>) -> Result<ModelDir> {
+        let dir = dir.as_ref().to_path_buf();
+        if !dir.is_dir() {
+            return Err(Error::ModelFile {
+                path: dir.clone(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+            });
+        }
+        let mpath = dir.join(MODEL_MANIFEST);
+        let manifest: ModelManifest = serde_json::from_slice(&read_file(&mpath)?)
+            .map_err(|e| invalid(&mpath, format!("does not parse: {e}")))?;
+        if manifest.format != 1 {
+            return Err(invalid(
+                &mpath,
+                format!("format {} is not supported (only 1)", manifest.format),
+            ));
+        }
+        if manifest.embed_dim == 0 || manifest.embed_dim > 65_536 {
+            return Err(invalid(
+                &mpath,
+                format!("embed_dim {} is out of range", manifest.embed_dim),
+            ));
+        }
+        match manifest.text.max_length {
+            Some(l) if (1..=8192).contains(&l) => {}
+            other => {
+                return Err(invalid(
+                    &mpath,
+                    format!("text.max_length must be 1..=8192, found {other:?}"),
+                ))
+            }
+        }
+        let ppath = dir.join(PREPROCESSOR_CONFIG);
+        let preprocessor: PreprocessorConfig = serde_json::from_slice(&read_file(&ppath)?)
+            .map_err(|e| invalid(&ppath, format!("does not parse: {e}")))?;
+        check_preprocessor(&ppath, &preprocessor)?;
+        let m = ModelDir {
+            dir,
+            manifest,
+            preprocessor,
+        };
+        for g in m.graphs() {
+            let p = m.dir.join(&g.file);
+            if !p.is_file() {
+                return Err(Error::ModelFile {
+                    path: p,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("named by {MODEL_MANIFEST} but missing"),
+                    ),
+                });
+            }
+        }
+        Ok(m)
+    }
+
+    /// Every graph the manifest names.
+    pub fn graphs(&self) -> impl Iterator<Item = &GraphSpec> {
+        [&self.manifest.vision, &self.manifest.text]
+            .into_iter()
+            .chain(self.manifest.vision_fp16.as_ref())
+    }
+
+    /// The vision graph to run, fp16 or not.
+    pub fn vision_graph(&self, fp16: bool) -> Result<&GraphSpec> {
+        if !fp16 {
+            return Ok(&self.manifest.vision);
+        }
+        self.manifest.vision_fp16.as_ref().ok_or_else(|| {
+            invalid(
+                &self.dir.join(MODEL_MANIFEST),
+                "--fp16 was asked for but the manifest has no `vision_fp16` graph; \
+                 re-export with `tools/export_onnx.py --fp16`",
+            )
+        })
+    }
+
+    /// Path of a file of the directory.
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    /// Path of `tokenizer.json`, checked to exist.
+    pub fn tokenizer_path(&self) -> Result<PathBuf> {
+        let p = self.dir.join(TOKENIZER);
+        if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::ModelFile {
+                path: p,
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "missing"),
+            })
+        }
+    }
+
+    /// Model identity for job specs: digests of every graph and of the preprocessor.
+    pub fn model_ref(&self, fp16: bool) -> Result<ModelRef> {
+        let vision = self.vision_graph(fp16)?;
+        let mut files = Vec::new();
+        let mut vision_sha = String::new();
+        for g in self.graphs() {
+            let (sha256, bytes) = sha256_file(&self.path(&g.file))?;
+            if g.file == vision.file {
+                vision_sha = sha256.clone();
+            }
+            files.push(FileDigest {
+                path: g.file.clone(),
+                sha256,
+                bytes,
+            });
+        }
+        let (preprocessor_sha256, _) = sha256_file(&self.path(PREPROCESSOR_CONFIG))?;
+        Ok(ModelRef {
+            name: self.manifest.name.clone(),
+            embed_dim: self.manifest.embed_dim,
+            sha256: vision_sha,
+            files,
+            preprocessor_sha256,
+            fp16,
+        })
+    }
+}
+
+fn check_preprocessor(path: &Path, p: &PreprocessorConfig) -> Result<()> {
+    let s = p.size;
+    if s.height == 0 || s.width == 0 || s.height > 8192 || s.width > 8192 {
+        return Err(invalid(
+            path,
+            format!("size {}x{} is out of range", s.width, s.height),
+        ));
+    }
+    if crate::preprocess::resize::Filter::from_pil_code(p.resample).is_none() {
+        return Err(invalid(
+            path,
+            format!("resample {} is not a PIL filter code (0-5)", p.resample),
+        ));
+    }
+    if p.do_normalize {
+        if p.image_mean.len() != 3 || p.image_std.len() != 3 {
+            return Err(invalid(path, "image_mean and image_std need 3 values"));
+        }
+        if p.image_std.iter().any(|s| *s == 0.0 || !s.is_finite()) {
+            return Err(invalid(path, "image_std must be finite and non-zero"));
+        }
+    }
+    Ok(())
+}

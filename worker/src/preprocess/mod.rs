@@ -1,0 +1,214 @@
+//! Pixels to model input, exactly as the model's `preprocessor_config.json` says.
+
+pub mod resize;
+
+use rsembed_schemas::model::PreprocessorConfig;
+
+use crate::raster::image::Rgb8;
+use resize::Filter;
+
+/// Why an image could not be turned into model input.
+#[derive(Debug, thiserror::Error)]
+pub enum PreprocessError {
+    /// `do_resize` is off and the image is not the model's size.
+    #[error(
+        "image is {got_w}x{got_h} but the model takes {want_w}x{want_h} and do_resize is false"
+    )]
+    WrongSize {
+        /// Image width.
+        got_w: u32,
+        /// Image height.
+        got_h: u32,
+        /// Model width.
+        want_w: u32,
+        /// Model height.
+        want_h: u32,
+    },
+    /// An image with no pixels.
+    #[error("image has no pixels")]
+    Empty,
+}
+
+/// Resize, rescale and normalize into NCHW float32, following a Hugging Face
+/// `SiglipImageProcessor` config.
+///
+/// Resizing is Pillow's, byte for byte, on 8-bit pixels: that is what the
+/// reference processor does, so the rounding of the intermediate 8-bit image is
+/// part of the contract. Rescale and normalize fold into one lookup table per
+/// channel, since an 8-bit input has only 256 values.
+#[derive(Debug, Clone)]
+pub struct Preprocessor {
+    do_resize: bool,
+    filter: Filter,
+    width: u32,
+    height: u32,
+    lut: [[f32; 256]; 3],
+}
+
+impl Preprocessor {
+    /// Builds the preprocessor; the config was checked when the model directory opened.
+    pub fn new(cfg: &PreprocessorConfig) -> Preprocessor {
+        let filter = Filter::from_pil_code(cfg.resample).unwrap_or(Filter::Bicubic);
+        let mut lut = [[0f32; 256]; 3];
+        for (c, table) in lut.iter_mut().enumerate() {
+            for (v, out) in table.iter_mut().enumerate() {
+                let mut x = v as f64;
+                if cfg.do_rescale {
+                    // HF rescales in float64 and then casts to float32.
+                    x = (x * cfg.rescale_factor) as f32 as f64;
+                }
+                let mut y = x as f32;
+                if cfg.do_normalize {
+                    y = (y - cfg.image_mean[c] as f32) / cfg.image_std[c] as f32;
+                }
+                *out = y;
+            }
+        }
+        Preprocessor {
+            do_resize: cfg.do_resize,
+            filter,
+            width: cfg.size.width,
+            height: cfg.size.height,
+            lut,
+        }
+    }
+
+    /// Model input width.
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+
+    /// Model input height.
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+
+    /// Floats per image: 3 × height × width.
+    pub fn len(&self) -> usize {
+        3 * self.width as usize * self.height as usize
+    }
+
+    /// Always false: a model input has pixels.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Writes one image as CHW float32 into `out` (length [`Self::len`]).
+    pub fn run_into(&self, img: &Rgb8, out: &mut [f32]) -> Result<(), PreprocessError> {
+        assert_eq!(
+            out.len(),
+            self.len(),
+            "output slice has the wrong length: this is a bug"
+        );
+        if img.width == 0 || img.height == 0 {
+            return Err(PreprocessError::Empty);
+        }
+        let same = img.width == self.width && img.height == self.height;
+        let resized;
+        let pixels = if same {
+            &img.data
+        } else if self.do_resize {
+            resized = resize::resize_u8(
+                &img.data,
+                img.width as usize,
+                img.height as usize,
+                3,
+                self.width as usize,
+                self.height as usize,
+                self.filter,
+            );
+            &resized
+        } else {
+            return Err(PreprocessError::WrongSize {
+                got_w: img.width,
+                got_h: img.height,
+                want_w: self.width,
+                want_h: self.height,
+            });
+        };
+        let plane = self.width as usize * self.height as usize;
+        let (r, rest) = out.split_at_mut(plane);
+        let (g, b) = rest.split_at_mut(plane);
+        for (i, px) in pixels.chunks_exact(3).enumerate() {
+            r[i] = self.lut[0][px[0] as usize];
+            g[i] = self.lut[1][px[1] as usize];
+            b[i] = self.lut[2][px[2] as usize];
+        }
+        Ok(())
+    }
+
+    /// One image as a fresh CHW float32 vector.
+    pub fn run(&self, img: &Rgb8) -> Result<Vec<f32>, PreprocessError> {
+        let mut out = vec![0f32; self.len()];
+        self.run_into(img, &mut out)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rsembed_schemas::model::Size;
+
+    fn cfg() -> PreprocessorConfig {
+        serde_json::from_value(serde_json::json!({
+            "size": {"height": 2, "width": 2}, "resample": 3,
+            "rescale_factor": 1.0 / 255.0, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn normalizes_to_minus_one_one_in_chw() {
+        let p = Preprocessor::new(&cfg());
+        let img = Rgb8 {
+            width: 2,
+            height: 2,
+            data: vec![0, 255, 0, 0, 255, 0, 0, 255, 0, 255, 0, 255],
+        };
+        let out = p.run(&img).unwrap();
+        assert_eq!(out.len(), 12);
+        // R plane, then G, then B.
+        assert_eq!(&out[0..4], &[-1.0, -1.0, -1.0, 1.0]);
+        assert_eq!(&out[4..8], &[1.0, 1.0, 1.0, -1.0]);
+        assert_eq!(&out[8..12], &[-1.0, -1.0, -1.0, 1.0]);
+    }
+
+    #[test]
+    fn honours_config_mean_and_std() {
+        let mut c = cfg();
+        c.image_mean = vec![0.0, 0.25, 0.5];
+        c.image_std = vec![1.0, 0.5, 0.25];
+        c.size = Size {
+            height: 1,
+            width: 1,
+        };
+        let p = Preprocessor::new(&c);
+        let out = p
+            .run(&Rgb8 {
+                width: 1,
+                height: 1,
+                data: vec![255, 255, 255],
+            })
+            .unwrap();
+        assert!((out[0] - 1.0).abs() < 1e-6);
+        assert!((out[1] - 1.5).abs() < 1e-6);
+        assert!((out[2] - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn refuses_wrong_size_without_resize() {
+        let mut c = cfg();
+        c.do_resize = false;
+        let p = Preprocessor::new(&c);
+        let img = Rgb8 {
+            width: 3,
+            height: 2,
+            data: vec![0; 18],
+        };
+        assert!(matches!(
+            p.run(&img),
+            Err(PreprocessError::WrongSize { .. })
+        ));
+    }
+}

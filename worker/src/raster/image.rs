@@ -1,0 +1,161 @@
+//! Whole images (PNG, JPEG, TIFF without georeferencing): one chip each.
+
+use std::io::Cursor;
+
+use image::{ImageFormat, ImageReader, Limits};
+
+/// Bounds on what one image may make us allocate. Inputs are hostile: a 60-byte
+/// PNG can claim to be 100 000 × 100 000 pixels.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeLimits {
+    /// Largest width or height accepted.
+    pub max_dimension: u32,
+    /// Largest decoder allocation in bytes.
+    pub max_alloc: u64,
+}
+
+impl Default for DecodeLimits {
+    fn default() -> Self {
+        DecodeLimits {
+            max_dimension: 32_768,
+            max_alloc: 1 << 30,
+        }
+    }
+}
+
+/// A decoded 8-bit RGB image, row-major, interleaved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rgb8 {
+    /// Width in pixels.
+    pub width: u32,
+    /// Height in pixels.
+    pub height: u32,
+    /// `width * height * 3` bytes.
+    pub data: Vec<u8>,
+}
+
+/// Why an image could not be decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    /// Zero bytes.
+    #[error("empty file (0 bytes)")]
+    Empty,
+    /// Not a format we read.
+    #[error("not a PNG, JPEG or TIFF image (unrecognized content)")]
+    UnknownFormat,
+    /// A format we recognize but do not read as a whole image.
+    #[error("unsupported image format {0:?}")]
+    Unsupported(ImageFormat),
+    /// The decoder refused the file.
+    #[error("{format:?} decode failed: {source}")]
+    Decoder {
+        /// The recognized format.
+        format: ImageFormat,
+        /// The decoder's reason.
+        #[source]
+        source: image::ImageError,
+    },
+    /// The JPEG has no end-of-image marker, so its scan data is cut short.
+    #[error("JPEG is truncated: no end-of-image marker")]
+    TruncatedJpeg,
+}
+
+/// Detects the format from the content, never from the file name.
+pub fn sniff(bytes: &[u8]) -> Option<ImageFormat> {
+    image::guess_format(bytes)
+        .ok()
+        .filter(|f| matches!(f, ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::Tiff))
+}
+
+/// Decodes a whole PNG, JPEG or TIFF into 8-bit RGB, dropping alpha and replicating
+/// grey, as PIL's `convert("RGB")` does.
+pub fn decode_rgb8(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeError> {
+    if bytes.is_empty() {
+        return Err(DecodeError::Empty);
+    }
+    let format = match image::guess_format(bytes) {
+        Ok(f @ (ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::Tiff)) => f,
+        Ok(other) => return Err(DecodeError::Unsupported(other)),
+        Err(_) => return Err(DecodeError::UnknownFormat),
+    };
+    if format == ImageFormat::Jpeg && !has_jpeg_eoi(bytes) {
+        // Decoders fill a cut-short scan with grey and call it success; an
+        // embedding of half an image is worse than an error record.
+        return Err(DecodeError::TruncatedJpeg);
+    }
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
+    let mut l = Limits::default();
+    l.max_image_width = Some(limits.max_dimension);
+    l.max_image_height = Some(limits.max_dimension);
+    l.max_alloc = Some(limits.max_alloc);
+    reader.limits(l);
+    let img = reader
+        .decode()
+        .map_err(|source| DecodeError::Decoder { format, source })?;
+    let rgb = img.into_rgb8();
+    Ok(Rgb8 {
+        width: rgb.width(),
+        height: rgb.height(),
+        data: rgb.into_raw(),
+    })
+}
+
+/// Whether a JPEG ends with an EOI marker, allowing trailing padding bytes.
+fn has_jpeg_eoi(bytes: &[u8]) -> bool {
+    let tail = &bytes[bytes.len().saturating_sub(4096)..];
+    tail.windows(2).rev().any(|w| w == [0xFF, 0xD9])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(w: u32, h: u32) -> Vec<u8> {
+        let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let mut out = Cursor::new(Vec::new());
+        img.write_to(&mut out, ImageFormat::Png).unwrap();
+        out.into_inner()
+    }
+
+    #[test]
+    fn decodes_png_to_rgb() {
+        let img = decode_rgb8(&png(5, 3), DecodeLimits::default()).unwrap();
+        assert_eq!((img.width, img.height), (5, 3));
+        assert_eq!(&img.data[..3], &[0, 0, 7]);
+        assert_eq!(&img.data[3 * 6..3 * 6 + 3], &[1, 1, 7]);
+    }
+
+    #[test]
+    fn grey_and_alpha_convert_like_pil() {
+        let grey = image::GrayImage::from_pixel(2, 2, image::Luma([9]));
+        let mut out = Cursor::new(Vec::new());
+        grey.write_to(&mut out, ImageFormat::Png).unwrap();
+        let img = decode_rgb8(out.get_ref(), DecodeLimits::default()).unwrap();
+        assert_eq!(&img.data[..3], &[9, 9, 9]);
+
+        let rgba = image::RgbaImage::from_pixel(2, 2, image::Rgba([1, 2, 3, 0]));
+        let mut out = Cursor::new(Vec::new());
+        rgba.write_to(&mut out, ImageFormat::Png).unwrap();
+        let img = decode_rgb8(out.get_ref(), DecodeLimits::default()).unwrap();
+        assert_eq!(&img.data[..3], &[1, 2, 3]);
+    }
+
+    #[test]
+    fn hostile_inputs_are_errors() {
+        assert!(matches!(
+            decode_rgb8(&[], DecodeLimits::default()),
+            Err(DecodeError::Empty)
+        ));
+        assert!(matches!(
+            decode_rgb8(b"hello, I am text", DecodeLimits::default()),
+            Err(DecodeError::UnknownFormat)
+        ));
+        let p = png(64, 64);
+        assert!(decode_rgb8(&p[..p.len() / 2], DecodeLimits::default()).is_err());
+        let small = DecodeLimits {
+            max_dimension: 32,
+            ..Default::default()
+        };
+        assert!(decode_rgb8(&p, small).is_err());
+    }
+}

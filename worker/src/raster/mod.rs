@@ -1,0 +1,3 @@
+//! Reading inputs: whole images now; GeoTIFF scenes and windows come next.
+
+pub mod image;

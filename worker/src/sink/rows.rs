@@ -1,0 +1,222 @@
+//! Chip and error rows as Arrow record batches, in the schemas of `rsembed-schemas`.
+
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BinaryBuilder, FixedSizeListBuilder, Float32Builder, Float64Builder, Int32Builder,
+    StringBuilder, StructBuilder,
+};
+use arrow_array::{ArrayRef, RecordBatch};
+use rsembed_schemas::chip::{bbox_fields, chip_schema, error_schema, ErrorStage};
+use rsembed_schemas::ids::Window;
+
+use crate::error::Result;
+
+/// Where a chip lies on Earth; absent for images without georeferencing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Footprint {
+    /// Source CRS, e.g. `EPSG:32618`.
+    pub crs: String,
+    /// WKB polygon in lon/lat.
+    pub wkb: Vec<u8>,
+    /// xmin, ymin, xmax, ymax in lon/lat.
+    pub bbox: [f64; 4],
+    /// Centre of the window, lon/lat.
+    pub centre: [f64; 2],
+}
+
+/// One row of `chips/*.parquet`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChipRow {
+    /// See [`rsembed_schemas::ids::chip_id`].
+    pub chip_id: String,
+    /// Canonical input URL.
+    pub source_uri: String,
+    /// ETag or size + mtime.
+    pub source_version: Option<String>,
+    /// Window fed to the model.
+    pub window: Window,
+    /// Share of real pixels.
+    pub valid_fraction: f32,
+    /// Georeferencing, when the source has it.
+    pub footprint: Option<Footprint>,
+    /// L2-normalized embedding.
+    pub embedding: Vec<f32>,
+}
+
+/// One row of `errors/*.parquet`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorRow {
+    /// The input that failed.
+    pub source_uri: String,
+    /// Where it failed.
+    pub stage: ErrorStage,
+    /// Why.
+    pub error: String,
+}
+
+/// Builds a record batch of chip rows; every embedding must have `embed_dim` floats.
+pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
+    let n = rows.len();
+    let mut chip_id = StringBuilder::with_capacity(n, n * 32);
+    let mut uri = StringBuilder::new();
+    let mut version = StringBuilder::new();
+    let mut x = Int32Builder::with_capacity(n);
+    let mut y = Int32Builder::with_capacity(n);
+    let mut w = Int32Builder::with_capacity(n);
+    let mut h = Int32Builder::with_capacity(n);
+    let mut valid = Float32Builder::with_capacity(n);
+    let mut crs = StringBuilder::new();
+    let mut geom = BinaryBuilder::new();
+    let mut bbox = StructBuilder::from_fields(bbox_fields(), n);
+    let mut lon = Float64Builder::with_capacity(n);
+    let mut lat = Float64Builder::with_capacity(n);
+    let dim = i32::try_from(embed_dim).expect("embedding dimension fits in i32");
+    let mut emb =
+        FixedSizeListBuilder::with_capacity(Float32Builder::with_capacity(n * embed_dim), dim, n)
+            .with_field(Arc::new(arrow_schema::Field::new(
+                "item",
+                arrow_schema::DataType::Float32,
+                false,
+            )));
+    for r in rows {
+        assert_eq!(
+            r.embedding.len(),
+            embed_dim,
+            "embedding of the wrong size: this is a bug"
+        );
+        chip_id.append_value(&r.chip_id);
+        uri.append_value(&r.source_uri);
+        version.append_option(r.source_version.as_deref());
+        x.append_value(r.window.x);
+        y.append_value(r.window.y);
+        w.append_value(r.window.width);
+        h.append_value(r.window.height);
+        valid.append_value(r.valid_fraction);
+        match &r.footprint {
+            Some(f) => {
+                crs.append_value(&f.crs);
+                geom.append_value(&f.wkb);
+                for (i, v) in f.bbox.iter().enumerate() {
+                    bbox.field_builder::<Float64Builder>(i)
+                        .expect("bbox has four float fields")
+                        .append_value(*v);
+                }
+                bbox.append(true);
+                lon.append_value(f.centre[0]);
+                lat.append_value(f.centre[1]);
+            }
+            None => {
+                crs.append_null();
+                geom.append_null();
+                for i in 0..4 {
+                    // Children of a null struct slot still need a value.
+                    bbox.field_builder::<Float64Builder>(i)
+                        .expect("bbox has four float fields")
+                        .append_value(0.0);
+                }
+                bbox.append(false);
+                lon.append_null();
+                lat.append_null();
+            }
+        }
+        emb.values().append_slice(&r.embedding);
+        emb.append(true);
+    }
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(chip_id.finish()),
+        Arc::new(uri.finish()),
+        Arc::new(version.finish()),
+        Arc::new(x.finish()),
+        Arc::new(y.finish()),
+        Arc::new(w.finish()),
+        Arc::new(h.finish()),
+        Arc::new(valid.finish()),
+        Arc::new(crs.finish()),
+        Arc::new(geom.finish()),
+        Arc::new(bbox.finish()),
+        Arc::new(lon.finish()),
+        Arc::new(lat.finish()),
+        Arc::new(emb.finish()),
+    ];
+    Ok(RecordBatch::try_new(chip_schema(embed_dim), cols)?)
+}
+
+/// Builds a record batch of error rows.
+pub fn error_batch(rows: &[ErrorRow]) -> Result<RecordBatch> {
+    let mut uri = StringBuilder::new();
+    let mut stage = StringBuilder::new();
+    let mut error = StringBuilder::new();
+    for r in rows {
+        uri.append_value(&r.source_uri);
+        stage.append_value(r.stage.as_str());
+        error.append_value(&r.error);
+    }
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(uri.finish()),
+        Arc::new(stage.finish()),
+        Arc::new(error.finish()),
+    ];
+    Ok(RecordBatch::try_new(error_schema(), cols)?)
+}
+
+/// The lon/lat extent of the rows that have footprints.
+pub fn extent(rows: &[ChipRow]) -> Option<[f64; 4]> {
+    rows.iter()
+        .filter_map(|r| r.footprint.as_ref().map(|f| f.bbox))
+        .reduce(|a, b| {
+            [
+                a[0].min(b[0]),
+                a[1].min(b[1]),
+                a[2].max(b[2]),
+                a[3].max(b[3]),
+            ]
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(i: i32, fp: bool) -> ChipRow {
+        ChipRow {
+            chip_id: format!("{i:032x}"),
+            source_uri: format!("file:///x/{i}.png"),
+            source_version: Some("1-2".into()),
+            window: Window {
+                x: 0,
+                y: 0,
+                width: 8,
+                height: 8,
+            },
+            valid_fraction: 1.0,
+            footprint: fp.then(|| Footprint {
+                crs: "EPSG:4326".into(),
+                wkb: vec![1, 3, 0, 0, 0],
+                bbox: [i as f64, 0.0, i as f64 + 1.0, 1.0],
+                centre: [i as f64 + 0.5, 0.5],
+            }),
+            embedding: vec![0.5; 4],
+        }
+    }
+
+    #[test]
+    fn builds_batch_with_nulls_for_plain_images() {
+        let b = chip_batch(&[row(1, false), row(2, true)], 4).unwrap();
+        assert_eq!(b.num_rows(), 2);
+        assert!(b.column_by_name("geometry").unwrap().is_null(0));
+        assert!(!b.column_by_name("geometry").unwrap().is_null(1));
+        assert!(b.column_by_name("bbox").unwrap().is_null(0));
+        assert_eq!(
+            extent(&[row(1, true), row(3, true)]),
+            Some([1.0, 0.0, 4.0, 1.0])
+        );
+        assert_eq!(extent(&[row(1, false)]), None);
+    }
+
+    #[test]
+    fn empty_batches_are_valid() {
+        assert_eq!(chip_batch(&[], 4).unwrap().num_rows(), 0);
+        assert_eq!(error_batch(&[]).unwrap().num_rows(), 0);
+    }
+}
