@@ -9,4 +9,13 @@ export RSEMBED_TEST_PYTHON="$PWD/.cache/venv/bin/python"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-cargo test --workspace
+log=.cache/test-output.log
+set +e
+cargo test --workspace 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+# One closing line for the whole suite; cargo's own last line is the last
+# crate's doc-tests, which has none.
+awk '/^test result:/ { p += $4; f += $6; i += $8 }
+     END { printf "rsembed: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+exit "$status"

@@ -68,8 +68,8 @@ fn fixtures_run_writes_dataset_duckdb_reads() {
         .unwrap();
     let rows = duckdb(&format!(
         "SELECT count(*), len(any_value(embedding)), count(DISTINCT chip_id), \
-         min(list_sum(list_transform(embedding::FLOAT[], x -> x * x))), \
-         max(list_sum(list_transform(embedding::FLOAT[], x -> x * x))), \
+         min(list_dot_product(embedding, embedding)), \
+         max(list_dot_product(embedding, embedding)), \
          count(geometry), min(valid_fraction) FROM '{glob}'"
     ));
     let r = &rows[0];
@@ -97,11 +97,15 @@ fn fixtures_run_writes_dataset_duckdb_reads() {
         );
     }
 
-    // The contract says DuckDB can score against a query vector directly.
+    // Parquet has no fixed-size list, so DuckDB reads `embedding` as FLOAT[];
+    // list functions score it as it is, array functions after a cast to FLOAT[D].
     let sim = duckdb(&format!(
-        "SELECT array_cosine_similarity(embedding, embedding) FROM '{glob}' LIMIT 1"
+        "SELECT list_cosine_similarity(embedding, embedding), \
+         array_cosine_similarity(embedding::FLOAT[{dim}], embedding::FLOAT[{dim}]) \
+         FROM '{glob}' LIMIT 1"
     ));
     assert!((sim[0][0].as_f64().unwrap() - 1.0).abs() < 1e-5);
+    assert!((sim[0][1].as_f64().unwrap() - 1.0).abs() < 1e-5);
 
     // File metadata: GeoParquet and rsembed provenance.
     let kv = duckdb(&format!(

@@ -32,9 +32,9 @@ pub struct ModelManifest {
     pub name: String,
     /// Embedding dimension D.
     pub embed_dim: usize,
-    /// Vision graph: pixel_values [N,3,H,W] -> [N,D].
+    /// Vision graph: `pixel_values` `[N,3,H,W]` to `[N,D]`.
     pub vision: GraphSpec,
-    /// Text graph: input_ids [N,L] -> [N,D].
+    /// Text graph: `input_ids` `[N,L]` to `[N,D]`.
     pub text: GraphSpec,
     /// Optional float16 vision graph with float32 inputs and outputs.
     #[serde(default, skip_serializing_if = "Option::is_none")]

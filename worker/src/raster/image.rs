@@ -55,9 +55,19 @@ pub enum DecodeError {
         #[source]
         source: image::ImageError,
     },
-    /// The JPEG has no end-of-image marker, so its scan data is cut short.
-    #[error("JPEG is truncated: no end-of-image marker")]
-    TruncatedJpeg,
+    /// The JPEG decoder refused the file.
+    #[error("JPEG decode failed: {0}")]
+    Jpeg(String),
+    /// The image would need more memory than the limit allows.
+    #[error("{width}x{height} pixels is over the decode limit ({limit} bytes)")]
+    TooLarge {
+        /// Width from the header.
+        width: usize,
+        /// Height from the header.
+        height: usize,
+        /// The byte limit.
+        limit: u64,
+    },
 }
 
 /// Detects the format from the content, never from the file name.
@@ -78,10 +88,8 @@ pub fn decode_rgb8(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeErr
         Ok(other) => return Err(DecodeError::Unsupported(other)),
         Err(_) => return Err(DecodeError::UnknownFormat),
     };
-    if format == ImageFormat::Jpeg && !has_jpeg_eoi(bytes) {
-        // Decoders fill a cut-short scan with grey and call it success; an
-        // embedding of half an image is worse than an error record.
-        return Err(DecodeError::TruncatedJpeg);
+    if format == ImageFormat::Jpeg {
+        return decode_jpeg(bytes, limits);
     }
     let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
     let mut l = Limits::default();
@@ -100,10 +108,48 @@ pub fn decode_rgb8(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeErr
     })
 }
 
-/// Whether a JPEG ends with an EOI marker, allowing trailing padding bytes.
-fn has_jpeg_eoi(bytes: &[u8]) -> bool {
-    let tail = &bytes[bytes.len().saturating_sub(4096)..];
-    tail.windows(2).rev().any(|w| w == [0xFF, 0xD9])
+/// Decodes a JPEG in zune-jpeg's strict mode.
+///
+/// By default decoders (zune-jpeg, libjpeg) paint a corrupt or cut-short scan
+/// grey and report success, as browsers want; an embedding of half an image is
+/// worse than an error record, so any entropy-coding error fails the input.
+fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeError> {
+    use zune_core::bytestream::ZCursor;
+    use zune_core::colorspace::ColorSpace;
+    use zune_core::options::DecoderOptions;
+
+    let max = limits.max_dimension as usize;
+    let opts = DecoderOptions::default()
+        .set_strict_mode(true)
+        .set_max_width(max)
+        .set_max_height(max)
+        .jpeg_set_out_colorspace(ColorSpace::RGB);
+    let mut d = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), opts);
+    d.decode_headers()
+        .map_err(|e| DecodeError::Jpeg(e.to_string()))?;
+    let info = d
+        .info()
+        .ok_or_else(|| DecodeError::Jpeg("no frame header".into()))?;
+    let (width, height) = (info.width as usize, info.height as usize);
+    if (width * height * 3) as u64 > limits.max_alloc {
+        return Err(DecodeError::TooLarge {
+            width,
+            height,
+            limit: limits.max_alloc,
+        });
+    }
+    let data = d.decode().map_err(|e| DecodeError::Jpeg(e.to_string()))?;
+    if data.len() != width * height * 3 {
+        return Err(DecodeError::Jpeg(format!(
+            "decoder returned {} bytes for {width}x{height} RGB",
+            data.len()
+        )));
+    }
+    Ok(Rgb8 {
+        width: width as u32,
+        height: height as u32,
+        data,
+    })
 }
 
 #[cfg(test)]
@@ -114,6 +160,14 @@ mod tests {
         let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]));
         let mut out = Cursor::new(Vec::new());
         img.write_to(&mut out, ImageFormat::Png).unwrap();
+        out.into_inner()
+    }
+
+    fn jpeg(w: u32, h: u32) -> Vec<u8> {
+        let img =
+            image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 4) as u8, (y * 4) as u8, 99]));
+        let mut out = Cursor::new(Vec::new());
+        img.write_to(&mut out, ImageFormat::Jpeg).unwrap();
         out.into_inner()
     }
 
@@ -152,6 +206,16 @@ mod tests {
         ));
         let p = png(64, 64);
         assert!(decode_rgb8(&p[..p.len() / 2], DecodeLimits::default()).is_err());
+        let j = jpeg(64, 64);
+        assert!(decode_rgb8(&j, DecodeLimits::default()).is_ok());
+        assert!(decode_rgb8(&j[..j.len() * 2 / 3], DecodeLimits::default()).is_err());
+        let mut bad = j.clone();
+        let sos = bad.windows(2).position(|w| w == [0xFF, 0xDA]).unwrap();
+        let end = bad.len() - 2;
+        for (i, b) in bad[sos + 20..end].iter_mut().enumerate() {
+            *b = (i * 37 % 256) as u8 | 0x80;
+        }
+        assert!(decode_rgb8(&bad, DecodeLimits::default()).is_err());
         let small = DecodeLimits {
             max_dimension: 32,
             ..Default::default()
