@@ -54,10 +54,17 @@ def make_images(dir_, n):
     return png, jpg
 
 
-def processor():
-    from transformers import SiglipImageProcessor
+def processor_class():
+    """The PIL-based processor: SiglipImageProcessorPil in transformers 5, SiglipImageProcessor in 4."""
+    try:
+        from transformers import SiglipImageProcessorPil as cls
+    except ImportError:
+        from transformers import SiglipImageProcessor as cls
+    return cls
 
-    return SiglipImageProcessor.from_pretrained(MODEL)
+
+def processor():
+    return processor_class().from_pretrained(MODEL)
 
 
 def time_per_image(fn, min_seconds=2.0):
@@ -87,7 +94,10 @@ import os, sys, time, json
 import numpy as np
 from PIL import Image
 import onnxruntime as ort
-from transformers import SiglipImageProcessor
+try:
+    from transformers import SiglipImageProcessorPil as SiglipImageProcessor
+except ImportError:
+    from transformers import SiglipImageProcessor
 t0 = time.perf_counter()
 model, folder, threads, batch = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 spec = json.load(open(os.path.join(model, "rsembed-model.json")))

@@ -68,7 +68,7 @@ pub struct EngineArgs {
     /// Images per inference call: `auto` or a number. On CPU, `auto` is 16.
     #[arg(long, env = "RSEMBED_BATCH_SIZE", default_value = "auto")]
     pub batch_size: String,
-    /// GPU memory limit for ONNX Runtime's arena, in bytes.
+    /// GPU memory limit for ONNX Runtime's CUDA arena, in bytes (CUDA only; ignored on CPU).
     #[arg(long, env = "RSEMBED_GPU_MEM_LIMIT")]
     pub gpu_mem_limit: Option<u64>,
     /// Use the model's float16 vision graph (`vision_fp16` in rsembed-model.json).

@@ -77,6 +77,19 @@ pub fn rsembed() -> Command {
     c
 }
 
+/// `rsembed run --input <input> --output <output> --model <model>`, ready for more flags.
+pub fn run_cmd(input: &Path, output: &Path, model: &Path) -> Command {
+    let mut c = rsembed();
+    c.arg("run")
+        .arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(output)
+        .arg("--model")
+        .arg(model);
+    c
+}
+
 /// Runs a command and returns its output, printing it for failed tests to show.
 pub fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("command starts");

@@ -65,17 +65,7 @@ fn bad_images_become_error_rows_and_exit_3() {
     let input = tmp.path().join("in");
     let out = tmp.path().join("out");
     let files = bad_folder(&input);
-    let o = run(rsembed().args([
-        "run",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--model",
-        tiny_model().to_str().unwrap(),
-        "--task-size",
-        "2",
-    ]));
+    let o = run(run_cmd(&input, &out, &tiny_model()).args(["--task-size", "2"]));
     assert_eq!(o.status.code(), Some(3), "finished, with failed inputs");
 
     let chips = duckdb(&format!(
@@ -157,15 +147,7 @@ fn edit_manifest(m: &Path, f: impl FnOnce(&mut Value)) {
 }
 
 fn run_with_model(model: &Path, out: &Path) -> (Option<i32>, String) {
-    let o = run(rsembed().args([
-        "run",
-        "--input",
-        fixture_images().to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-    ]));
+    let o = run(&mut run_cmd(&fixture_images(), out, model));
     (
         o.status.code(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
@@ -229,15 +211,7 @@ fn unwritable_output_fails_before_work() {
     let blocker = tmp.path().join("a-file");
     std::fs::write(&blocker, b"x").unwrap();
     let out = blocker.join("out");
-    let o = run(rsembed().args([
-        "run",
-        "--input",
-        fixture_images().to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--model",
-        tiny_model().to_str().unwrap(),
-    ]));
+    let o = run(&mut run_cmd(&fixture_images(), &out, &tiny_model()));
     assert_ne!(o.status.code(), Some(0));
     assert_ne!(o.status.code(), Some(3));
     let err = String::from_utf8_lossy(&o.stderr);
@@ -248,17 +222,9 @@ fn unwritable_output_fails_before_work() {
 #[test]
 fn missing_ort_library_says_how_to_get_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let o = run(rsembed()
-        .env("ORT_DYLIB_PATH", tmp.path().join("libonnxruntime.so"))
-        .args([
-            "run",
-            "--input",
-            fixture_images().to_str().unwrap(),
-            "--output",
-            tmp.path().join("out").to_str().unwrap(),
-            "--model",
-            tiny_model().to_str().unwrap(),
-        ]));
+    let out = tmp.path().join("out");
+    let o = run(run_cmd(&fixture_images(), &out, &tiny_model())
+        .env("ORT_DYLIB_PATH", tmp.path().join("libonnxruntime.so")));
     assert_ne!(o.status.code(), Some(0));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("ORT_DYLIB_PATH"), "{err}");

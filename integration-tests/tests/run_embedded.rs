@@ -6,15 +6,7 @@ use rsembed_integration_tests::*;
 use serde_json::Value;
 
 fn run_job(input: &Path, output: &Path) -> std::process::Output {
-    run(rsembed().args([
-        "run",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        output.to_str().unwrap(),
-        "--model",
-        tiny_model().to_str().unwrap(),
-    ]))
+    run(&mut run_cmd(input, output, &tiny_model()))
 }
 
 fn read_json(p: &Path) -> Value {
@@ -192,16 +184,7 @@ fn rerun_resumes_without_duplicates() {
     let out = tmp.path().join("out");
     assert_eq!(run_job(&fixture_images(), &out).status.code(), Some(0));
     let first = read_json(&out.join("manifest.json"));
-    let o = run(rsembed().args([
-        "run",
-        "--json",
-        "--input",
-        fixture_images().to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--model",
-        tiny_model().to_str().unwrap(),
-    ]));
+    let o = run(run_cmd(&fixture_images(), &out, &tiny_model()).arg("--json"));
     assert_eq!(o.status.code(), Some(0));
     let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(summary["tasks_resumed"], summary["tasks"]);
@@ -220,17 +203,7 @@ fn output_of_another_job_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("out");
     assert_eq!(run_job(&fixture_images(), &out).status.code(), Some(0));
-    let o = run(rsembed().args([
-        "run",
-        "--input",
-        fixture_images().to_str().unwrap(),
-        "--output",
-        out.to_str().unwrap(),
-        "--model",
-        tiny_model().to_str().unwrap(),
-        "--stride",
-        "128",
-    ]));
+    let o = run(run_cmd(&fixture_images(), &out, &tiny_model()).args(["--stride", "128"]));
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("must not mix"));
 }

@@ -50,6 +50,10 @@ fn floats(v: &Value) -> Vec<f64> {
         .collect()
 }
 
+fn to_f64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|x| *x as f64).collect()
+}
+
 fn cosine(a: &[f64], b: &[f64]) -> f64 {
     let dot: f64 = a.iter().zip(b).map(|(x, y)| x * y).sum();
     let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
@@ -131,7 +135,7 @@ fn image_embeddings_match_get_image_features() {
     };
     let emb = vision.embed(&batch).unwrap();
     for (i, img) in images.iter().enumerate() {
-        let ours: Vec<f64> = emb.row(i).iter().map(|v| *v as f64).collect();
+        let ours = to_f64(emb.row(i));
         let theirs = floats(&img["image_embeds"]);
         let cos = cosine(&ours, &theirs);
         let min = if img["resized"].as_bool().unwrap() {
@@ -163,20 +167,8 @@ fn fp16_graph_stays_close() {
         width: pre.width() as usize,
         data: pre.run(&rgb).unwrap(),
     };
-    let a: Vec<f64> = fp32
-        .embed(&batch)
-        .unwrap()
-        .data
-        .iter()
-        .map(|v| *v as f64)
-        .collect();
-    let b: Vec<f64> = fp16
-        .embed(&batch)
-        .unwrap()
-        .data
-        .iter()
-        .map(|v| *v as f64)
-        .collect();
+    let a = to_f64(&fp32.embed(&batch).unwrap().data);
+    let b = to_f64(&fp16.embed(&batch).unwrap().data);
     let cos = cosine(&a, &b);
     assert!(cos > 0.99, "fp16 cosine {cos}");
 }
@@ -218,7 +210,7 @@ fn text_embeddings_match_get_text_features() {
         .collect();
     let ours = enc.embed(&strings).unwrap();
     for (t, o) in texts.iter().zip(&ours) {
-        let o: Vec<f64> = o.iter().map(|v| *v as f64).collect();
+        let o = to_f64(o);
         let cos = cosine(&o, &floats(&t["text_embeds"]));
         assert!(cos >= 0.9999, "{:?}: cosine {cos}", t["text"]);
     }
