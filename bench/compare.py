@@ -174,7 +174,11 @@ def main():
         if "resize_normalize_only_512x384" in ours:
             print(f"{'resize+normalize only 512x384 (ms/img)':<40}{ours['resize_normalize_only_512x384'] * 1e3:>12.3f}")
         ours_ips, base_ips = args.images / ours_s, args.images / base_s
-        print(f"{'end-to-end (images/s, wall)':<40}{ours_ips:>12.1f}{base_ips:>12.1f}{ours_ips / base_ips:>10.2f}")
+        print(f"{'end-to-end (images/s, process wall)':<40}{ours_ips:>12.1f}{base_ips:>12.1f}{ours_ips / base_ips:>10.2f}")
+        # In-process: rsembed's own run time; the baseline's time after its imports
+        # (importing transformers alone takes seconds and says nothing about the GPU-feeding loop).
+        ours_in, base_in = args.images / summary["seconds"], args.images / base["seconds"]
+        print(f"{'end-to-end (images/s, after start-up)':<40}{ours_in:>12.1f}{base_in:>12.1f}{ours_in / base_in:>10.2f}")
         print("ratio: time rows are ours/baseline (lower is better); images/s is ours/baseline (higher is better)")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,3 +1,5 @@
 //! Reading inputs: whole images now; GeoTIFF scenes and windows come next.
 
+pub mod grid;
 pub mod image;
+pub mod scale;

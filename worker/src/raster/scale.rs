@@ -1,0 +1,146 @@
+//! Scaling source samples to the 8 bits the model's preprocessor expects.
+//!
+//! `--scale auto` keeps 8-bit data as it is and stretches anything else by the
+//! scene's own 2nd–98th percentiles per band, computed once per scene (from an
+//! overview or a decimated read), never per chip: chips of one scene must stay
+//! comparable, and a per-chip stretch would turn a uniform field into noise.
+
+/// The `--scale` flag.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ScaleSpec {
+    /// None for 8-bit data, scene percentiles otherwise.
+    Auto,
+    /// Values are clamped to 0–255 as they are.
+    None,
+    /// Linear from `min..max` to 0–255, the same for every band.
+    Range(f64, f64),
+}
+
+impl std::str::FromStr for ScaleSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<ScaleSpec, String> {
+        match s {
+            "auto" => Ok(ScaleSpec::Auto),
+            "none" => Ok(ScaleSpec::None),
+            _ => {
+                let (a, b) = s
+                    .split_once(':')
+                    .ok_or_else(|| format!("`{s}` is not auto, none or MIN:MAX"))?;
+                let lo: f64 = a.trim().parse().map_err(|_| format!("bad MIN in `{s}`"))?;
+                let hi: f64 = b.trim().parse().map_err(|_| format!("bad MAX in `{s}`"))?;
+                if !(lo.is_finite() && hi.is_finite() && hi > lo) {
+                    return Err(format!("`{s}`: MIN:MAX needs finite MIN < MAX"));
+                }
+                Ok(ScaleSpec::Range(lo, hi))
+            }
+        }
+    }
+}
+
+/// A per-band linear map to 0–255.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stretch {
+    /// (min, max) per band; `None` means clamp as is.
+    pub bands: Vec<Option<(f64, f64)>>,
+}
+
+impl Stretch {
+    /// The identity (clamp to 0–255) for `n` bands.
+    pub fn identity(n: usize) -> Stretch {
+        Stretch {
+            bands: vec![None; n],
+        }
+    }
+
+    /// The same range for every band.
+    pub fn uniform(n: usize, lo: f64, hi: f64) -> Stretch {
+        Stretch {
+            bands: vec![Some((lo, hi)); n],
+        }
+    }
+
+    /// Maps one sample of band `b` to 8 bits, rounding to nearest.
+    pub fn apply(&self, b: usize, v: f64) -> u8 {
+        let v = match self.bands[b] {
+            None => v,
+            Some((lo, hi)) => (v - lo) * 255.0 / (hi - lo),
+        };
+        if v.is_nan() {
+            0
+        } else {
+            v.round().clamp(0.0, 255.0) as u8
+        }
+    }
+}
+
+/// The `q`-quantile (0–1) of `values`, by nearest rank on a sorted copy.
+///
+/// Callers pass a bounded sample (an overview or a decimated read), so the sort
+/// is cheap; NaNs must already be filtered out.
+pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let idx = ((values.len() - 1) as f64 * q.clamp(0.0, 1.0)).round() as usize;
+    Some(values[idx])
+}
+
+/// Scene-level 2nd–98th percentile stretch from per-band samples of valid pixels.
+///
+/// A band whose percentiles coincide (a constant band) keeps a one-unit range,
+/// so it maps to a flat value instead of dividing by zero.
+pub fn percentile_stretch(mut samples: Vec<Vec<f64>>) -> Stretch {
+    let bands = samples
+        .iter_mut()
+        .map(|s| {
+            let lo = quantile(s, 0.02)?;
+            let hi = quantile(s, 0.98)?;
+            Some(if hi > lo { (lo, hi) } else { (lo, lo + 1.0) })
+        })
+        .collect();
+    Stretch { bands }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_flag() {
+        assert_eq!("auto".parse::<ScaleSpec>(), Ok(ScaleSpec::Auto));
+        assert_eq!("none".parse::<ScaleSpec>(), Ok(ScaleSpec::None));
+        assert_eq!(
+            "0:3000".parse::<ScaleSpec>(),
+            Ok(ScaleSpec::Range(0.0, 3000.0))
+        );
+        assert!("5:5".parse::<ScaleSpec>().is_err());
+        assert!("x".parse::<ScaleSpec>().is_err());
+    }
+
+    #[test]
+    fn linear_map_rounds_and_clamps() {
+        let s = Stretch::uniform(1, 0.0, 1000.0);
+        assert_eq!(s.apply(0, 0.0), 0);
+        assert_eq!(s.apply(0, 500.0), 128);
+        assert_eq!(s.apply(0, 1000.0), 255);
+        assert_eq!(s.apply(0, 5000.0), 255);
+        assert_eq!(s.apply(0, -5.0), 0);
+        assert_eq!(Stretch::identity(1).apply(0, 300.0), 255);
+        assert_eq!(Stretch::identity(1).apply(0, f64::NAN), 0);
+    }
+
+    #[test]
+    fn percentiles_ignore_outliers() {
+        let mut v: Vec<f64> = (0..1000).map(f64::from).collect();
+        v.push(1e9);
+        let s = percentile_stretch(vec![v, vec![7.0; 10]]);
+        let (lo, hi) = s.bands[0].unwrap();
+        assert!(
+            (lo - 20.0).abs() <= 1.0 && (hi - 980.0).abs() <= 1.0,
+            "{lo} {hi}"
+        );
+        assert_eq!(s.bands[1], Some((7.0, 8.0)));
+        assert_eq!(percentile_stretch(vec![vec![]]).bands[0], None);
+    }
+}

@@ -1,0 +1,216 @@
+//! Block decompression into buffers of exactly the size the layout requires.
+//!
+//! Each decoder writes into a preallocated buffer and stops when it is full;
+//! any further output is an error, so a decompression bomb costs at most the
+//! expected block size plus a few bytes.
+
+use std::io::Read;
+
+use super::layout::compression_name;
+use super::TiffError;
+
+/// What a codec needs to know about the block it decodes.
+pub(crate) struct BlockCtx<'a> {
+    pub(crate) compression: u16,
+    pub(crate) block: usize,
+    pub(crate) width: u32,
+    /// Rows of data expected (short for the last strip).
+    pub(crate) rows: u32,
+    pub(crate) samples: usize,
+    pub(crate) photometric: u16,
+    pub(crate) jpeg_tables: Option<&'a [u8]>,
+    /// Decoded size in bytes.
+    pub(crate) expected: usize,
+}
+
+fn err<E: std::error::Error + Send + Sync + 'static>(codec: &'static str, block: usize, e: E) -> TiffError {
+    TiffError::Decode { codec, block, source: Box::new(e) }
+}
+
+fn size_err(ctx: &BlockCtx, codec: &'static str, detail: String) -> TiffError {
+    TiffError::BlockSize { codec, block: ctx.block, expected: ctx.expected, detail }
+}
+
+/// Decompresses one block.
+pub(crate) fn decode(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    match ctx.compression {
+        1 => {
+            // Writers may pad uncompressed blocks; only a short one is an error.
+            if input.len() < ctx.expected {
+                return Err(size_err(ctx, "none", format!("block holds only {} bytes", input.len())));
+            }
+            Ok(input[..ctx.expected].to_vec())
+        }
+        5 => lzw(ctx, input),
+        8 | 32946 => read_exact(ctx, "Deflate", flate2::read::ZlibDecoder::new(input)),
+        50000 => {
+            let dec = ruzstd::decoding::StreamingDecoder::new_with_max_window_size(input, (ctx.expected as u64).max(1 << 20))
+                .map_err(|e| err("ZSTD", ctx.block, e))?;
+            read_exact(ctx, "ZSTD", dec)
+        }
+        32773 => packbits(ctx, input),
+        7 => jpeg(ctx, input),
+        50001 => webp(ctx, input),
+        c => Err(TiffError::UnsupportedCompression { code: c, name: compression_name(c) }),
+    }
+}
+
+fn read_exact(ctx: &BlockCtx, codec: &'static str, mut r: impl Read) -> Result<Vec<u8>, TiffError> {
+    let mut out = vec![0u8; ctx.expected];
+    let mut n = 0;
+    while n < out.len() {
+        match r.read(&mut out[n..]) {
+            Ok(0) => return Err(size_err(ctx, codec, format!("stream ended after {n} bytes"))),
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(err(codec, ctx.block, e)),
+        }
+    }
+    let mut extra = [0u8; 1];
+    match r.read(&mut extra) {
+        Ok(0) => Ok(out),
+        Ok(_) => Err(size_err(ctx, codec, "stream holds more data".into())),
+        // The block is complete; a damaged trailer (checksum) does not change its pixels.
+        Err(_) => Ok(out),
+    }
+}
+
+fn lzw(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    let mut dec = weezl::decode::Decoder::with_tiff_size_switch(weezl::BitOrder::Msb, 8);
+    let mut out = vec![0u8; ctx.expected];
+    let (mut i, mut o) = (0, 0);
+    while o < out.len() {
+        let r = dec.decode_bytes(&input[i..], &mut out[o..]);
+        i += r.consumed_in;
+        o += r.consumed_out;
+        match r.status {
+            Ok(weezl::LzwStatus::Ok) => {}
+            // Input exhausted or end code: GDAL (libtiff) accepts a block missing
+            // its end code as long as it is complete, so only a short one fails.
+            Ok(weezl::LzwStatus::Done) | Ok(weezl::LzwStatus::NoProgress) => {
+                if o < out.len() {
+                    return Err(size_err(ctx, "LZW", format!("stream ended after {o} bytes")));
+                }
+            }
+            Err(e) => return Err(err("LZW", ctx.block, e)),
+        }
+    }
+    if !dec.has_ended() && i < input.len() {
+        let mut extra = [0u8; 1];
+        let r = dec.decode_bytes(&input[i..], &mut extra);
+        if r.consumed_out > 0 {
+            return Err(size_err(ctx, "LZW", "stream holds more data".into()));
+        }
+    }
+    Ok(out)
+}
+
+fn packbits(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    let mut out = Vec::with_capacity(ctx.expected);
+    let mut i = 0;
+    while out.len() < ctx.expected && i < input.len() {
+        let n = input[i] as i8;
+        i += 1;
+        if n >= 0 {
+            let len = n as usize + 1;
+            let lit = input
+                .get(i..i + len)
+                .ok_or_else(|| size_err(ctx, "PackBits", "literal run past end of data".into()))?;
+            if out.len() + len > ctx.expected {
+                return Err(size_err(ctx, "PackBits", "run overflows block".into()));
+            }
+            out.extend_from_slice(lit);
+            i += len;
+        } else if n != -128 {
+            let len = (1 - n as isize) as usize;
+            let b = *input.get(i).ok_or_else(|| size_err(ctx, "PackBits", "repeat run past end of data".into()))?;
+            if out.len() + len > ctx.expected {
+                return Err(size_err(ctx, "PackBits", "run overflows block".into()));
+            }
+            out.resize(out.len() + len, b);
+            i += 1;
+        }
+    }
+    if out.len() < ctx.expected {
+        return Err(size_err(ctx, "PackBits", format!("data ended after {} bytes", out.len())));
+    }
+    Ok(out)
+}
+
+/// Copies decoded rows into a block-sized buffer after checking the codec's geometry.
+fn fit(ctx: &BlockCtx, codec: &'static str, w: usize, h: usize, ch: usize, pix: &[u8]) -> Result<Vec<u8>, TiffError> {
+    if w != ctx.width as usize || h < ctx.rows as usize || ch != ctx.samples {
+        return Err(size_err(
+            ctx,
+            codec,
+            format!("codec image is {w}x{h}x{ch}, block is {}x{}x{}", ctx.width, ctx.rows, ctx.samples),
+        ));
+    }
+    let n = ctx.expected.min(pix.len());
+    if n < ctx.expected {
+        return Err(size_err(ctx, codec, format!("codec produced {} bytes", pix.len())));
+    }
+    Ok(pix[..n].to_vec())
+}
+
+fn jpeg(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    use zune_core::colorspace::ColorSpace;
+    use zune_core::options::DecoderOptions;
+    // JPEGTables holds the shared quantisation/Huffman tables as an
+    // abbreviated stream (SOI..EOI); splice it in front of the block's own
+    // markers, dropping the tables' EOI and the block's SOI.
+    let merged;
+    let data = match ctx.jpeg_tables {
+        Some(t) if t.len() >= 4 && input.len() >= 2 && t[..2] == [0xFF, 0xD8] && input[..2] == [0xFF, 0xD8] => {
+            let mut m = Vec::with_capacity(t.len() + input.len());
+            let end = if t[t.len() - 2..] == [0xFF, 0xD9] { t.len() - 2 } else { t.len() };
+            m.extend_from_slice(&t[..end]);
+            m.extend_from_slice(&input[2..]);
+            merged = m;
+            &merged[..]
+        }
+        _ => input,
+    };
+    let out_cs = if ctx.samples == 1 { ColorSpace::Luma } else { ColorSpace::RGB };
+    let opts = DecoderOptions::default()
+        .set_max_width(ctx.width as usize)
+        .set_max_height(ctx.rows.max(1) as usize * 2 + 16)
+        .jpeg_set_out_colorspace(out_cs);
+    let mut dec = zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(data), opts);
+    dec.decode_headers().map_err(|e| err("JPEG", ctx.block, JpegErr(format!("{e:?}"))))?;
+    if ctx.samples == 3 && ctx.photometric != 6 {
+        // zune-jpeg would convert YCbCr to RGB; a JPEG whose Photometric says RGB
+        // stores RGB already, and decoding it as YCbCr would shift colours.
+        if dec.input_colorspace() == Some(ColorSpace::YCbCr) {
+            return Err(TiffError::Unsupported("JPEG with PhotometricInterpretation RGB".into()));
+        }
+    }
+    let info = dec.info().ok_or_else(|| err("JPEG", ctx.block, JpegErr("no header".into())))?;
+    let pix = dec.decode().map_err(|e| err("JPEG", ctx.block, JpegErr(format!("{e:?}"))))?;
+    fit(ctx, "JPEG", info.width as usize, info.height as usize, out_cs.num_components(), &pix)
+}
+
+/// zune-jpeg's error type does not implement `std::error::Error`.
+#[derive(Debug)]
+struct JpegErr(String);
+
+impl std::fmt::Display for JpegErr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for JpegErr {}
+
+fn webp(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    let mut dec = image_webp::WebPDecoder::new(std::io::Cursor::new(input)).map_err(|e| err("WebP", ctx.block, e))?;
+    let (w, h) = dec.dimensions();
+    let ch = if dec.has_alpha() { 4 } else { 3 };
+    if w != ctx.width || h < ctx.rows || h as u64 > ctx.rows as u64 + 16 {
+        return Err(size_err(ctx, "WebP", format!("WebP image is {w}x{h}")));
+    }
+    dec.set_memory_limit(ctx.expected.saturating_mul(2).max(1 << 20));
+    let mut pix = vec![0u8; w as usize * h as usize * ch];
+    dec.read_image(&mut pix).map_err(|e| err("WebP", ctx.block, e))?;
+    fit(ctx, "WebP", w as usize, h as usize, ch, &pix)
+}
