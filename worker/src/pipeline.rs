@@ -23,7 +23,7 @@ use crate::error::{chain, Error, Result};
 use crate::preprocess::Preprocessor;
 use crate::raster::image::{decode_rgb8, DecodeLimits};
 use crate::sink::parquet::{chip_file_metadata, encode, error_file_metadata, put};
-use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow};
+use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow, Footprint};
 use crate::store::{Location, StoreCache};
 
 /// Live counters a progress display can read while tasks run.
@@ -74,10 +74,12 @@ pub struct TaskReport {
     pub failures: Vec<ErrorRow>,
 }
 
+/// One chip ready for the model.
 struct Prepared {
     input: TaskInput,
-    width: u32,
-    height: u32,
+    window: Window,
+    valid_fraction: f32,
+    footprint: Option<Footprint>,
     pixels: Vec<f32>,
 }
 
@@ -105,16 +107,22 @@ impl TaskRunner {
             let conc = self.decode_concurrency.max(1);
             tokio::spawn(
                 async move {
+                    // Unordered: a slow input must not hold back the others.
+                    // Rows are sorted before writing, so files stay deterministic.
                     let mut s = futures::stream::iter(inputs)
                         .map(|input| {
-                            prepare(stores.clone(), pre.clone(), limits, counters.clone(), input)
+                            let tx = tx.clone();
+                            let stores = stores.clone();
+                            let pre = pre.clone();
+                            let counters = counters.clone();
+                            async move {
+                                let item = prepare(stores, pre, limits, counters, input).await;
+                                // A closed channel means the task is being dropped.
+                                let _ = tx.send(item).await;
+                            }
                         })
-                        .buffered(conc);
-                    while let Some(item) = s.next().await {
-                        if tx.send(item).await.is_err() {
-                            break;
-                        }
-                    }
+                        .buffer_unordered(conc);
+                    while s.next().await.is_some() {}
                 }
                 .in_current_span(),
             )
@@ -148,6 +156,10 @@ impl TaskRunner {
             .await
             .map_err(|e| Error::EngineGone(format!("input stage panicked: {e}")))?;
 
+        rows.sort_by(|a, b| {
+            (&a.source_uri, a.window.y, a.window.x).cmp(&(&b.source_uri, b.window.y, b.window.x))
+        });
+        failures.sort_by(|a, b| a.source_uri.cmp(&b.source_uri));
         let errors_file = if failures.is_empty() {
             None
         } else {
@@ -210,22 +222,19 @@ impl TaskRunner {
         let rows: Vec<ChipRow> = batch
             .into_iter()
             .enumerate()
-            .map(|(i, p)| {
-                let window = Window {
-                    x: 0,
-                    y: 0,
-                    width: p.width as i32,
-                    height: p.height as i32,
-                };
-                ChipRow {
-                    chip_id: chip_id(&p.input.uri, p.input.version.as_deref(), window, tiling_fp),
-                    source_uri: p.input.uri,
-                    source_version: p.input.version,
-                    window,
-                    valid_fraction: 1.0,
-                    footprint: None,
-                    embedding: emb.row(i).to_vec(),
-                }
+            .map(|(i, p)| ChipRow {
+                chip_id: chip_id(
+                    &p.input.uri,
+                    p.input.version.as_deref(),
+                    p.window,
+                    tiling_fp,
+                ),
+                source_uri: p.input.uri,
+                source_version: p.input.version,
+                window: p.window,
+                valid_fraction: p.valid_fraction,
+                footprint: p.footprint,
+                embedding: emb.row(i).to_vec(),
             })
             .collect();
         self.counters.chips.fetch_add(n as u64, Ordering::Relaxed);
@@ -297,8 +306,14 @@ async fn prepare(
     match work.await {
         Ok(Ok((width, height, pixels))) => Ok(Prepared {
             input,
-            width,
-            height,
+            window: Window {
+                x: 0,
+                y: 0,
+                width: width as i32,
+                height: height as i32,
+            },
+            valid_fraction: 1.0,
+            footprint: None,
             pixels,
         }),
         Ok(Err((stage, e))) => Err(input_error(&input, stage, &*e)),

@@ -1,5 +1,6 @@
 //! Reading inputs: whole images now; GeoTIFF scenes and windows come next.
 
+pub mod geo;
 pub mod grid;
 pub mod image;
 pub mod scale;

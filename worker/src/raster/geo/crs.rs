@@ -87,7 +87,11 @@ mod tests {
     use crate::raster::geo::{parse_geokeys, GeoTiffTags};
 
     fn keys(dir: Vec<u16>, doubles: Vec<f64>) -> GeoKeys {
-        let t = GeoTiffTags { geo_key_directory: Some(dir), geo_double_params: Some(doubles), ..Default::default() };
+        let t = GeoTiffTags {
+            geo_key_directory: Some(dir),
+            geo_double_params: Some(doubles),
+            ..Default::default()
+        };
         parse_geokeys(&t).unwrap().unwrap()
     }
 
@@ -106,7 +110,10 @@ mod tests {
         let k = keys(vec![1, 1, 0, 1, 1024, 0, 1, 3], vec![]);
         assert_eq!(crs_from_geokeys(&k).unwrap(), None);
         // Projected, user-defined, but with a transformation we do not map.
-        let k = keys(vec![1, 1, 0, 3, 1024, 0, 1, 1, 3072, 0, 1, 32767, 3075, 0, 1, 26], vec![]);
+        let k = keys(
+            vec![1, 1, 0, 3, 1024, 0, 1, 1, 3072, 0, 1, 32767, 3075, 0, 1, 26],
+            vec![],
+        );
         assert_eq!(crs_from_geokeys(&k).unwrap(), None);
         let k = keys(vec![1, 1, 0, 0], vec![]);
         assert_eq!(crs_from_geokeys(&k).unwrap(), None);
@@ -114,8 +121,56 @@ mod tests {
 
     #[test]
     fn utm_from_projection_key() {
-        let k = keys(vec![1, 1, 0, 4, 1024, 0, 1, 1, 2048, 0, 1, 4326, 3072, 0, 1, 32767, 3074, 0, 1, 16133], vec![]);
+        let k = keys(
+            vec![
+                1, 1, 0, 4, 1024, 0, 1, 1, 2048, 0, 1, 4326, 3072, 0, 1, 32767, 3074, 0, 1, 16133,
+            ],
+            vec![],
+        );
         let crs = crs_from_geokeys(&k).unwrap().unwrap();
-        assert_eq!(crs.label(), "+proj=utm +zone=33 +south +datum=WGS84 +units=m +no_defs");
+        assert_eq!(
+            crs.label(),
+            "+proj=utm +zone=33 +south +datum=WGS84 +units=m +no_defs"
+        );
+    }
+
+    #[test]
+    fn random_directories_never_panic() {
+        // Deterministic LCG: no dev-dependency needed for a smoke fuzz.
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u16
+        };
+        let interesting = [
+            0, 1, 2, 3, 1024, 1025, 2048, 3072, 3074, 3075, 32767, 34735, 34736, 34737,
+        ];
+        for _ in 0..20_000 {
+            let n = usize::from(next() % 12);
+            let mut dir = vec![1, 1, 0, next() % 8];
+            for _ in 0..n {
+                let v = next();
+                dir.push(if v % 3 == 0 {
+                    v
+                } else {
+                    interesting[usize::from(v) % interesting.len()]
+                });
+            }
+            let t = GeoTiffTags {
+                geo_key_directory: Some(dir),
+                geo_double_params: Some(vec![f64::NAN, 1.0, -90.0, 1e308]),
+                geo_ascii_params: Some("a|EXTENSION[\"PROJ4\",\"|".into()),
+                model_transformation: Some(vec![1.0; usize::from(next() % 20)]),
+                ..Default::default()
+            };
+            if let Ok(Some(k)) = parse_geokeys(&t) {
+                let _ = crate::raster::geo::geotransform(&t, Some(&k));
+                if let Ok(Some(crs)) = crs_from_geokeys(&k) {
+                    let _ = crate::raster::geo::Projector::new(&crs);
+                }
+            }
+        }
     }
 }

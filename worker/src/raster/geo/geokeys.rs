@@ -53,7 +53,6 @@ pub(crate) mod id {
     pub const PROJ_CENTER_NORTHING: u16 = 3091;
     pub const PROJ_SCALE_AT_NAT_ORIGIN: u16 = 3092;
     pub const PROJ_SCALE_AT_CENTER: u16 = 3093;
-    pub const PROJ_AZIMUTH_ANGLE: u16 = 3094;
     pub const PROJ_STRAIGHT_VERT_POLE_LONG: u16 = 3095;
 }
 
@@ -125,7 +124,13 @@ fn malformed(msg: String) -> GeoError {
 }
 
 /// `start..start+count` of a slice, or a descriptive error.
-fn range<'a, T>(data: &'a [T], start: u16, count: u16, key: u16, what: &str) -> Result<&'a [T], GeoError> {
+fn range<'a, T>(
+    data: &'a [T],
+    start: u16,
+    count: u16,
+    key: u16,
+    what: &str,
+) -> Result<&'a [T], GeoError> {
     let (start, count) = (usize::from(start), usize::from(count));
     data.get(start..start + count).ok_or_else(|| {
         malformed(format!(
@@ -142,19 +147,27 @@ pub fn parse_geokeys(tags: &GeoTiffTags) -> Result<Option<GeoKeys>, GeoError> {
         return Ok(None);
     };
     let [version, revision, minor, n_keys, ..] = *dir else {
-        return Err(malformed(format!("directory of {} shorts is shorter than its header", dir.len())));
+        return Err(malformed(format!(
+            "directory of {} shorts is shorter than its header",
+            dir.len()
+        )));
     };
     // libgeotiff refuses any other directory version too.
     if version != 1 {
-        return Err(malformed(format!("unsupported KeyDirectoryVersion {version}")));
+        return Err(malformed(format!(
+            "unsupported KeyDirectoryVersion {version}"
+        )));
     }
     let n_keys = usize::from(n_keys);
     if n_keys > MAX_KEYS {
         return Err(malformed(format!("absurd key count {n_keys}")));
     }
-    let entries = dir
-        .get(4..4 + 4 * n_keys)
-        .ok_or_else(|| malformed(format!("{n_keys} keys announced but the directory has {} shorts", dir.len())))?;
+    let entries = dir.get(4..4 + 4 * n_keys).ok_or_else(|| {
+        malformed(format!(
+            "{n_keys} keys announced but the directory has {} shorts",
+            dir.len()
+        ))
+    })?;
     let doubles = tags.geo_double_params.as_deref().unwrap_or(&[]);
     let ascii = tags.geo_ascii_params.as_deref().unwrap_or("").as_bytes();
 
@@ -164,12 +177,16 @@ pub fn parse_geokeys(tags: &GeoTiffTags) -> Result<Option<GeoKeys>, GeoError> {
         let parsed = match location {
             0 => {
                 if count > 1 {
-                    return Err(malformed(format!("key {key}: inline value with count {count}")));
+                    return Err(malformed(format!(
+                        "key {key}: inline value with count {count}"
+                    )));
                 }
                 GeoKeyValue::Shorts(vec![value])
             }
             TAG_DIRECTORY => GeoKeyValue::Shorts(range(dir, value, count, key, "SHORT")?.to_vec()),
-            TAG_DOUBLES => GeoKeyValue::Doubles(range(doubles, value, count, key, "DOUBLE")?.to_vec()),
+            TAG_DOUBLES => {
+                GeoKeyValue::Doubles(range(doubles, value, count, key, "DOUBLE")?.to_vec())
+            }
             TAG_ASCII => {
                 let bytes = range(ascii, value, count, key, "ASCII")?;
                 // The GeoTIFF spec terminates each string with '|' (libgeotiff
@@ -179,13 +196,20 @@ pub fn parse_geokeys(tags: &GeoTiffTags) -> Result<Option<GeoKeys>, GeoError> {
                 let text = text.strip_suffix('|').unwrap_or(text);
                 GeoKeyValue::Ascii(text.to_string())
             }
-            other => return Err(malformed(format!("key {key}: values in unknown tag {other}"))),
+            other => {
+                return Err(malformed(format!(
+                    "key {key}: values in unknown tag {other}"
+                )))
+            }
         };
         // First occurrence wins, as in libgeotiff's sorted lookup of a
         // well-formed directory; duplicates are tolerated, not trusted.
         keys.entry(key).or_insert(parsed);
     }
-    Ok(Some(GeoKeys { revision: (revision, minor), keys }))
+    Ok(Some(GeoKeys {
+        revision: (revision, minor),
+        keys,
+    }))
 }
 
 #[cfg(test)]
@@ -208,7 +232,9 @@ mod tests {
 
     #[test]
     fn parses_all_locations() {
-        let dir = vec![1, 1, 0, 4, 1024, 0, 1, 1, 2057, 34736, 1, 1, 1026, 34737, 7, 0, 3000, 34735, 2, 2];
+        let dir = vec![
+            1, 1, 0, 4, 1024, 0, 1, 1, 2057, 34736, 1, 1, 1026, 34737, 7, 0, 3000, 34735, 2, 2,
+        ];
         let k = parse_geokeys(&tags(dir)).unwrap().unwrap();
         assert_eq!(k.len(), 4);
         assert_eq!(k.short(1024), Some(1));
@@ -220,22 +246,25 @@ mod tests {
     #[test]
     fn malformed_directories_are_errors() {
         let cases: Vec<Vec<u16>> = vec![
-            vec![],                                     // empty
-            vec![1, 1, 0],                              // truncated header
-            vec![2, 1, 0, 0],                           // unknown version
-            vec![1, 1, 0, 2, 1024, 0, 1, 1],            // count past end
-            vec![1, 1, 0, 1, 1024, 0, 1],               // truncated entry
-            vec![1, 1, 0, u16::MAX],                    // huge key count
-            vec![1, 1, 0, 1, 2057, 34736, 1, 2],        // double offset out of range
+            vec![],                                            // empty
+            vec![1, 1, 0],                                     // truncated header
+            vec![2, 1, 0, 0],                                  // unknown version
+            vec![1, 1, 0, 2, 1024, 0, 1, 1],                   // count past end
+            vec![1, 1, 0, 1, 1024, 0, 1],                      // truncated entry
+            vec![1, 1, 0, u16::MAX],                           // huge key count
+            vec![1, 1, 0, 1, 2057, 34736, 1, 2],               // double offset out of range
             vec![1, 1, 0, 1, 2057, 34736, u16::MAX, u16::MAX], // huge double count
-            vec![1, 1, 0, 1, 1026, 34737, 100, 0],      // ascii past end
-            vec![1, 1, 0, 1, 3000, 34735, 10, 60000],   // short offset out of range
-            vec![1, 1, 0, 1, 1024, 0, 2, 1],            // inline with count 2
-            vec![1, 1, 0, 1, 1024, 33550, 1, 0],        // bad tag location
+            vec![1, 1, 0, 1, 1026, 34737, 100, 0],             // ascii past end
+            vec![1, 1, 0, 1, 3000, 34735, 10, 60000],          // short offset out of range
+            vec![1, 1, 0, 1, 1024, 0, 2, 1],                   // inline with count 2
+            vec![1, 1, 0, 1, 1024, 33550, 1, 0],               // bad tag location
         ];
         for dir in cases {
             let r = parse_geokeys(&tags(dir.clone()));
-            assert!(matches!(r, Err(GeoError::MalformedGeoKeys(_))), "{dir:?} -> {r:?}");
+            assert!(
+                matches!(r, Err(GeoError::MalformedGeoKeys(_))),
+                "{dir:?} -> {r:?}"
+            );
         }
     }
 

@@ -19,6 +19,8 @@ mod wkb;
 
 #[cfg(test)]
 mod parity_tests;
+#[cfg(test)]
+mod shared_tests;
 
 pub use crs::{crs_from_geokeys, Crs};
 pub use footprint::{Footprint, Projector};

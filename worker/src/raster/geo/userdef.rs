@@ -87,7 +87,10 @@ fn datum_terms(keys: &GeoKeys) -> Option<String> {
     let mut terms = match by_datum.or_else(by_gcs).or_else(by_ellps) {
         Some(t) => t.to_string(),
         None => match keys.double(id::GEOG_SEMI_MAJOR_AXIS).filter(|a| *a > 0.0) {
-            Some(a) => match (keys.double(id::GEOG_INV_FLATTENING), keys.double(id::GEOG_SEMI_MINOR_AXIS)) {
+            Some(a) => match (
+                keys.double(id::GEOG_INV_FLATTENING),
+                keys.double(id::GEOG_SEMI_MINOR_AXIS),
+            ) {
                 (Some(rf), _) if rf > 0.0 => format!("+a={a} +rf={rf}"),
                 (_, Some(b)) if b > 0.0 => format!("+a={a} +b={b}"),
                 _ => format!("+a={a} +b={a}"),
@@ -96,9 +99,13 @@ fn datum_terms(keys: &GeoKeys) -> Option<String> {
             None => "+ellps=WGS84".to_string(),
         },
     };
-    if let Some(pm) = keys.double(id::GEOG_PRIME_MERIDIAN_LONG).filter(|pm| *pm != 0.0) {
+    if let Some(pm) = keys
+        .double(id::GEOG_PRIME_MERIDIAN_LONG)
+        .filter(|pm| *pm != 0.0)
+    {
         terms.push_str(&format!(" +pm={}", pm * angular_unit(keys)?));
-    } else if matches!(keys.short(id::GEOG_PRIME_MERIDIAN), Some(p) if p != 8901 && p != USER_DEFINED) {
+    } else if matches!(keys.short(id::GEOG_PRIME_MERIDIAN), Some(p) if p != 8901 && p != USER_DEFINED)
+    {
         // A named non-Greenwich meridian we have no table for.
         return None;
     }
@@ -113,12 +120,14 @@ pub(crate) fn geographic(keys: &GeoKeys) -> Option<String> {
 /// The PROJ4 EXTENSION of an ESRI PE / WKT1 string in the citations.
 pub(crate) fn citation_proj4(keys: &GeoKeys) -> Option<String> {
     const MARK: &str = "EXTENSION[\"PROJ4\",\"";
-    [id::PCS_CITATION, id::GT_CITATION, id::GEOG_CITATION].iter().find_map(|k| {
-        let text = keys.ascii(*k)?;
-        let rest = &text[text.find(MARK)? + MARK.len()..];
-        let p = rest[..rest.find('"')?].trim();
-        p.starts_with("+proj=").then(|| p.to_string())
-    })
+    [id::PCS_CITATION, id::GT_CITATION, id::GEOG_CITATION]
+        .iter()
+        .find_map(|k| {
+            let text = keys.ascii(*k)?;
+            let rest = &text[text.find(MARK)? + MARK.len()..];
+            let p = rest[..rest.find('"')?].trim();
+            p.starts_with("+proj=").then(|| p.to_string())
+        })
 }
 
 /// proj4 of a user-defined projected CRS.
@@ -132,7 +141,11 @@ pub(crate) fn projected(keys: &GeoKeys) -> Option<String> {
         },
     };
     let to_meter = linear_unit(keys)?;
-    let units = if to_meter == 1.0 { "+units=m".to_string() } else { format!("+to_meter={to_meter}") };
+    let units = if to_meter == 1.0 {
+        "+units=m".to_string()
+    } else {
+        format!("+to_meter={to_meter}")
+    };
     Some(format!("{proj} {} {units} +no_defs", datum_terms(keys)?))
 }
 
@@ -142,17 +155,35 @@ fn transformation(keys: &GeoKeys, ct: u16) -> Option<String> {
     let ang = angular_unit(keys)?;
     let lin = linear_unit(keys)?;
     let a = |ks: &[u16]| ks.iter().find_map(|k| keys.double(*k)).map(|v| v * ang);
-    let l = |ks: &[u16]| ks.iter().find_map(|k| keys.double(*k)).map(|v| v * lin).unwrap_or(0.0);
+    let l = |ks: &[u16]| {
+        ks.iter()
+            .find_map(|k| keys.double(*k))
+            .map(|v| v * lin)
+            .unwrap_or(0.0)
+    };
     let s = |ks: &[u16]| ks.iter().find_map(|k| keys.double(*k)).unwrap_or(1.0);
     use id::*;
     let nat_lat = a(&[PROJ_NAT_ORIGIN_LAT, PROJ_CENTER_LAT, PROJ_FALSE_ORIGIN_LAT]).unwrap_or(0.0);
-    let nat_lon = a(&[PROJ_NAT_ORIGIN_LONG, PROJ_CENTER_LONG, PROJ_FALSE_ORIGIN_LONG]).unwrap_or(0.0);
+    let nat_lon = a(&[
+        PROJ_NAT_ORIGIN_LONG,
+        PROJ_CENTER_LONG,
+        PROJ_FALSE_ORIGIN_LONG,
+    ])
+    .unwrap_or(0.0);
     let ctr_lat = a(&[PROJ_CENTER_LAT, PROJ_NAT_ORIGIN_LAT]).unwrap_or(0.0);
     let ctr_lon = a(&[PROJ_CENTER_LONG, PROJ_NAT_ORIGIN_LONG]).unwrap_or(0.0);
     let fo_lat = a(&[PROJ_FALSE_ORIGIN_LAT, PROJ_NAT_ORIGIN_LAT]).unwrap_or(0.0);
     let fo_lon = a(&[PROJ_FALSE_ORIGIN_LONG, PROJ_NAT_ORIGIN_LONG]).unwrap_or(0.0);
-    let fe = l(&[PROJ_FALSE_EASTING, PROJ_CENTER_EASTING, PROJ_FALSE_ORIGIN_EASTING]);
-    let fn_ = l(&[PROJ_FALSE_NORTHING, PROJ_CENTER_NORTHING, PROJ_FALSE_ORIGIN_NORTHING]);
+    let fe = l(&[
+        PROJ_FALSE_EASTING,
+        PROJ_CENTER_EASTING,
+        PROJ_FALSE_ORIGIN_EASTING,
+    ]);
+    let fn_ = l(&[
+        PROJ_FALSE_NORTHING,
+        PROJ_CENTER_NORTHING,
+        PROJ_FALSE_ORIGIN_NORTHING,
+    ]);
     let fo_e = l(&[PROJ_FALSE_ORIGIN_EASTING, PROJ_FALSE_EASTING]);
     let fo_n = l(&[PROJ_FALSE_ORIGIN_NORTHING, PROJ_FALSE_NORTHING]);
     let k = s(&[PROJ_SCALE_AT_NAT_ORIGIN, PROJ_SCALE_AT_CENTER]);
@@ -160,7 +191,9 @@ fn transformation(keys: &GeoKeys, ct: u16) -> Option<String> {
     let sp2 = a(&[PROJ_STD_PARALLEL2]);
     let en = format!("+x_0={fe} +y_0={fn_}");
     let terms = match ct {
-        ct::TRANSVERSE_MERCATOR => format!("+proj=tmerc +lat_0={nat_lat} +lon_0={nat_lon} +k={k} {en}"),
+        ct::TRANSVERSE_MERCATOR => {
+            format!("+proj=tmerc +lat_0={nat_lat} +lon_0={nat_lon} +k={k} {en}")
+        }
         ct::MERCATOR => match sp1 {
             Some(ts) => format!("+proj=merc +lat_ts={ts} +lon_0={nat_lon} {en}"),
             None => format!("+proj=merc +lon_0={nat_lon} +k={k} {en}"),
@@ -170,7 +203,9 @@ fn transformation(keys: &GeoKeys, ct: u16) -> Option<String> {
             sp1?,
             sp2.or(sp1)?
         ),
-        ct::LCC_1SP => format!("+proj=lcc +lat_1={nat_lat} +lat_0={nat_lat} +lon_0={nat_lon} +k_0={k} {en}"),
+        ct::LCC_1SP => {
+            format!("+proj=lcc +lat_1={nat_lat} +lat_0={nat_lat} +lon_0={nat_lon} +k_0={k} {en}")
+        }
         ct::LAEA => format!("+proj=laea +lat_0={ctr_lat} +lon_0={ctr_lon} {en}"),
         ct::ALBERS => format!(
             "+proj=aea +lat_0={nat_lat} +lon_0={nat_lon} +lat_1={} +lat_2={} {en}",
@@ -189,9 +224,14 @@ fn transformation(keys: &GeoKeys, ct: u16) -> Option<String> {
                 format!("+proj=stere +lat_0={pole} +lat_ts={nat_lat} +lon_0={lon0} {en}")
             }
         }
-        ct::OBLIQUE_STEREOGRAPHIC => format!("+proj=sterea +lat_0={nat_lat} +lon_0={nat_lon} +k={k} {en}"),
+        ct::OBLIQUE_STEREOGRAPHIC => {
+            format!("+proj=sterea +lat_0={nat_lat} +lon_0={nat_lon} +k={k} {en}")
+        }
         ct::EQUIRECTANGULAR => {
-            format!("+proj=eqc +lat_ts={} +lon_0={ctr_lon} {en}", sp1.unwrap_or(0.0))
+            format!(
+                "+proj=eqc +lat_ts={} +lon_0={ctr_lon} {en}",
+                sp1.unwrap_or(0.0)
+            )
         }
         ct::CASSINI => format!("+proj=cass +lat_0={nat_lat} +lon_0={nat_lon} {en}"),
         ct::GNOMONIC => format!("+proj=gnom +lat_0={ctr_lat} +lon_0={ctr_lon} {en}"),
@@ -201,7 +241,10 @@ fn transformation(keys: &GeoKeys, ct: u16) -> Option<String> {
         ct::ROBINSON => format!("+proj=robin +lon_0={ctr_lon} {en}"),
         ct::SINUSOIDAL => format!("+proj=sinu +lon_0={ctr_lon} {en}"),
         ct::CYLINDRICAL_EQUAL_AREA => {
-            format!("+proj=cea +lat_ts={} +lon_0={nat_lon} {en}", sp1.unwrap_or(0.0))
+            format!(
+                "+proj=cea +lat_ts={} +lon_0={nat_lon} {en}",
+                sp1.unwrap_or(0.0)
+            )
         }
         _ => return None,
     };

@@ -9,6 +9,11 @@ use std::io::Read;
 use super::layout::compression_name;
 use super::TiffError;
 
+/// ruzstd reserves the frame's declared window up front, so the window is
+/// capped: the block size, or 8 MiB (zstd's window for levels up to 19 at
+/// these block sizes), whichever is larger.
+const ZSTD_MIN_WINDOW: u64 = 8 << 20;
+
 /// What a codec needs to know about the block it decodes.
 pub(crate) struct BlockCtx<'a> {
     pub(crate) compression: u16,
@@ -44,7 +49,7 @@ pub(crate) fn decode(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError>
         5 => lzw(ctx, input),
         8 | 32946 => read_exact(ctx, "Deflate", flate2::read::ZlibDecoder::new(input)),
         50000 => {
-            let dec = ruzstd::decoding::StreamingDecoder::new_with_max_window_size(input, (ctx.expected as u64).max(1 << 20))
+            let dec = ruzstd::decoding::StreamingDecoder::new_with_max_window_size(input, (ctx.expected as u64).max(ZSTD_MIN_WINDOW))
                 .map_err(|e| err("ZSTD", ctx.block, e))?;
             read_exact(ctx, "ZSTD", dec)
         }

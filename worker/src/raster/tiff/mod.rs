@@ -191,7 +191,12 @@ impl TiffFile {
             .map(|l| {
                 masks
                     .iter()
-                    .find(|m| m.info.width == l.info.width && m.info.height == l.info.height && m.info.bands == 1)
+                    .find(|m| {
+                        m.info.width == l.info.width
+                            && m.info.height == l.info.height
+                            && m.info.bands == 1
+                            && matches!(m.kind, layout::Kind::Bit | layout::Kind::Sample(SampleType::U8))
+                    })
                     .cloned()
             })
             .collect();

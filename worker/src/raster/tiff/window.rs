@@ -1,0 +1,305 @@
+//! Window reads: block selection, coalesced fetching, decoding and assembly.
+
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+
+use super::codec::{self, BlockCtx};
+use super::layout::{Kind, Level};
+use super::{predictor, SampleType, TiffError, TiffFile, WindowData};
+
+/// Window clipped to the raster, in level pixel coordinates (exclusive ends).
+#[derive(Clone, Copy)]
+struct Clip {
+    x0: u64,
+    y0: u64,
+    x1: u64,
+    y1: u64,
+}
+
+/// A block to fetch: which level (data or mask), its index and byte range.
+struct Want {
+    mask: bool,
+    index: usize,
+    offset: u64,
+    count: u64,
+}
+
+pub(crate) async fn read(
+    f: &TiffFile,
+    level: usize,
+    x: i64,
+    y: i64,
+    w: u32,
+    h: u32,
+    bands: &[usize],
+) -> Result<WindowData, TiffError> {
+    let lv = f
+        .levels
+        .get(level)
+        .ok_or_else(|| TiffError::InvalidRequest(format!("level {level} of {}", f.levels.len())))?;
+    let info = &lv.info;
+    if bands.is_empty() {
+        return Err(TiffError::InvalidRequest("no bands selected".into()));
+    }
+    if let Some(&b) = bands.iter().find(|&&b| b >= info.bands) {
+        return Err(TiffError::InvalidRequest(format!("band {b} of {}", info.bands)));
+    }
+    // The alpha band is read even when not selected: it decides validity.
+    let mut reads = bands.to_vec();
+    if let Some(a) = info.alpha_band {
+        reads.push(a);
+    }
+    let npix = w as u64 * h as u64;
+    TiffError::limit("window samples", npix * reads.len() as u64, f.limits.max_window_samples)?;
+    let npix = npix as usize;
+    let mut values = vec![0.0f64; npix * reads.len()];
+    let mut valid = vec![false; npix];
+
+    let cx0 = x.clamp(0, info.width as i64) as u64;
+    let cy0 = y.clamp(0, info.height as i64) as u64;
+    let cx1 = x.saturating_add(w as i64).clamp(0, info.width as i64) as u64;
+    let cy1 = y.saturating_add(h as i64).clamp(0, info.height as i64) as u64;
+    if cx0 >= cx1 || cy0 >= cy1 {
+        values.truncate(bands.len() * npix);
+        return Ok(WindowData { width: w, height: h, bands: bands.len(), values, valid });
+    }
+    let clip = Clip { x0: cx0, y0: cy0, x1: cx1, y1: cy1 };
+    for row in cy0..cy1 {
+        let r = (row as i64 - y) as usize * w as usize;
+        for col in cx0..cx1 {
+            valid[r + (col as i64 - x) as usize] = true;
+        }
+    }
+
+    let mut planes: Vec<usize> = if info.planar { reads.clone() } else { vec![0] };
+    planes.sort_unstable();
+    planes.dedup();
+    let mut wants = Vec::new();
+    blocks(lv, clip, &planes, false, &mut wants);
+    let mask = f.masks[level].as_ref();
+    if let Some(m) = mask {
+        blocks(m, clip, &[0], true, &mut wants);
+    }
+    let fetched = fetch(f, &mut wants).await?;
+
+    let origin = (x, y, w as usize);
+    for (want, data) in wants.iter().zip(&fetched) {
+        let l = if want.mask { mask.unwrap_or(lv) } else { lv };
+        let (bx, by, plane) = position(l, want.index);
+        let rows = l.block_rows(by);
+        let buf = match data {
+            Some(d) => Some(decode_block(f, l, want.index, rows, d)?),
+            None => None,
+        };
+        let bw = l.info.block_width as u64;
+        let bh = l.info.block_height as u64;
+        let r0 = (by * bh).max(clip.y0);
+        let r1 = (by * bh + rows as u64).min(clip.y1);
+        let c0 = (bx * bw).max(clip.x0);
+        let c1 = ((bx + 1) * bw).min(clip.x1);
+        if want.mask {
+            mask_into(l, buf.as_deref(), (bx * bw, by * bh), (r0, r1, c0, c1), origin, &mut valid);
+            continue;
+        }
+        for (ri, &band) in reads.iter().enumerate() {
+            if info.planar && band != plane {
+                continue;
+            }
+            let out = &mut values[ri * npix..(ri + 1) * npix];
+            let sample = if info.planar { 0 } else { band };
+            copy_band(f, l, buf.as_deref(), (bx * bw, by * bh), sample, (r0, r1, c0, c1), origin, out);
+        }
+    }
+
+    let nb = bands.len();
+    for p in 0..npix {
+        if !valid[p] {
+            continue;
+        }
+        if info.alpha_band.is_some() && values[nb * npix + p] == 0.0 {
+            valid[p] = false;
+        }
+        if let Some(nd) = info.nodata {
+            let same = |v: f64| v == nd || (nd.is_nan() && v.is_nan());
+            if (0..nb).all(|b| same(values[b * npix + p])) {
+                valid[p] = false;
+            }
+        }
+    }
+    values.truncate(nb * npix);
+    Ok(WindowData { width: w, height: h, bands: nb, values, valid })
+}
+
+/// (block column, block row, plane) of a block index.
+fn position(l: &Level, index: usize) -> (u64, u64, usize) {
+    let i = index as u64;
+    let per_plane = l.across * l.down;
+    let plane = i / per_plane;
+    let rem = i % per_plane;
+    (rem % l.across, rem / l.across, plane as usize)
+}
+
+fn blocks(l: &Level, c: Clip, planes: &[usize], mask: bool, out: &mut Vec<Want>) {
+    let bw = l.info.block_width as u64;
+    let bh = l.info.block_height as u64;
+    for &p in planes {
+        for by in c.y0 / bh..=(c.y1 - 1) / bh {
+            for bx in c.x0 / bw..=(c.x1 - 1) / bw {
+                let index = ((p as u64 * l.down + by) * l.across + bx) as usize;
+                out.push(Want { mask, index, offset: l.offsets[index], count: l.counts[index] });
+            }
+        }
+    }
+}
+
+/// Fetches every wanted block in few requests; `None` marks a sparse (empty) block.
+async fn fetch(f: &TiffFile, wants: &mut [Want]) -> Result<Vec<Option<Bytes>>, TiffError> {
+    let size = f.src.size;
+    let mut total = 0u64;
+    for w in wants.iter() {
+        if w.count == 0 {
+            continue;
+        }
+        let end = w.offset.checked_add(w.count).filter(|&e| e <= size);
+        if end.is_none() {
+            return Err(TiffError::Truncated { start: w.offset, end: w.offset.saturating_add(w.count), size });
+        }
+        total += w.count;
+    }
+    TiffError::limit("window fetch bytes", total, f.limits.max_fetch_bytes)?;
+    wants.sort_by_key(|w| (w.offset, w.mask, w.index));
+    // Merge byte ranges that are adjacent or close, bounded in size.
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    for w in wants.iter().filter(|w| w.count > 0) {
+        let end = w.offset + w.count;
+        match ranges.last_mut() {
+            Some(r)
+                if w.offset <= r.1.saturating_add(f.limits.coalesce_gap)
+                    && end.max(r.1) - r.0 <= f.limits.max_request_bytes =>
+            {
+                r.1 = r.1.max(end)
+            }
+            _ => ranges.push((w.offset, end)),
+        }
+    }
+    let src = &f.src;
+    let got: Vec<Bytes> = futures::stream::iter(ranges.iter().map(|&(s, e)| src.read(s, e)))
+        .buffered(8)
+        .try_collect()
+        .await?;
+    let mut out = Vec::with_capacity(wants.len());
+    let mut ri = 0;
+    for w in wants.iter() {
+        if w.count == 0 {
+            out.push(None);
+            continue;
+        }
+        while ranges[ri].1 < w.offset + w.count || ranges[ri].0 > w.offset {
+            ri += 1;
+        }
+        let s = (w.offset - ranges[ri].0) as usize;
+        out.push(Some(got[ri].slice(s..s + w.count as usize)));
+    }
+    Ok(out)
+}
+
+fn decode_block(f: &TiffFile, l: &Level, index: usize, rows: u32, data: &[u8]) -> Result<Vec<u8>, TiffError> {
+    let info = &l.info;
+    let spp = l.block_samples();
+    let ctx = BlockCtx {
+        compression: info.compression,
+        block: index,
+        width: info.block_width,
+        rows,
+        samples: spp,
+        photometric: info.photometric,
+        jpeg_tables: l.jpeg_tables.as_deref(),
+        expected: l.block_bytes(rows),
+    };
+    let mut buf = codec::decode(&ctx, data)?;
+    let size = l.bytes_per_sample();
+    let row_samples = info.block_width as usize * spp;
+    match info.predictor {
+        2 => predictor::horizontal(&mut buf, row_samples, spp, size, f.fmt.big_endian),
+        3 => predictor::floating(&mut buf, row_samples, spp, size, f.fmt.big_endian)?,
+        _ => {}
+    }
+    Ok(buf)
+}
+
+fn sample(buf: &[u8], i: usize, t: SampleType, be: bool) -> f64 {
+    let n = t.size();
+    let b = &buf[i * n..i * n + n];
+    let mut a = [0u8; 8];
+    if be {
+        a[8 - n..].copy_from_slice(b);
+        a[8 - n..].reverse();
+    } else {
+        a[..n].copy_from_slice(b);
+    }
+    let v = u64::from_le_bytes(a);
+    match t {
+        SampleType::U8 | SampleType::U16 | SampleType::U32 => v as f64,
+        SampleType::I16 => v as u16 as i16 as f64,
+        SampleType::F32 => f32::from_bits(v as u32) as f64,
+        SampleType::F64 => f64::from_bits(v),
+    }
+}
+
+type Span = (u64, u64, u64, u64);
+
+#[allow(clippy::too_many_arguments)]
+fn copy_band(
+    f: &TiffFile,
+    l: &Level,
+    buf: Option<&[u8]>,
+    (ox, oy): (u64, u64),
+    s: usize,
+    (r0, r1, c0, c1): Span,
+    (x, y, w): (i64, i64, usize),
+    out: &mut [f64],
+) {
+    let Kind::Sample(t) = l.kind else { return };
+    // GDAL fills sparse blocks with nodata (0 without one).
+    let fill = l.info.nodata.unwrap_or(0.0);
+    let spp = l.block_samples();
+    let bw = l.info.block_width as usize;
+    for row in r0..r1 {
+        let o = (row as i64 - y) as usize * w;
+        let br = (row - oy) as usize;
+        for col in c0..c1 {
+            let bc = (col - ox) as usize;
+            out[o + (col as i64 - x) as usize] = match buf {
+                Some(b) => sample(b, (br * bw + bc) * spp + s, t, f.fmt.big_endian),
+                None => fill,
+            };
+        }
+    }
+}
+
+fn mask_into(
+    l: &Level,
+    buf: Option<&[u8]>,
+    (ox, oy): (u64, u64),
+    (r0, r1, c0, c1): Span,
+    (x, y, w): (i64, i64, usize),
+    valid: &mut [bool],
+) {
+    let bw = l.info.block_width as usize;
+    let row_bytes = bw.div_ceil(8);
+    for row in r0..r1 {
+        let o = (row as i64 - y) as usize * w;
+        let br = (row - oy) as usize;
+        for col in c0..c1 {
+            let bc = (col - ox) as usize;
+            let ok = match (buf, l.kind) {
+                (None, _) => false,
+                (Some(b), Kind::Bit) => (b[br * row_bytes + bc / 8] >> (7 - bc % 8)) & 1 == 1,
+                (Some(b), Kind::Sample(_)) => b[br * bw + bc] != 0,
+            };
+            if !ok {
+                valid[o + (col as i64 - x) as usize] = false;
+            }
+        }
+    }
+}
