@@ -121,6 +121,11 @@ pub struct RunArgs {
     /// Inputs decoded at once. Default: the number of cores.
     #[arg(long, env = "RSEMBED_DECODE_THREADS")]
     pub decode_threads: Option<usize>,
+    /// Largest whole image (PNG/JPEG) one input may decode to, in pixels: a hostile
+    /// header can claim anything, and this bounds the allocation (4 bytes per pixel).
+    /// TIFF scenes are read window by window under the reader's own limits.
+    #[arg(long, env = "RSEMBED_MAX_PIXELS", default_value_t = 1 << 28)]
+    pub max_pixels: u64,
     /// Print the summary as JSON instead of text.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,

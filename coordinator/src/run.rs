@@ -21,6 +21,8 @@ use rsembed_worker::model::ModelDir;
 use rsembed_worker::pipeline::{Counters, TaskReport, TaskRunner};
 use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::raster::image::DecodeLimits;
+use rsembed_worker::raster::scale::ScaleSpec;
+use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::store::{Location, StoreCache};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
@@ -154,6 +156,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
 
     let model = ModelDir::open(&args.model)?;
     let tiling = tiling_spec(&args.tiling, &model)?;
+    let scale: ScaleSpec = tiling.scale.parse().map_err(Error::Usage)?;
     let batch_size = args.engine.batch_size().map_err(Error::Usage)?;
     let model_ref = model.model_ref(args.engine.fp16)?;
     let fingerprint = JobSpec::fingerprint_of(&model_ref, &tiling);
@@ -227,7 +230,12 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         decode_concurrency: args
             .decode_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
-        limits: DecodeLimits::default(),
+        limits: DecodeLimits {
+            max_alloc: args.max_pixels.saturating_mul(4),
+            ..DecodeLimits::default()
+        },
+        tiff_limits: TiffLimits::default(),
+        scale,
         file_meta: FileMeta {
             schema_version: SCHEMA_VERSION,
             job_id: job_id.clone(),

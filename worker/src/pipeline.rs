@@ -22,9 +22,16 @@ use crate::engine::PixelBatch;
 use crate::error::{chain, Error, Result};
 use crate::preprocess::Preprocessor;
 use crate::raster::image::{decode_rgb8, DecodeLimits};
+use crate::raster::scale::ScaleSpec;
+use crate::raster::tiff::TiffLimits;
 use crate::sink::parquet::{chip_file_metadata, encode, error_file_metadata, put};
 use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow, Footprint};
 use crate::store::{Location, StoreCache};
+
+mod scene;
+
+/// What the input stage sends on: a chip ready for the model, or an error row.
+pub(crate) type Item = std::result::Result<Prepared, ErrorRow>;
 
 /// Live counters a progress display can read while tasks run.
 #[derive(Debug, Default)]
@@ -35,8 +42,8 @@ pub struct Counters {
     pub chips: AtomicU64,
     /// Inputs recorded as failed.
     pub failed: AtomicU64,
-    /// Bytes read from storage.
-    pub bytes_read: AtomicU64,
+    /// Bytes read from storage (shared with range readers).
+    pub bytes_read: Arc<AtomicU64>,
 }
 
 /// What every task of a job shares.
@@ -53,8 +60,12 @@ pub struct TaskRunner {
     pub batch_size: usize,
     /// Inputs decoded at once.
     pub decode_concurrency: usize,
-    /// Decoder bounds.
+    /// Decoder bounds for whole images.
     pub limits: DecodeLimits,
+    /// Reader bounds for TIFF scenes.
+    pub tiff_limits: TiffLimits,
+    /// Parsed `--scale`.
+    pub scale: ScaleSpec,
     /// Job id, model and tiling, as recorded in each file.
     pub file_meta: FileMeta,
     /// Counters for progress.
@@ -75,12 +86,12 @@ pub struct TaskReport {
 }
 
 /// One chip ready for the model.
-struct Prepared {
-    input: TaskInput,
-    window: Window,
-    valid_fraction: f32,
-    footprint: Option<Footprint>,
-    pixels: Vec<f32>,
+pub(crate) struct Prepared {
+    pub(crate) input: TaskInput,
+    pub(crate) window: Window,
+    pub(crate) valid_fraction: f32,
+    pub(crate) footprint: Option<Footprint>,
+    pub(crate) pixels: Vec<f32>,
 }
 
 impl TaskRunner {
@@ -105,20 +116,35 @@ impl TaskRunner {
             let limits = self.limits;
             let counters = self.counters.clone();
             let conc = self.decode_concurrency.max(1);
+            let scene_ctx = Arc::new(scene::SceneContext {
+                stores: stores.clone(),
+                pre: pre.clone(),
+                counters: counters.clone(),
+                tiling: self.file_meta.tiling.clone(),
+                scale: self.scale,
+                limits: self.tiff_limits.clone(),
+            });
             tokio::spawn(
                 async move {
                     // Unordered: a slow input must not hold back the others.
                     // Rows are sorted before writing, so files stay deterministic.
                     let mut s = futures::stream::iter(inputs)
-                        .map(|input| {
+                        .map(move |input| {
                             let tx = tx.clone();
                             let stores = stores.clone();
                             let pre = pre.clone();
                             let counters = counters.clone();
+                            let scene_ctx = scene_ctx.clone();
                             async move {
-                                let item = prepare(stores, pre, limits, counters, input).await;
-                                // A closed channel means the task is being dropped.
-                                let _ = tx.send(item).await;
+                                if scene::is_tiff(&input.uri) {
+                                    scene::produce_scene(scene_ctx, input, tx).await;
+                                } else {
+                                    let item =
+                                        prepare(stores, pre, limits, counters.clone(), input).await;
+                                    // A closed channel means the task is being dropped.
+                                    let _ = tx.send(item).await;
+                                }
+                                counters.inputs.fetch_add(1, Ordering::Relaxed);
                             }
                         })
                         .buffer_unordered(conc);
@@ -139,7 +165,6 @@ impl TaskRunner {
                 Some(Ok(p)) => pending.push(p),
                 Some(Err(e)) => {
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    self.counters.inputs.fetch_add(1, Ordering::Relaxed);
                     failures.push(e);
                 }
                 None => {}
@@ -238,12 +263,11 @@ impl TaskRunner {
             })
             .collect();
         self.counters.chips.fetch_add(n as u64, Ordering::Relaxed);
-        self.counters.inputs.fetch_add(n as u64, Ordering::Relaxed);
         Ok(rows)
     }
 }
 
-fn input_error(
+pub(crate) fn input_error(
     input: &TaskInput,
     stage: ErrorStage,
     err: &(dyn std::error::Error + 'static),

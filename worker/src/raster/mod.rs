@@ -4,3 +4,5 @@ pub mod geo;
 pub mod grid;
 pub mod image;
 pub mod scale;
+pub mod scene;
+pub mod tiff;

@@ -28,12 +28,25 @@ pub(crate) struct BlockCtx<'a> {
     pub(crate) expected: usize,
 }
 
-fn err<E: std::error::Error + Send + Sync + 'static>(codec: &'static str, block: usize, e: E) -> TiffError {
-    TiffError::Decode { codec, block, source: Box::new(e) }
+fn err<E: std::error::Error + Send + Sync + 'static>(
+    codec: &'static str,
+    block: usize,
+    e: E,
+) -> TiffError {
+    TiffError::Decode {
+        codec,
+        block,
+        source: Box::new(e),
+    }
 }
 
 fn size_err(ctx: &BlockCtx, codec: &'static str, detail: String) -> TiffError {
-    TiffError::BlockSize { codec, block: ctx.block, expected: ctx.expected, detail }
+    TiffError::BlockSize {
+        codec,
+        block: ctx.block,
+        expected: ctx.expected,
+        detail,
+    }
 }
 
 /// Decompresses one block.
@@ -42,21 +55,31 @@ pub(crate) fn decode(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError>
         1 => {
             // Writers may pad uncompressed blocks; only a short one is an error.
             if input.len() < ctx.expected {
-                return Err(size_err(ctx, "none", format!("block holds only {} bytes", input.len())));
+                return Err(size_err(
+                    ctx,
+                    "none",
+                    format!("block holds only {} bytes", input.len()),
+                ));
             }
             Ok(input[..ctx.expected].to_vec())
         }
         5 => lzw(ctx, input),
         8 | 32946 => read_exact(ctx, "Deflate", flate2::read::ZlibDecoder::new(input)),
         50000 => {
-            let dec = ruzstd::decoding::StreamingDecoder::new_with_max_window_size(input, (ctx.expected as u64).max(ZSTD_MIN_WINDOW))
-                .map_err(|e| err("ZSTD", ctx.block, e))?;
+            let dec = ruzstd::decoding::StreamingDecoder::new_with_max_window_size(
+                input,
+                (ctx.expected as u64).max(ZSTD_MIN_WINDOW),
+            )
+            .map_err(|e| err("ZSTD", ctx.block, e))?;
             read_exact(ctx, "ZSTD", dec)
         }
         32773 => packbits(ctx, input),
         7 => jpeg(ctx, input),
         50001 => webp(ctx, input),
-        c => Err(TiffError::UnsupportedCompression { code: c, name: compression_name(c) }),
+        c => Err(TiffError::UnsupportedCompression {
+            code: c,
+            name: compression_name(c),
+        }),
     }
 }
 
@@ -65,7 +88,13 @@ fn read_exact(ctx: &BlockCtx, codec: &'static str, mut r: impl Read) -> Result<V
     let mut n = 0;
     while n < out.len() {
         match r.read(&mut out[n..]) {
-            Ok(0) => return Err(size_err(ctx, codec, format!("stream ended after {n} bytes"))),
+            Ok(0) => {
+                return Err(size_err(
+                    ctx,
+                    codec,
+                    format!("stream ended after {n} bytes"),
+                ))
+            }
             Ok(k) => n += k,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => return Err(err(codec, ctx.block, e)),
@@ -94,7 +123,11 @@ fn lzw(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
             // its end code as long as it is complete, so only a short one fails.
             Ok(weezl::LzwStatus::Done) | Ok(weezl::LzwStatus::NoProgress) => {
                 if o < out.len() {
-                    return Err(size_err(ctx, "LZW", format!("stream ended after {o} bytes")));
+                    return Err(size_err(
+                        ctx,
+                        "LZW",
+                        format!("stream ended after {o} bytes"),
+                    ));
                 }
             }
             Err(e) => return Err(err("LZW", ctx.block, e)),
@@ -128,7 +161,9 @@ fn packbits(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
             i += len;
         } else if n != -128 {
             let len = (1 - n as isize) as usize;
-            let b = *input.get(i).ok_or_else(|| size_err(ctx, "PackBits", "repeat run past end of data".into()))?;
+            let b = *input
+                .get(i)
+                .ok_or_else(|| size_err(ctx, "PackBits", "repeat run past end of data".into()))?;
             if out.len() + len > ctx.expected {
                 return Err(size_err(ctx, "PackBits", "run overflows block".into()));
             }
@@ -137,23 +172,41 @@ fn packbits(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
         }
     }
     if out.len() < ctx.expected {
-        return Err(size_err(ctx, "PackBits", format!("data ended after {} bytes", out.len())));
+        return Err(size_err(
+            ctx,
+            "PackBits",
+            format!("data ended after {} bytes", out.len()),
+        ));
     }
     Ok(out)
 }
 
 /// Copies decoded rows into a block-sized buffer after checking the codec's geometry.
-fn fit(ctx: &BlockCtx, codec: &'static str, w: usize, h: usize, ch: usize, pix: &[u8]) -> Result<Vec<u8>, TiffError> {
+fn fit(
+    ctx: &BlockCtx,
+    codec: &'static str,
+    w: usize,
+    h: usize,
+    ch: usize,
+    pix: &[u8],
+) -> Result<Vec<u8>, TiffError> {
     if w != ctx.width as usize || h < ctx.rows as usize || ch != ctx.samples {
         return Err(size_err(
             ctx,
             codec,
-            format!("codec image is {w}x{h}x{ch}, block is {}x{}x{}", ctx.width, ctx.rows, ctx.samples),
+            format!(
+                "codec image is {w}x{h}x{ch}, block is {}x{}x{}",
+                ctx.width, ctx.rows, ctx.samples
+            ),
         ));
     }
     let n = ctx.expected.min(pix.len());
     if n < ctx.expected {
-        return Err(size_err(ctx, codec, format!("codec produced {} bytes", pix.len())));
+        return Err(size_err(
+            ctx,
+            codec,
+            format!("codec produced {} bytes", pix.len()),
+        ));
     }
     Ok(pix[..n].to_vec())
 }
@@ -166,9 +219,18 @@ fn jpeg(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
     // markers, dropping the tables' EOI and the block's SOI.
     let merged;
     let data = match ctx.jpeg_tables {
-        Some(t) if t.len() >= 4 && input.len() >= 2 && t[..2] == [0xFF, 0xD8] && input[..2] == [0xFF, 0xD8] => {
+        Some(t)
+            if t.len() >= 4
+                && input.len() >= 2
+                && t[..2] == [0xFF, 0xD8]
+                && input[..2] == [0xFF, 0xD8] =>
+        {
             let mut m = Vec::with_capacity(t.len() + input.len());
-            let end = if t[t.len() - 2..] == [0xFF, 0xD9] { t.len() - 2 } else { t.len() };
+            let end = if t[t.len() - 2..] == [0xFF, 0xD9] {
+                t.len() - 2
+            } else {
+                t.len()
+            };
             m.extend_from_slice(&t[..end]);
             m.extend_from_slice(&input[2..]);
             merged = m;
@@ -176,23 +238,42 @@ fn jpeg(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
         }
         _ => input,
     };
-    let out_cs = if ctx.samples == 1 { ColorSpace::Luma } else { ColorSpace::RGB };
+    let out_cs = if ctx.samples == 1 {
+        ColorSpace::Luma
+    } else {
+        ColorSpace::RGB
+    };
     let opts = DecoderOptions::default()
         .set_max_width(ctx.width as usize)
         .set_max_height(ctx.rows.max(1) as usize * 2 + 16)
         .jpeg_set_out_colorspace(out_cs);
-    let mut dec = zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(data), opts);
-    dec.decode_headers().map_err(|e| err("JPEG", ctx.block, JpegErr(format!("{e:?}"))))?;
+    let mut dec =
+        zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(data), opts);
+    dec.decode_headers()
+        .map_err(|e| err("JPEG", ctx.block, JpegErr(format!("{e:?}"))))?;
     if ctx.samples == 3 && ctx.photometric != 6 {
         // zune-jpeg would convert YCbCr to RGB; a JPEG whose Photometric says RGB
         // stores RGB already, and decoding it as YCbCr would shift colours.
         if dec.input_colorspace() == Some(ColorSpace::YCbCr) {
-            return Err(TiffError::Unsupported("JPEG with PhotometricInterpretation RGB".into()));
+            return Err(TiffError::Unsupported(
+                "JPEG with PhotometricInterpretation RGB".into(),
+            ));
         }
     }
-    let info = dec.info().ok_or_else(|| err("JPEG", ctx.block, JpegErr("no header".into())))?;
-    let pix = dec.decode().map_err(|e| err("JPEG", ctx.block, JpegErr(format!("{e:?}"))))?;
-    fit(ctx, "JPEG", info.width as usize, info.height as usize, out_cs.num_components(), &pix)
+    let info = dec
+        .info()
+        .ok_or_else(|| err("JPEG", ctx.block, JpegErr("no header".into())))?;
+    let pix = dec
+        .decode()
+        .map_err(|e| err("JPEG", ctx.block, JpegErr(format!("{e:?}"))))?;
+    fit(
+        ctx,
+        "JPEG",
+        info.width as usize,
+        info.height as usize,
+        out_cs.num_components(),
+        &pix,
+    )
 }
 
 /// zune-jpeg's error type does not implement `std::error::Error`.
@@ -208,7 +289,8 @@ impl std::fmt::Display for JpegErr {
 impl std::error::Error for JpegErr {}
 
 fn webp(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
-    let mut dec = image_webp::WebPDecoder::new(std::io::Cursor::new(input)).map_err(|e| err("WebP", ctx.block, e))?;
+    let mut dec = image_webp::WebPDecoder::new(std::io::Cursor::new(input))
+        .map_err(|e| err("WebP", ctx.block, e))?;
     let (w, h) = dec.dimensions();
     let ch = if dec.has_alpha() { 4 } else { 3 };
     if w != ctx.width || h < ctx.rows || h as u64 > ctx.rows as u64 + 16 {
@@ -216,6 +298,7 @@ fn webp(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
     }
     dec.set_memory_limit(ctx.expected.saturating_mul(2).max(1 << 20));
     let mut pix = vec![0u8; w as usize * h as usize * ch];
-    dec.read_image(&mut pix).map_err(|e| err("WebP", ctx.block, e))?;
+    dec.read_image(&mut pix)
+        .map_err(|e| err("WebP", ctx.block, e))?;
     fit(ctx, "WebP", w as usize, h as usize, ch, &pix)
 }

@@ -4,59 +4,17 @@
 //! cannot make us read (or allocate) megabytes for a tag we ignore.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{RangeRead, TiffError, TiffLimits};
+use super::fetch::Source;
+use super::{TiffError, TiffLimits};
 
 /// Tags whose payload we fetch.
 const WANTED: &[u16] = &[
-    254, 256, 257, 258, 259, 262, 273, 277, 278, 279, 284, 317, 322, 323, 324, 325, 338, 339,
-    347, 33550, 33922, 34264, 34735, 34736, 34737, 42113,
+    254, 256, 257, 258, 259, 262, 273, 277, 278, 279, 284, 317, 322, 323, 324, 325, 338, 339, 347,
+    33550, 33922, 34264, 34735, 34736, 34737, 42113,
 ];
-
-/// Reads ranges, serving those inside the prefetched prefix from memory.
-pub(crate) struct Source {
-    pub(crate) reader: Arc<dyn RangeRead>,
-    pub(crate) size: u64,
-    prefix: Bytes,
-}
-
-impl Source {
-    pub(crate) async fn new(reader: Arc<dyn RangeRead>, prefetch: u64) -> Result<Self, TiffError> {
-        let size = reader.size();
-        let mut s = Source { reader, size, prefix: Bytes::new() };
-        let n = prefetch.min(size);
-        if n > 0 {
-            s.prefix = s.fetch(0, n).await?;
-        }
-        Ok(s)
-    }
-
-    /// Exactly bytes [start, end), or `Truncated`.
-    pub(crate) async fn read(&self, start: u64, end: u64) -> Result<Bytes, TiffError> {
-        if end <= self.prefix.len() as u64 {
-            return Ok(self.prefix.slice(start as usize..end as usize));
-        }
-        self.fetch(start, end).await
-    }
-
-    pub(crate) async fn fetch(&self, start: u64, end: u64) -> Result<Bytes, TiffError> {
-        if start > end || end > self.size {
-            return Err(TiffError::Truncated { start, end, size: self.size });
-        }
-        let b = self
-            .reader
-            .read_range(start, end)
-            .await
-            .map_err(|source| TiffError::Io { start, end, source })?;
-        if (b.len() as u64) < end - start {
-            return Err(TiffError::Truncated { start, end, size: start + b.len() as u64 });
-        }
-        Ok(b.slice(0..(end - start) as usize))
-    }
-}
 
 /// Byte order and offset width of the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,19 +26,35 @@ pub(crate) struct Format {
 impl Format {
     pub(crate) fn u16(&self, b: &[u8]) -> u16 {
         let a = [b[0], b[1]];
-        if self.big_endian { u16::from_be_bytes(a) } else { u16::from_le_bytes(a) }
+        if self.big_endian {
+            u16::from_be_bytes(a)
+        } else {
+            u16::from_le_bytes(a)
+        }
     }
     pub(crate) fn u32(&self, b: &[u8]) -> u32 {
         let a = [b[0], b[1], b[2], b[3]];
-        if self.big_endian { u32::from_be_bytes(a) } else { u32::from_le_bytes(a) }
+        if self.big_endian {
+            u32::from_be_bytes(a)
+        } else {
+            u32::from_le_bytes(a)
+        }
     }
     pub(crate) fn u64(&self, b: &[u8]) -> u64 {
         let mut a = [0u8; 8];
         a.copy_from_slice(&b[..8]);
-        if self.big_endian { u64::from_be_bytes(a) } else { u64::from_le_bytes(a) }
+        if self.big_endian {
+            u64::from_be_bytes(a)
+        } else {
+            u64::from_le_bytes(a)
+        }
     }
     fn offset(&self, b: &[u8]) -> u64 {
-        if self.bigtiff { self.u64(b) } else { self.u32(b) as u64 }
+        if self.bigtiff {
+            self.u64(b)
+        } else {
+            self.u32(b) as u64
+        }
     }
 }
 
@@ -96,6 +70,9 @@ pub(crate) struct Entry {
 #[derive(Debug, Clone)]
 pub(crate) struct Ifd {
     pub(crate) index: usize,
+    /// Most values decoded from one tag: a BYTE-typed offset table within the
+    /// tag budget would otherwise expand eightfold into `Vec<u64>`.
+    pub(crate) max_values: u64,
     pub(crate) tags: BTreeMap<u16, Entry>,
 }
 
@@ -110,17 +87,26 @@ fn type_size(typ: u16) -> Option<u64> {
 }
 
 /// Parses the header and walks the IFD chain.
-pub(crate) async fn read_ifds(src: &Source, limits: &TiffLimits) -> Result<(Format, Vec<Ifd>), TiffError> {
+pub(crate) async fn read_ifds(
+    src: &Source,
+    limits: &TiffLimits,
+) -> Result<(Format, Vec<Ifd>), TiffError> {
     let head = src.read(0, 16.min(src.size)).await?;
     if head.len() < 8 {
-        return Err(TiffError::NotTiff(format!("{} bytes is too short for a TIFF header", head.len())));
+        return Err(TiffError::NotTiff(format!(
+            "{} bytes is too short for a TIFF header",
+            head.len()
+        )));
     }
     let big_endian = match &head[0..2] {
         b"II" => false,
         b"MM" => true,
         _ => return Err(TiffError::NotTiff("bad byte-order mark".into())),
     };
-    let mut fmt = Format { big_endian, bigtiff: false };
+    let mut fmt = Format {
+        big_endian,
+        bigtiff: false,
+    };
     let first = match fmt.u16(&head[2..4]) {
         42 => fmt.u32(&head[4..8]) as u64,
         43 => {
@@ -142,10 +128,18 @@ pub(crate) async fn read_ifds(src: &Source, limits: &TiffLimits) -> Result<(Form
             return Err(TiffError::malformed(format!("IFD offset loop at {next}")));
         }
         if ifds.len() >= limits.max_ifds {
-            return Err(TiffError::Limit { what: "IFD count", value: ifds.len() as u64 + 1, limit: limits.max_ifds as u64 });
+            return Err(TiffError::Limit {
+                what: "IFD count",
+                value: ifds.len() as u64 + 1,
+                limit: limits.max_ifds as u64,
+            });
         }
         let cb = src.read(next, next.saturating_add(count_len)).await?;
-        let n = if fmt.bigtiff { fmt.u64(&cb) } else { fmt.u16(&cb) as u64 };
+        let n = if fmt.bigtiff {
+            fmt.u64(&cb)
+        } else {
+            fmt.u16(&cb) as u64
+        };
         TiffError::limit("IFD entry count", n, limits.max_ifd_entries)?;
         let start = next + count_len;
         let tail = if fmt.bigtiff { 8 } else { 4 };
@@ -158,17 +152,24 @@ pub(crate) async fn read_ifds(src: &Source, limits: &TiffLimits) -> Result<(Form
                 continue;
             }
             let typ = fmt.u16(&e[2..4]);
-            let count = if fmt.bigtiff { fmt.u64(&e[4..12]) } else { fmt.u32(&e[4..8]) as u64 };
-            let ts = type_size(typ).ok_or_else(|| TiffError::malformed(format!("tag {tag} has unknown type {typ}")))?;
-            let len = count
-                .checked_mul(ts)
-                .ok_or_else(|| TiffError::malformed(format!("tag {tag} count {count} overflows")))?;
+            let count = if fmt.bigtiff {
+                fmt.u64(&e[4..12])
+            } else {
+                fmt.u32(&e[4..8]) as u64
+            };
+            let ts = type_size(typ)
+                .ok_or_else(|| TiffError::malformed(format!("tag {tag} has unknown type {typ}")))?;
+            let len = count.checked_mul(ts).ok_or_else(|| {
+                TiffError::malformed(format!("tag {tag} count {count} overflows"))
+            })?;
             TiffError::limit("tag payload bytes", len, tag_budget)?;
             tag_budget -= len;
             let inline = if fmt.bigtiff { 8 } else { 4 };
             let vpos = if fmt.bigtiff { 12 } else { 8 };
             let data = if len <= inline {
-                body.slice(i * entry_len as usize + vpos..i * entry_len as usize + vpos + len as usize)
+                body.slice(
+                    i * entry_len as usize + vpos..i * entry_len as usize + vpos + len as usize,
+                )
             } else {
                 let off = fmt.offset(&e[vpos..]);
                 let end = off
@@ -180,7 +181,12 @@ pub(crate) async fn read_ifds(src: &Source, limits: &TiffLimits) -> Result<(Form
         }
         let np = n as usize * entry_len as usize;
         next = fmt.offset(&body[np..]);
-        ifds.push(Ifd { index: ifds.len(), tags });
+        let max_values = limits.max_blocks.max(1 << 16);
+        ifds.push(Ifd {
+            index: ifds.len(),
+            max_values,
+            tags,
+        });
     }
     if ifds.is_empty() {
         return Err(TiffError::malformed("no IFD"));
@@ -191,7 +197,10 @@ pub(crate) async fn read_ifds(src: &Source, limits: &TiffLimits) -> Result<(Form
 impl Ifd {
     /// Integer values of a tag (any unsigned/signed integer type).
     pub(crate) fn ints(&self, fmt: &Format, tag: u16) -> Result<Option<Vec<u64>>, TiffError> {
-        let Some(e) = self.tags.get(&tag) else { return Ok(None) };
+        let Some(e) = self.tags.get(&tag) else {
+            return Ok(None);
+        };
+        TiffError::limit("values in one tag", e.count, self.max_values)?;
         let d = &e.data;
         let n = e.count as usize;
         let v = match e.typ {
@@ -199,34 +208,60 @@ impl Ifd {
             6 => d.iter().map(|&b| b as i8 as u64).collect(),
             3 | 8 => (0..n).map(|i| fmt.u16(&d[2 * i..]) as u64).collect(),
             4 | 9 | 13 => (0..n).map(|i| fmt.u32(&d[4 * i..]) as u64).collect(),
-            16 | 17 | 18 => (0..n).map(|i| fmt.u64(&d[8 * i..])).collect(),
-            t => return Err(TiffError::malformed(format!("tag {tag}: type {t} is not an integer type"))),
+            16..=18 => (0..n).map(|i| fmt.u64(&d[8 * i..])).collect(),
+            t => {
+                return Err(TiffError::malformed(format!(
+                    "tag {tag}: type {t} is not an integer type"
+                )))
+            }
         };
         Ok(Some(v))
     }
 
     /// First integer value of a tag, or `default` when absent.
-    pub(crate) fn int(&self, fmt: &Format, tag: u16, default: Option<u64>) -> Result<u64, TiffError> {
+    pub(crate) fn int(
+        &self,
+        fmt: &Format,
+        tag: u16,
+        default: Option<u64>,
+    ) -> Result<u64, TiffError> {
         match self.ints(fmt, tag)? {
             Some(v) if !v.is_empty() => Ok(v[0]),
             Some(_) => Err(TiffError::malformed(format!("tag {tag} has no values"))),
-            None => default.ok_or_else(|| TiffError::malformed(format!("required tag {tag} missing"))),
+            None => {
+                default.ok_or_else(|| TiffError::malformed(format!("required tag {tag} missing")))
+            }
         }
     }
 
     /// Floating-point values of a tag (double, float, rational or integer types).
     pub(crate) fn floats(&self, fmt: &Format, tag: u16) -> Result<Option<Vec<f64>>, TiffError> {
-        let Some(e) = self.tags.get(&tag) else { return Ok(None) };
+        let Some(e) = self.tags.get(&tag) else {
+            return Ok(None);
+        };
+        TiffError::limit("values in one tag", e.count, self.max_values)?;
         let d = &e.data;
         let n = e.count as usize;
         let v = match e.typ {
-            12 => (0..n).map(|i| f64::from_bits(fmt.u64(&d[8 * i..]))).collect(),
-            11 => (0..n).map(|i| f32::from_bits(fmt.u32(&d[4 * i..])) as f64).collect(),
-            5 => (0..n).map(|i| fmt.u32(&d[8 * i..]) as f64 / fmt.u32(&d[8 * i + 4..]) as f64).collect(),
-            10 => (0..n)
-                .map(|i| fmt.u32(&d[8 * i..]) as i32 as f64 / fmt.u32(&d[8 * i + 4..]) as i32 as f64)
+            12 => (0..n)
+                .map(|i| f64::from_bits(fmt.u64(&d[8 * i..])))
                 .collect(),
-            _ => return Ok(self.ints(fmt, tag)?.map(|v| v.into_iter().map(|x| x as f64).collect())),
+            11 => (0..n)
+                .map(|i| f32::from_bits(fmt.u32(&d[4 * i..])) as f64)
+                .collect(),
+            5 => (0..n)
+                .map(|i| fmt.u32(&d[8 * i..]) as f64 / fmt.u32(&d[8 * i + 4..]) as f64)
+                .collect(),
+            10 => (0..n)
+                .map(|i| {
+                    fmt.u32(&d[8 * i..]) as i32 as f64 / fmt.u32(&d[8 * i + 4..]) as i32 as f64
+                })
+                .collect(),
+            _ => {
+                return Ok(self
+                    .ints(fmt, tag)?
+                    .map(|v| v.into_iter().map(|x| x as f64).collect()))
+            }
         };
         Ok(Some(v))
     }

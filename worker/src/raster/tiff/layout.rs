@@ -34,7 +34,11 @@ impl Level {
     }
     /// Samples interleaved in one block.
     pub(crate) fn block_samples(&self) -> usize {
-        if self.info.planar { 1 } else { self.info.bands }
+        if self.info.planar {
+            1
+        } else {
+            self.info.bands
+        }
     }
     pub(crate) fn bytes_per_sample(&self) -> usize {
         match self.kind {
@@ -92,7 +96,9 @@ pub(crate) fn build(fmt: &Format, ifd: &Ifd, limits: &TiffLimits) -> Result<Leve
     let width = ifd.int(fmt, 256, None)?;
     let height = ifd.int(fmt, 257, None)?;
     if width == 0 || height == 0 || width > u32::MAX as u64 || height > u32::MAX as u64 {
-        return Err(TiffError::malformed(format!("bad image size {width}x{height}")));
+        return Err(TiffError::malformed(format!(
+            "bad image size {width}x{height}"
+        )));
     }
     TiffError::limit("image pixels", width * height, limits.max_pixels)?;
     let spp = ifd.int(fmt, 277, Some(1))?;
@@ -101,18 +107,29 @@ pub(crate) fn build(fmt: &Format, ifd: &Ifd, limits: &TiffLimits) -> Result<Leve
     }
     TiffError::limit("samples per pixel", spp, limits.max_bands)?;
     let bits = ifd.ints(fmt, 258)?.unwrap_or_else(|| vec![1]);
-    let b0 = *bits.first().ok_or_else(|| TiffError::malformed("empty BitsPerSample"))?;
+    let b0 = *bits
+        .first()
+        .ok_or_else(|| TiffError::malformed("empty BitsPerSample"))?;
     if bits.iter().any(|&b| b != b0) {
-        return Err(TiffError::UnsupportedSampleType(format!("mixed BitsPerSample {bits:?}")));
+        return Err(TiffError::UnsupportedSampleType(format!(
+            "mixed BitsPerSample {bits:?}"
+        )));
     }
     let formats = ifd.ints(fmt, 339)?.unwrap_or_else(|| vec![1]);
-    let f0 = *formats.first().ok_or_else(|| TiffError::malformed("empty SampleFormat"))?;
+    let f0 = *formats
+        .first()
+        .ok_or_else(|| TiffError::malformed("empty SampleFormat"))?;
     if formats.iter().any(|&f| f != f0) {
-        return Err(TiffError::UnsupportedSampleType(format!("mixed SampleFormat {formats:?}")));
+        return Err(TiffError::UnsupportedSampleType(format!(
+            "mixed SampleFormat {formats:?}"
+        )));
     }
     let compression = ifd.int(fmt, 259, Some(1))? as u16;
     if !supported(compression) {
-        return Err(TiffError::UnsupportedCompression { code: compression, name: compression_name(compression) });
+        return Err(TiffError::UnsupportedCompression {
+            code: compression,
+            name: compression_name(compression),
+        });
     }
     let photometric = ifd.int(fmt, 262, Some(1))? as u16;
     let subfile = ifd.int(fmt, 254, Some(0))?;
@@ -134,7 +151,9 @@ pub(crate) fn build(fmt: &Format, ifd: &Ifd, limits: &TiffLimits) -> Result<Leve
                 6 => "complex floating point",
                 _ => "unknown format",
             };
-            return Err(TiffError::UnsupportedSampleType(format!("{b}-bit {name} (SampleFormat {f})")));
+            return Err(TiffError::UnsupportedSampleType(format!(
+                "{b}-bit {name} (SampleFormat {f})"
+            )));
         }
     };
     let planar = match ifd.int(fmt, 284, Some(1))? {
@@ -148,7 +167,11 @@ pub(crate) fn build(fmt: &Format, ifd: &Ifd, limits: &TiffLimits) -> Result<Leve
         (1, _) => {}
         (2, Kind::Sample(_)) => {}
         (3, Kind::Sample(SampleType::F32 | SampleType::F64)) => {}
-        (p, _) => return Err(TiffError::Unsupported(format!("predictor {p} for {kind:?}"))),
+        (p, _) => {
+            return Err(TiffError::Unsupported(format!(
+                "predictor {p} for {kind:?}"
+            )))
+        }
     }
     let tiled = ifd.tags.contains_key(&322);
     let (bw, bh, off_tag, cnt_tag) = if tiled {
@@ -169,8 +192,12 @@ pub(crate) fn build(fmt: &Format, ifd: &Ifd, limits: &TiffLimits) -> Result<Leve
         .and_then(|n| n.checked_mul(planes))
         .ok_or_else(|| TiffError::malformed("block count overflows"))?;
     TiffError::limit("block count", nblocks, limits.max_blocks)?;
-    let offsets = ifd.ints(fmt, off_tag)?.ok_or_else(|| TiffError::malformed("missing block offsets"))?;
-    let counts = ifd.ints(fmt, cnt_tag)?.ok_or_else(|| TiffError::malformed("missing block byte counts"))?;
+    let offsets = ifd
+        .ints(fmt, off_tag)?
+        .ok_or_else(|| TiffError::malformed("missing block offsets"))?;
+    let counts = ifd
+        .ints(fmt, cnt_tag)?
+        .ok_or_else(|| TiffError::malformed("missing block byte counts"))?;
     if (offsets.len() as u64) < nblocks || (counts.len() as u64) < nblocks {
         return Err(TiffError::malformed(format!(
             "{nblocks} blocks but {} offsets and {} byte counts",

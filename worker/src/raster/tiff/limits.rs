@@ -3,15 +3,19 @@
 /// Limits applied while opening a file and reading windows.
 ///
 /// Every allocation whose size comes from the file is checked against one of
-/// these before it is made. With the defaults, the peak memory of one
-/// [`super::TiffFile::read_window`] is bounded by
-/// `max_fetch_bytes` (compressed input, 256 MiB)
-/// + `2 * max_tile_bytes` (one decoded data block and one decoded mask block, 2 × 64 MiB)
-/// + `9 * max_window_samples` (f64 values + validity, 9 × 2^25 B = 288 MiB),
+/// these before it is made.
 ///
-/// i.e. about 672 MiB, and the metadata kept by an open file by
-/// `max_tag_bytes` (32 MiB) plus `16 * max_blocks * max_ifds`-free bookkeeping
-/// (offset tables are counted in `max_tag_bytes`).
+/// Peak memory of one [`super::TiffFile::read_window`] with the defaults:
+/// compressed input ≤ `max_fetch_bytes` (256 MiB), one data block in flight
+/// (decoded buffer plus, for JPEG/WebP, the codec's own output: ≤ 2 ×
+/// `max_tile_bytes` = 128 MiB), one mask block (≤ 64 MiB), a ZSTD window
+/// (≤ max(block, 8 MiB)) and the output, 9 B × `max_window_samples`
+/// (f64 values + validity, 288 MiB): about 750 MiB in the worst case. A
+/// 512 × 512 chip of a 4-band COG with 512² tiles needs a few MiB.
+///
+/// An open file keeps its block tables (16 B × at most `max_blocks` over all
+/// IFDs = 16 MiB) and the 64 KiB metadata prefix; while opening, tag
+/// payloads read are bounded by `max_tag_bytes` (32 MiB).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TiffLimits {
     /// Most IFDs followed in the IFD chain (main image, overviews, masks).

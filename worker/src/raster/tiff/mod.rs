@@ -14,7 +14,7 @@
 
 mod codec;
 mod error;
-mod geotags;
+mod fetch;
 mod ifd;
 mod layout;
 mod limits;
@@ -32,11 +32,12 @@ mod tests_real;
 
 use std::sync::Arc;
 
+pub use crate::raster::geo::GeoTiffTags;
 pub use error::TiffError;
-pub use geotags::GeoTiffTags;
 pub use limits::TiffLimits;
 
-use ifd::{Format, Source};
+use fetch::Source;
+use ifd::Format;
 use layout::Level;
 
 /// Random-access byte source, e.g. an object-store object.
@@ -44,7 +45,11 @@ pub trait RangeRead: Send + Sync {
     /// Total object size in bytes.
     fn size(&self) -> u64;
     /// Bytes [start, end). May return fewer bytes only at end of object.
-    fn read_range(&self, start: u64, end: u64) -> futures::future::BoxFuture<'_, std::io::Result<bytes::Bytes>>;
+    fn read_range(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> futures::future::BoxFuture<'_, std::io::Result<bytes::Bytes>>;
 }
 
 /// Sample data type of an image (BitsPerSample + SampleFormat).
@@ -150,14 +155,22 @@ impl std::fmt::Debug for TiffFile {
 
 impl TiffFile {
     /// Reads the header and every IFD once (classic and BigTIFF, little and big endian), bounded by limits; detects IFD offset loops; classifies IFDs: the main image (first full-resolution IFD without NewSubfileType reduced/mask bits), overviews (NewSubfileType bit 0, no mask bit), internal masks (bit 2 / PhotometricInterpretation=4, for the main image and overviews). Overviews and masks are never mistaken for the image or for bands.
-    pub async fn open(reader: Arc<dyn RangeRead>, limits: TiffLimits) -> Result<TiffFile, TiffError> {
+    pub async fn open(
+        reader: Arc<dyn RangeRead>,
+        limits: TiffLimits,
+    ) -> Result<TiffFile, TiffError> {
         let src = Source::new(reader, limits.prefetch_bytes).await?;
         let (fmt, ifds) = ifd::read_ifds(&src, &limits).await?;
         let mut main = None;
         let mut overviews = Vec::new();
         let mut masks = Vec::new();
+        // Block tables of all IFDs together share one budget, so many IFDs
+        // cannot multiply the bookkeeping kept for the file's lifetime.
+        let mut blocks = 0u64;
         for ifd in &ifds {
             let level = layout::build(&fmt, ifd, &limits)?;
+            blocks += level.offsets.len() as u64;
+            TiffError::limit("blocks in all IFDs", blocks, limits.max_blocks)?;
             if level.is_mask() {
                 masks.push(level);
             } else if level.is_reduced() {
@@ -167,13 +180,16 @@ impl TiffFile {
             }
             // Further full-resolution pages are other images, not bands: ignored.
         }
-        let (main, main_ifd) = main.ok_or_else(|| TiffError::malformed("no full-resolution image IFD"))?;
-        overviews.sort_by(|a, b| b.info.width.cmp(&a.info.width));
+        let (main, main_ifd) =
+            main.ok_or_else(|| TiffError::malformed("no full-resolution image IFD"))?;
+        overviews.sort_by_key(|l| std::cmp::Reverse(l.info.width));
         let geo = GeoTiffTags {
             model_pixel_scale: main_ifd.floats(&fmt, 33550)?,
             model_tiepoint: main_ifd.floats(&fmt, 33922)?,
             model_transformation: main_ifd.floats(&fmt, 34264)?,
-            geo_key_directory: main_ifd.ints(&fmt, 34735)?.map(|v| v.into_iter().map(|x| x as u16).collect()),
+            geo_key_directory: main_ifd
+                .ints(&fmt, 34735)?
+                .map(|v| v.into_iter().map(|x| x as u16).collect()),
             geo_double_params: main_ifd.floats(&fmt, 34736)?,
             geo_ascii_params: main_ifd.ascii(34737),
         };
@@ -195,13 +211,24 @@ impl TiffFile {
                         m.info.width == l.info.width
                             && m.info.height == l.info.height
                             && m.info.bands == 1
-                            && matches!(m.kind, layout::Kind::Bit | layout::Kind::Sample(SampleType::U8))
+                            && matches!(
+                                m.kind,
+                                layout::Kind::Bit | layout::Kind::Sample(SampleType::U8)
+                            )
                     })
                     .cloned()
             })
             .collect();
         let overview_infos = levels[1..].iter().map(|l| l.info.clone()).collect();
-        Ok(TiffFile { src, fmt, limits, levels, masks: level_masks, overview_infos, geo })
+        Ok(TiffFile {
+            src,
+            fmt,
+            limits,
+            levels,
+            masks: level_masks,
+            overview_infos,
+            geo,
+        })
     }
 
     /// The main (full-resolution) image.

@@ -6,7 +6,13 @@ use super::TiffError;
 ///
 /// Works on the raw words in file byte order, so it also serves float data that a
 /// writer (libtiff allows it) differenced as integers.
-pub(crate) fn horizontal(buf: &mut [u8], row_samples: usize, spp: usize, size: usize, big_endian: bool) {
+pub(crate) fn horizontal(
+    buf: &mut [u8],
+    row_samples: usize,
+    spp: usize,
+    size: usize,
+    big_endian: bool,
+) {
     let row_bytes = row_samples * size;
     if row_bytes == 0 {
         return;
@@ -64,8 +70,10 @@ pub(crate) fn floating(
     if row_bytes == 0 {
         return Ok(());
     }
-    if buf.len() % row_bytes != 0 {
-        return Err(TiffError::malformed("floating-point predictor: block is not whole rows"));
+    if !buf.len().is_multiple_of(row_bytes) {
+        return Err(TiffError::malformed(
+            "floating-point predictor: block is not whole rows",
+        ));
     }
     let mut tmp = vec![0u8; row_bytes];
     for row in buf.chunks_exact_mut(row_bytes) {
@@ -76,7 +84,11 @@ pub(crate) fn floating(
         for s in 0..row_samples {
             for k in 0..size {
                 let byte = tmp[k * row_samples + s];
-                let at = if big_endian { s * size + k } else { s * size + size - 1 - k };
+                let at = if big_endian {
+                    s * size + k
+                } else {
+                    s * size + size - 1 - k
+                };
                 row[at] = byte;
             }
         }

@@ -16,7 +16,11 @@ pub(crate) struct MemReader {
 
 impl MemReader {
     pub(crate) fn new(data: Vec<u8>) -> Arc<Self> {
-        Arc::new(MemReader { data: data.into(), requests: AtomicU64::new(0), bytes: AtomicU64::new(0) })
+        Arc::new(MemReader {
+            data: data.into(),
+            requests: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        })
     }
 }
 
@@ -24,10 +28,17 @@ impl RangeRead for MemReader {
     fn size(&self) -> u64 {
         self.data.len() as u64
     }
-    fn read_range(&self, start: u64, end: u64) -> futures::future::BoxFuture<'_, std::io::Result<Bytes>> {
+    fn read_range(
+        &self,
+        start: u64,
+        end: u64,
+    ) -> futures::future::BoxFuture<'_, std::io::Result<Bytes>> {
         let len = self.data.len() as u64;
         let r = if start > end || start > len {
-            Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "range past end"))
+            Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "range past end",
+            ))
         } else {
             let e = end.min(len);
             self.requests.fetch_add(1, Ordering::Relaxed);
@@ -96,7 +107,11 @@ pub(crate) fn compare(
     let cw = (x + w).min(raster_w as i64) - x.max(0);
     let ch = (y + h).min(raster_h as i64) - y.max(0);
     assert!(cw > 0 && ch > 0, "{what}: empty clip");
-    assert_eq!(expected.len() as i64, cw * ch * got.bands as i64, "{what}: expected size");
+    assert_eq!(
+        expected.len() as i64,
+        cw * ch * got.bands as i64,
+        "{what}: expected size"
+    );
     let (mut max, mut sum, mut n) = (0.0f64, 0.0f64, 0u64);
     for b in 0..got.bands as i64 {
         for r in 0..h {
@@ -105,12 +120,22 @@ pub(crate) fn compare(
                 let (ix, iy) = (x + c, y + r);
                 if ix < 0 || iy < 0 || ix >= raster_w as i64 || iy >= raster_h as i64 {
                     assert_eq!(v, 0.0, "{what}: padding value");
-                    assert!(!got.valid[(r * w + c) as usize], "{what}: padding must be invalid");
+                    assert!(
+                        !got.valid[(r * w + c) as usize],
+                        "{what}: padding must be invalid"
+                    );
                     continue;
                 }
                 let e = expected[(b * cw * ch + (iy - y.max(0)) * cw + (ix - x.max(0))) as usize];
-                let d = if e.is_nan() && v.is_nan() { 0.0 } else { (e - v).abs() };
-                assert!(!d.is_nan(), "{what}: NaN mismatch at band {b} ({ix},{iy}): {v} vs {e}");
+                let d = if e.is_nan() && v.is_nan() {
+                    0.0
+                } else {
+                    (e - v).abs()
+                };
+                assert!(
+                    !d.is_nan(),
+                    "{what}: NaN mismatch at band {b} ({ix},{iy}): {v} vs {e}"
+                );
                 max = max.max(d);
                 sum += d;
                 n += 1;

@@ -41,7 +41,15 @@ fn cases() -> Vec<Case> {
 /// Name-encoded properties of a fixture: compression, layout, byte order.
 fn check_info(c: &Case, info: &ImageInfo) {
     let n = &c.tif;
-    let comp = [("none", 1), ("lzw", 5), ("deflate", 8), ("packbits", 32773), ("jpeg", 7), ("zstd", 50000), ("webp", 50001)];
+    let comp = [
+        ("none", 1),
+        ("lzw", 5),
+        ("deflate", 8),
+        ("packbits", 32773),
+        ("jpeg", 7),
+        ("zstd", 50000),
+        ("webp", 50001),
+    ];
     for (k, v) in comp {
         if n.contains(&format!("_{k}_")) {
             assert_eq!(info.compression, v, "{n}: compression");
@@ -74,8 +82,17 @@ fn fixtures_match_gdal() {
     let mut report = Vec::new();
     for c in &all {
         let f = open_bytes(fixture(&c.tif)).unwrap_or_else(|e| panic!("{}: {e}", c.tif));
-        let info = if c.level == 0 { f.image().clone() } else { f.overviews()[c.level - 1].clone() };
-        assert_eq!((info.width, info.height, info.bands), (c.width, c.height, c.bands), "{}", c.tif);
+        let info = if c.level == 0 {
+            f.image().clone()
+        } else {
+            f.overviews()[c.level - 1].clone()
+        };
+        assert_eq!(
+            (info.width, info.height, info.bands),
+            (c.width, c.height, c.bands),
+            "{}",
+            c.tif
+        );
         assert_eq!(info.sample_type, c.dtype, "{}", c.tif);
         check_info(c, &info);
         let exp = raw_values(&fixture(&format!("expected/{}", c.expected)), c.dtype);
@@ -99,7 +116,11 @@ fn fixtures_match_gdal() {
             for r in 0..c.height as i64 {
                 for col in 0..c.width as i64 {
                     let got = win.valid[((r - y) * (c.width as i64 + 7) + col - x) as usize];
-                    assert_eq!(got, mv[(r * c.width as i64 + col) as usize] != 0, "{what}: mask at ({col},{r})");
+                    assert_eq!(
+                        got,
+                        mv[(r * c.width as i64 + col) as usize] != 0,
+                        "{what}: mask at ({col},{r})"
+                    );
                 }
             }
         }
@@ -107,11 +128,17 @@ fn fixtures_match_gdal() {
         let sub = block_on(f.read_window(c.level, 5, 3, 9, 7, &bands[bands.len() - 1..])).unwrap();
         for r in 0..7 {
             for col in 0..9 {
-                let big = win.values[((bands.len() - 1) as i64 * win.width as i64 * win.height as i64
-                    + (r + 3 - y) * win.width as i64
-                    + col + 5 - x) as usize];
+                let big =
+                    win.values[((bands.len() - 1) as i64 * win.width as i64 * win.height as i64
+                        + (r + 3 - y) * win.width as i64
+                        + col
+                        + 5
+                        - x) as usize];
                 let s = sub.values[(r * 9 + col) as usize];
-                assert!(big == s || (big.is_nan() && s.is_nan()), "{what}: sub-window ({col},{r})");
+                assert!(
+                    big == s || (big.is_nan() && s.is_nan()),
+                    "{what}: sub-window ({col},{r})"
+                );
             }
         }
     }
@@ -177,7 +204,10 @@ fn mask_and_overviews_are_classified() {
 fn only_intersecting_tiles_are_fetched() {
     let data = fixture("u8_lzw_tp.tif");
     let r = MemReader::new(data);
-    let limits = TiffLimits { prefetch_bytes: 0, ..TiffLimits::default() };
+    let limits = TiffLimits {
+        prefetch_bytes: 0,
+        ..TiffLimits::default()
+    };
     let f = block_on(TiffFile::open(r.clone(), limits)).unwrap();
     let before = r.bytes.load(std::sync::atomic::Ordering::Relaxed);
     let reqs = r.requests.load(std::sync::atomic::Ordering::Relaxed);
@@ -185,15 +215,24 @@ fn only_intersecting_tiles_are_fetched() {
     block_on(f.read_window(0, 17, 17, 8, 8, &[0, 1, 2])).unwrap();
     let lv = &f.levels[0];
     let tile = lv.counts[lv.across as usize + 1];
-    assert_eq!(r.bytes.load(std::sync::atomic::Ordering::Relaxed) - before, tile);
-    assert_eq!(r.requests.load(std::sync::atomic::Ordering::Relaxed) - reqs, 1);
+    assert_eq!(
+        r.bytes.load(std::sync::atomic::Ordering::Relaxed) - before,
+        tile
+    );
+    assert_eq!(
+        r.requests.load(std::sync::atomic::Ordering::Relaxed) - reqs,
+        1
+    );
 }
 
 #[test]
 fn geo_tags_are_read() {
     let f = open_bytes(fixture("u8_none_tp.tif")).unwrap();
     let g = f.geo_tags();
-    assert_eq!(g.model_pixel_scale.as_deref().map(|v| &v[..2]), Some(&[10.0, 10.0][..]));
+    assert_eq!(
+        g.model_pixel_scale.as_deref().map(|v| &v[..2]),
+        Some(&[10.0, 10.0][..])
+    );
     assert_eq!(g.model_tiepoint.as_ref().map(|v| v[3]), Some(500000.0));
     assert!(g.geo_key_directory.as_ref().is_some_and(|k| k[0] == 1));
 }
@@ -206,4 +245,3 @@ fn window_fully_outside_is_padding() {
     assert!(block_on(f.read_window(0, 0, 0, 4, 4, &[3])).is_err());
     assert!(block_on(f.read_window(5, 0, 0, 4, 4, &[0])).is_err());
 }
-

@@ -34,7 +34,10 @@ fn put32(d: &mut [u8], at: usize, v: u32) {
 fn entry(d: &[u8], tag: u16) -> usize {
     let ifd = le32(d, 4);
     let n = le16(d, ifd);
-    (0..n).map(|i| ifd + 2 + 12 * i).find(|&e| le16(d, e) == tag as usize).expect("tag")
+    (0..n)
+        .map(|i| ifd + 2 + 12 * i)
+        .find(|&e| le16(d, e) == tag as usize)
+        .expect("tag")
 }
 
 fn set_long(d: &mut [u8], tag: u16, v: u32) {
@@ -88,7 +91,10 @@ fn tile_past_end_of_file_fails() {
     let arr = le32(&d, e + 8);
     let len = d.len() as u32;
     put32(&mut d, arr, len + 100);
-    assert!(matches!(try_all(d, TiffLimits::default()), Err(TiffError::Truncated { .. })));
+    assert!(matches!(
+        try_all(d, TiffLimits::default()),
+        Err(TiffError::Truncated { .. })
+    ));
 }
 
 #[test]
@@ -96,10 +102,25 @@ fn huge_claimed_dimensions_fail() {
     let mut d = fixture(BASE);
     set_long(&mut d, 256, 1_000_000);
     set_long(&mut d, 257, 1_000_000);
-    assert!(matches!(open_bytes(d.clone()), Err(TiffError::Limit { what: "image pixels", .. })));
+    assert!(matches!(
+        open_bytes(d.clone()),
+        Err(TiffError::Limit {
+            what: "image pixels",
+            ..
+        })
+    ));
     // With the pixel limit lifted the tile count (62500² tiles) is still refused.
-    let lifted = TiffLimits { max_pixels: u64::MAX, ..TiffLimits::default() };
-    assert!(matches!(open_with(d, lifted), Err(TiffError::Limit { what: "block count", .. })));
+    let lifted = TiffLimits {
+        max_pixels: u64::MAX,
+        ..TiffLimits::default()
+    };
+    assert!(matches!(
+        open_with(d, lifted),
+        Err(TiffError::Limit {
+            what: "block count",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -108,8 +129,17 @@ fn absurd_tile_counts_fail() {
     set_long(&mut d, 322, 1);
     set_long(&mut d, 323, 1);
     assert!(matches!(open_bytes(d), Err(TiffError::Malformed(_))));
-    let tight = TiffLimits { max_blocks: 4, ..TiffLimits::default() };
-    assert!(matches!(open_with(fixture(BASE), tight), Err(TiffError::Limit { what: "block count", .. })));
+    let tight = TiffLimits {
+        max_blocks: 4,
+        ..TiffLimits::default()
+    };
+    assert!(matches!(
+        open_with(fixture(BASE), tight),
+        Err(TiffError::Limit {
+            what: "block count",
+            ..
+        })
+    ));
     // Huge tiles: one tile claiming 2^20 x 2^20 pixels.
     let mut d = fixture(BASE);
     set_long(&mut d, 322, 1 << 20);
@@ -163,7 +193,12 @@ fn bad_tag_counts_and_types_fail() {
 
 #[test]
 fn unsupported_encodings_are_named() {
-    for (code, name) in [(6u32, "old-style JPEG"), (34712, "JPEG 2000"), (34887, "LERC"), (12345, "unknown")] {
+    for (code, name) in [
+        (6u32, "old-style JPEG"),
+        (34712, "JPEG 2000"),
+        (34887, "LERC"),
+        (12345, "unknown"),
+    ] {
         let mut d = fixture(BASE);
         let e = entry(&d, 259);
         d[e + 8..e + 10].copy_from_slice(&(code as u16).to_le_bytes());
@@ -177,7 +212,9 @@ fn random_corruption_never_panics() {
     let base = fixture("u8_mask_ovr_deflate_tp.tif");
     let mut s: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (s >> 33) as usize
     };
     let (mut ok, mut err) = (0, 0);
@@ -185,7 +222,11 @@ fn random_corruption_never_panics() {
         let mut d = base.clone();
         for _ in 0..1 + next() % 4 {
             // Mostly the metadata region, sometimes anywhere.
-            let at = if next() % 4 == 0 { next() % d.len() } else { next() % 1024.min(d.len()) };
+            let at = if next() % 4 == 0 {
+                next() % d.len()
+            } else {
+                next() % 1024.min(d.len())
+            };
             d[at] = next() as u8;
         }
         match try_all(d, TiffLimits::default()) {

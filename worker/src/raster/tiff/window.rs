@@ -1,9 +1,7 @@
 //! Window reads: block selection, coalesced fetching, decoding and assembly.
 
-use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
-
 use super::codec::{self, BlockCtx};
+use super::fetch::{fetch, Want};
 use super::layout::{Kind, Level};
 use super::{predictor, SampleType, TiffError, TiffFile, WindowData};
 
@@ -14,14 +12,6 @@ struct Clip {
     y0: u64,
     x1: u64,
     y1: u64,
-}
-
-/// A block to fetch: which level (data or mask), its index and byte range.
-struct Want {
-    mask: bool,
-    index: usize,
-    offset: u64,
-    count: u64,
 }
 
 pub(crate) async fn read(
@@ -42,7 +32,10 @@ pub(crate) async fn read(
         return Err(TiffError::InvalidRequest("no bands selected".into()));
     }
     if let Some(&b) = bands.iter().find(|&&b| b >= info.bands) {
-        return Err(TiffError::InvalidRequest(format!("band {b} of {}", info.bands)));
+        return Err(TiffError::InvalidRequest(format!(
+            "band {b} of {}",
+            info.bands
+        )));
     }
     // The alpha band is read even when not selected: it decides validity.
     let mut reads = bands.to_vec();
@@ -50,7 +43,11 @@ pub(crate) async fn read(
         reads.push(a);
     }
     let npix = w as u64 * h as u64;
-    TiffError::limit("window samples", npix * reads.len() as u64, f.limits.max_window_samples)?;
+    TiffError::limit(
+        "window samples",
+        npix * reads.len() as u64,
+        f.limits.max_window_samples,
+    )?;
     let npix = npix as usize;
     let mut values = vec![0.0f64; npix * reads.len()];
     let mut valid = vec![false; npix];
@@ -61,9 +58,20 @@ pub(crate) async fn read(
     let cy1 = y.saturating_add(h as i64).clamp(0, info.height as i64) as u64;
     if cx0 >= cx1 || cy0 >= cy1 {
         values.truncate(bands.len() * npix);
-        return Ok(WindowData { width: w, height: h, bands: bands.len(), values, valid });
+        return Ok(WindowData {
+            width: w,
+            height: h,
+            bands: bands.len(),
+            values,
+            valid,
+        });
     }
-    let clip = Clip { x0: cx0, y0: cy0, x1: cx1, y1: cy1 };
+    let clip = Clip {
+        x0: cx0,
+        y0: cy0,
+        x1: cx1,
+        y1: cy1,
+    };
     for row in cy0..cy1 {
         let r = (row as i64 - y) as usize * w as usize;
         for col in cx0..cx1 {
@@ -98,7 +106,14 @@ pub(crate) async fn read(
         let c0 = (bx * bw).max(clip.x0);
         let c1 = ((bx + 1) * bw).min(clip.x1);
         if want.mask {
-            mask_into(l, buf.as_deref(), (bx * bw, by * bh), (r0, r1, c0, c1), origin, &mut valid);
+            mask_into(
+                l,
+                buf.as_deref(),
+                (bx * bw, by * bh),
+                (r0, r1, c0, c1),
+                origin,
+                &mut valid,
+            );
             continue;
         }
         for (ri, &band) in reads.iter().enumerate() {
@@ -107,7 +122,16 @@ pub(crate) async fn read(
             }
             let out = &mut values[ri * npix..(ri + 1) * npix];
             let sample = if info.planar { 0 } else { band };
-            copy_band(f, l, buf.as_deref(), (bx * bw, by * bh), sample, (r0, r1, c0, c1), origin, out);
+            copy_band(
+                f,
+                l,
+                buf.as_deref(),
+                (bx * bw, by * bh),
+                sample,
+                (r0, r1, c0, c1),
+                origin,
+                out,
+            );
         }
     }
 
@@ -127,7 +151,13 @@ pub(crate) async fn read(
         }
     }
     values.truncate(nb * npix);
-    Ok(WindowData { width: w, height: h, bands: nb, values, valid })
+    Ok(WindowData {
+        width: w,
+        height: h,
+        bands: nb,
+        values,
+        valid,
+    })
 }
 
 /// (block column, block row, plane) of a block index.
@@ -146,64 +176,24 @@ fn blocks(l: &Level, c: Clip, planes: &[usize], mask: bool, out: &mut Vec<Want>)
         for by in c.y0 / bh..=(c.y1 - 1) / bh {
             for bx in c.x0 / bw..=(c.x1 - 1) / bw {
                 let index = ((p as u64 * l.down + by) * l.across + bx) as usize;
-                out.push(Want { mask, index, offset: l.offsets[index], count: l.counts[index] });
+                out.push(Want {
+                    mask,
+                    index,
+                    offset: l.offsets[index],
+                    count: l.counts[index],
+                });
             }
         }
     }
 }
 
-/// Fetches every wanted block in few requests; `None` marks a sparse (empty) block.
-async fn fetch(f: &TiffFile, wants: &mut [Want]) -> Result<Vec<Option<Bytes>>, TiffError> {
-    let size = f.src.size;
-    let mut total = 0u64;
-    for w in wants.iter() {
-        if w.count == 0 {
-            continue;
-        }
-        let end = w.offset.checked_add(w.count).filter(|&e| e <= size);
-        if end.is_none() {
-            return Err(TiffError::Truncated { start: w.offset, end: w.offset.saturating_add(w.count), size });
-        }
-        total += w.count;
-    }
-    TiffError::limit("window fetch bytes", total, f.limits.max_fetch_bytes)?;
-    wants.sort_by_key(|w| (w.offset, w.mask, w.index));
-    // Merge byte ranges that are adjacent or close, bounded in size.
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
-    for w in wants.iter().filter(|w| w.count > 0) {
-        let end = w.offset + w.count;
-        match ranges.last_mut() {
-            Some(r)
-                if w.offset <= r.1.saturating_add(f.limits.coalesce_gap)
-                    && end.max(r.1) - r.0 <= f.limits.max_request_bytes =>
-            {
-                r.1 = r.1.max(end)
-            }
-            _ => ranges.push((w.offset, end)),
-        }
-    }
-    let src = &f.src;
-    let got: Vec<Bytes> = futures::stream::iter(ranges.iter().map(|&(s, e)| src.read(s, e)))
-        .buffered(8)
-        .try_collect()
-        .await?;
-    let mut out = Vec::with_capacity(wants.len());
-    let mut ri = 0;
-    for w in wants.iter() {
-        if w.count == 0 {
-            out.push(None);
-            continue;
-        }
-        while ranges[ri].1 < w.offset + w.count || ranges[ri].0 > w.offset {
-            ri += 1;
-        }
-        let s = (w.offset - ranges[ri].0) as usize;
-        out.push(Some(got[ri].slice(s..s + w.count as usize)));
-    }
-    Ok(out)
-}
-
-fn decode_block(f: &TiffFile, l: &Level, index: usize, rows: u32, data: &[u8]) -> Result<Vec<u8>, TiffError> {
+fn decode_block(
+    f: &TiffFile,
+    l: &Level,
+    index: usize,
+    rows: u32,
+    data: &[u8],
+) -> Result<Vec<u8>, TiffError> {
     let info = &l.info;
     let spp = l.block_samples();
     let ctx = BlockCtx {
@@ -231,11 +221,9 @@ fn sample(buf: &[u8], i: usize, t: SampleType, be: bool) -> f64 {
     let n = t.size();
     let b = &buf[i * n..i * n + n];
     let mut a = [0u8; 8];
+    a[..n].copy_from_slice(b);
     if be {
-        a[8 - n..].copy_from_slice(b);
-        a[8 - n..].reverse();
-    } else {
-        a[..n].copy_from_slice(b);
+        a[..n].reverse();
     }
     let v = u64::from_le_bytes(a);
     match t {

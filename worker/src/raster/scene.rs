@@ -34,7 +34,12 @@ pub struct StoreRange {
 
 impl StoreRange {
     /// A reader of `path`, whose size the listing or a HEAD gave.
-    pub fn new(store: Arc<dyn ObjectStore>, path: Path, size: u64, bytes_read: Arc<AtomicU64>) -> Self {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        path: Path,
+        size: u64,
+        bytes_read: Arc<AtomicU64>,
+    ) -> Self {
         StoreRange {
             store,
             path,
@@ -102,8 +107,8 @@ pub struct Scene {
     bands: Vec<usize>,
     stretch: Stretch,
     geo: Option<(GeoTransform, Crs, Projector)>,
-    /// The chip grid; one whole-image chip for plain TIFFs and small rasters.
-    pub grid: ChipGrid,
+    /// The chip grid; `None` for a whole-image chip (plain TIFFs and rasters no larger than a chip).
+    pub grid: Option<ChipGrid>,
     /// Source CRS label (`EPSG:32618`), when known.
     pub crs_label: Option<String>,
 }
@@ -130,7 +135,9 @@ impl Scene {
             None
         });
         let gt = geo::geotransform(&tags, keys.as_ref()).ok().flatten();
-        let crs = keys.as_ref().and_then(|k| geo::crs_from_geokeys(k).ok().flatten());
+        let crs = keys
+            .as_ref()
+            .and_then(|k| geo::crs_from_geokeys(k).ok().flatten());
         let geo = match (gt, crs) {
             (Some(gt), Some(crs)) => match Projector::new(&crs) {
                 Ok(p) => Some((gt, crs, p)),
@@ -140,27 +147,22 @@ impl Scene {
                 }
             },
             (Some(_), None) => {
-                tracing::warn!(uri, "georeferenced but the CRS is unknown; crs and geometry are null");
+                tracing::warn!(
+                    uri,
+                    "georeferenced but the CRS is unknown; crs and geometry are null"
+                );
                 None
             }
             _ => None,
         };
-        let whole = geo.is_none() || (info.width <= tiling.chip_size && info.height <= tiling.chip_size);
-        let grid = if whole {
-            ChipGrid {
-                width: info.width,
-                height: info.height,
-                chip: info.width.max(info.height),
-                stride: info.width.max(info.height).max(1),
-            }
-        } else {
-            ChipGrid {
-                width: info.width,
-                height: info.height,
-                chip: tiling.chip_size,
-                stride: tiling.stride,
-            }
-        };
+        let whole =
+            geo.is_none() || (info.width <= tiling.chip_size && info.height <= tiling.chip_size);
+        let grid = (!whole).then_some(ChipGrid {
+            width: info.width,
+            height: info.height,
+            chip: tiling.chip_size,
+            stride: tiling.stride,
+        });
         let crs_label = geo.as_ref().map(|(_, c, _)| c.label());
         let mut scene = Scene {
             tiff,
@@ -183,46 +185,79 @@ impl Scene {
     /// windows spread over the image when there is none.
     async fn scene_stretch(&self) -> Result<Stretch, SceneError> {
         let mut samples = vec![Vec::new(); self.bands.len()];
-        let mut take = |w: &WindowData| {
-            let n = (w.width * w.height) as usize;
-            for (b, s) in samples.iter_mut().enumerate() {
-                let vals = &w.values[b * n..(b + 1) * n];
-                s.extend(vals.iter().zip(&w.valid).filter(|(v, ok)| **ok && !v.is_nan()).map(|(v, _)| *v));
-            }
-        };
         let ovs = self.tiff.overviews();
-        if let Some((i, ov)) = ovs.iter().enumerate().last() {
+        // The smallest overview that still has enough pixels for stable
+        // percentiles; COGs end their pyramids at a few dozen pixels.
+        let pick = ovs
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, o)| u64::from(o.width) * u64::from(o.height) >= 256 * 256);
+        if let Some((i, ov)) = pick {
             let w = self
                 .tiff
                 .read_window(i + 1, 0, 0, ov.width, ov.height, &self.bands)
                 .await?;
-            take(&w);
+            take_valid(&mut samples, &w);
         } else {
             let info = self.tiff.image();
             let side = 256u32.min(info.width).min(info.height).max(1);
             for j in 0..STRETCH_WINDOWS {
                 for i in 0..STRETCH_WINDOWS {
-                    let x = (info.width - side) as u64 * u64::from(i) / u64::from(STRETCH_WINDOWS - 1);
-                    let y = (info.height - side) as u64 * u64::from(j) / u64::from(STRETCH_WINDOWS - 1);
+                    let x =
+                        (info.width - side) as u64 * u64::from(i) / u64::from(STRETCH_WINDOWS - 1);
+                    let y =
+                        (info.height - side) as u64 * u64::from(j) / u64::from(STRETCH_WINDOWS - 1);
                     let w = self
                         .tiff
                         .read_window(0, x as i64, y as i64, side, side, &self.bands)
                         .await?;
-                    take(&w);
+                    take_valid(&mut samples, &w);
                 }
             }
         }
         Ok(percentile_stretch(samples))
     }
 
-    /// Reads the chips of grid rows `rows`, dropping those whose valid fraction
-    /// is below `min_valid` (or that have no valid pixel when it is `None`).
-    pub async fn chips(&self, rows: Range<u32>, min_valid: Option<f32>) -> Result<Vec<SceneChip>, SceneError> {
-        let mut out = Vec::new();
-        for window in self.grid.windows(rows) {
+    /// Chip rows of the grid (1 for a whole-image chip).
+    pub fn chip_rows(&self) -> u32 {
+        self.grid.map_or(1, |g| g.rows())
+    }
+
+    /// The windows of chip rows `rows`.
+    pub fn windows(&self, rows: Range<u32>) -> Vec<Window> {
+        match &self.grid {
+            Some(g) => g.windows(rows).collect(),
+            None => {
+                let info = self.tiff.image();
+                vec![Window {
+                    x: 0,
+                    y: 0,
+                    width: info.width as i32,
+                    height: info.height as i32,
+                }]
+            }
+        }
+    }
+
+    /// Reads one chip; `None` when its valid fraction is below `min_valid`
+    /// (or it has no valid pixel when `min_valid` is `None`).
+    pub async fn chip(
+        &self,
+        window: Window,
+        min_valid: Option<f32>,
+    ) -> Result<Option<SceneChip>, SceneError> {
+        {
             let w = self
                 .tiff
-                .read_window(0, window.x.into(), window.y.into(), window.width as u32, window.height as u32, &self.bands)
+                .read_window(
+                    0,
+                    window.x.into(),
+                    window.y.into(),
+                    window.width as u32,
+                    window.height as u32,
+                    &self.bands,
+                )
                 .await?;
             let valid = w.valid.iter().filter(|v| **v).count();
             let valid_fraction = valid as f32 / w.valid.len().max(1) as f32;
@@ -231,25 +266,30 @@ impl Scene {
                 None => valid > 0,
             };
             if !keep {
-                continue;
+                return Ok(None);
             }
             let footprint = self.geo.as_ref().and_then(|(gt, crs, p)| {
-                p.footprint(gt, window.x.into(), window.y.into(), window.width.into(), window.height.into())
-                    .map(|f| Footprint {
-                        crs: crs.label(),
-                        wkb: f.wkb,
-                        bbox: f.bbox,
-                        centre: f.centre,
-                    })
+                p.footprint(
+                    gt,
+                    window.x.into(),
+                    window.y.into(),
+                    window.width.into(),
+                    window.height.into(),
+                )
+                .map(|f| Footprint {
+                    crs: crs.label(),
+                    wkb: f.wkb,
+                    bbox: f.bbox,
+                    centre: f.centre,
+                })
             });
-            out.push(SceneChip {
+            Ok(Some(SceneChip {
                 window,
                 valid_fraction,
                 footprint,
                 rgb: self.to_rgb8(&w),
-            });
+            }))
         }
-        Ok(out)
     }
 
     fn to_rgb8(&self, w: &WindowData) -> Rgb8 {
@@ -268,6 +308,20 @@ impl Scene {
             height: w.height,
             data,
         }
+    }
+}
+
+/// Appends the valid, non-NaN samples of each band of `w`.
+fn take_valid(samples: &mut [Vec<f64>], w: &WindowData) {
+    let n = (w.width * w.height) as usize;
+    for (b, s) in samples.iter_mut().enumerate() {
+        let vals = &w.values[b * n..(b + 1) * n];
+        s.extend(
+            vals.iter()
+                .zip(&w.valid)
+                .filter(|(v, ok)| **ok && !v.is_nan())
+                .map(|(v, _)| *v),
+        );
     }
 }
 

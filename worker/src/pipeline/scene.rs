@@ -1,0 +1,107 @@
+//! The scene path of the task runner: a TIFF input becomes many chips.
+
+use std::sync::Arc;
+
+use rsembed_schemas::chip::ErrorStage;
+use rsembed_schemas::job::TilingSpec;
+use rsembed_schemas::task::TaskInput;
+use tokio::sync::mpsc;
+
+use crate::pipeline::{input_error, Counters, Item, Prepared};
+use crate::preprocess::Preprocessor;
+use crate::raster::scale::ScaleSpec;
+use crate::raster::scene::{Scene, StoreRange};
+use crate::raster::tiff::TiffLimits;
+use crate::store::StoreCache;
+
+/// Whether an input is read as a (Geo)TIFF scene rather than a whole image.
+pub fn is_tiff(uri: &str) -> bool {
+    let lower = uri.to_ascii_lowercase();
+    lower.ends_with(".tif") || lower.ends_with(".tiff")
+}
+
+/// What the scene path needs besides the input.
+pub struct SceneContext {
+    /// Stores for input URIs.
+    pub stores: StoreCache,
+    /// Model preprocessing.
+    pub pre: Arc<Preprocessor>,
+    /// Counters for progress and bytes read.
+    pub counters: Arc<Counters>,
+    /// Tiling of the job.
+    pub tiling: TilingSpec,
+    /// Parsed `--scale`.
+    pub scale: ScaleSpec,
+    /// TIFF reader bounds.
+    pub limits: TiffLimits,
+}
+
+/// Reads every chip of a scene into `tx`; a failure becomes one error row for
+/// the input, after the chips read before it.
+pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::Sender<Item>) {
+    let uri = input.uri.clone();
+    let loc = match ctx.stores.location(&uri) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = tx
+                .send(Err(input_error(&input, ErrorStage::Fetch, &e)))
+                .await;
+            return;
+        }
+    };
+    let reader = Arc::new(StoreRange::new(
+        loc.store.clone(),
+        loc.prefix.clone(),
+        input.size,
+        ctx.counters.bytes_read.clone(),
+    ));
+    let scene = match Scene::open(reader, &ctx.tiling, ctx.scale, ctx.limits.clone(), &uri).await {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = tx
+                .send(Err(input_error(&input, ErrorStage::Decode, &e)))
+                .await;
+            return;
+        }
+    };
+    for window in scene.windows(0..scene.chip_rows()) {
+        let chip = match scene.chip(window, ctx.tiling.min_valid).await {
+            Ok(Some(c)) => c,
+            Ok(None) => continue,
+            Err(e) => {
+                let _ = tx
+                    .send(Err(input_error(&input, ErrorStage::Decode, &e)))
+                    .await;
+                return;
+            }
+        };
+        let pre = ctx.pre.clone();
+        let rgb = chip.rgb;
+        let pixels = match tokio::task::spawn_blocking(move || pre.run(&rgb)).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                let _ = tx
+                    .send(Err(input_error(&input, ErrorStage::Preprocess, &e)))
+                    .await;
+                return;
+            }
+            Err(join) => {
+                let e = std::io::Error::other(format!("preprocess panicked: {join}"));
+                let _ = tx
+                    .send(Err(input_error(&input, ErrorStage::Preprocess, &e)))
+                    .await;
+                return;
+            }
+        };
+        let item = Ok(Prepared {
+            input: input.clone(),
+            window: chip.window,
+            valid_fraction: chip.valid_fraction,
+            footprint: chip.footprint,
+            pixels,
+        });
+        if tx.send(item).await.is_err() {
+            return;
+        }
+    }
+}
