@@ -13,3 +13,13 @@ if [[ ! -f "$stamp" ]]; then
   touch "$stamp"
 fi
 scripts/setup-ort.sh >/dev/null
+# GDAL is the reference for rasters and footprints in the GeoTIFF tests.
+if ! command -v gdaltransform >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gdal-bin >/dev/null
+  else
+    echo "gdal-bin (gdaltransform) is needed by the tests; install it" >&2
+    exit 1
+  fi
+fi

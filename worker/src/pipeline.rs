@@ -90,6 +90,7 @@ pub(crate) struct Prepared {
     pub(crate) input: TaskInput,
     pub(crate) window: Window,
     pub(crate) valid_fraction: f32,
+    pub(crate) crs: Option<String>,
     pub(crate) footprint: Option<Footprint>,
     pub(crate) pixels: Vec<f32>,
 }
@@ -258,6 +259,7 @@ impl TaskRunner {
                 source_version: p.input.version,
                 window: p.window,
                 valid_fraction: p.valid_fraction,
+                crs: p.crs,
                 footprint: p.footprint,
                 embedding: emb.row(i).to_vec(),
             })
@@ -337,6 +339,7 @@ async fn prepare(
                 height: height as i32,
             },
             valid_fraction: 1.0,
+            crs: None,
             footprint: None,
             pixels,
         }),

@@ -97,6 +97,7 @@ pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::S
             input: input.clone(),
             window: chip.window,
             valid_fraction: chip.valid_fraction,
+            crs: chip.crs,
             footprint: chip.footprint,
             pixels,
         });

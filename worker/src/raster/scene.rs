@@ -95,6 +95,8 @@ pub struct SceneChip {
     pub window: Window,
     /// Share of real, non-nodata pixels.
     pub valid_fraction: f32,
+    /// Source CRS label, when the scene's CRS is known.
+    pub crs: Option<String>,
     /// Lon/lat footprint, when the scene is georeferenced and the chip is in the projection's domain.
     pub footprint: Option<Footprint>,
     /// The chip in 8 bits; invalid pixels are 0.
@@ -134,15 +136,20 @@ impl Scene {
             tracing::warn!(uri, cause = %e, "bad GeoKey directory; no footprints for this scene");
             None
         });
-        let gt = geo::geotransform(&tags, keys.as_ref()).ok().flatten();
+        let gt = geo::geotransform(&tags, keys.as_ref()).unwrap_or_else(|e| {
+            tracing::warn!(uri, cause = %e, "bad georeferencing tags; no footprints for this scene");
+            None
+        });
         let crs = keys
             .as_ref()
             .and_then(|k| geo::crs_from_geokeys(k).ok().flatten());
+        let crs_label = crs.as_ref().map(Crs::label);
+        let georeferenced = gt.is_some();
         let geo = match (gt, crs) {
             (Some(gt), Some(crs)) => match Projector::new(&crs) {
                 Ok(p) => Some((gt, crs, p)),
                 Err(e) => {
-                    tracing::warn!(uri, cause = %e, "CRS not reprojectable; crs and geometry are null");
+                    tracing::warn!(uri, cause = %e, "CRS not reprojectable; geometry is null");
                     None
                 }
             },
@@ -155,15 +162,15 @@ impl Scene {
             }
             _ => None,
         };
+        // Only rasters without a geotransform, or no larger than a chip, are whole-image chips.
         let whole =
-            geo.is_none() || (info.width <= tiling.chip_size && info.height <= tiling.chip_size);
+            !georeferenced || (info.width <= tiling.chip_size && info.height <= tiling.chip_size);
         let grid = (!whole).then_some(ChipGrid {
             width: info.width,
             height: info.height,
             chip: tiling.chip_size,
             stride: tiling.stride,
         });
-        let crs_label = geo.as_ref().map(|(_, c, _)| c.label());
         let mut scene = Scene {
             tiff,
             bands,
@@ -268,7 +275,7 @@ impl Scene {
             if !keep {
                 return Ok(None);
             }
-            let footprint = self.geo.as_ref().and_then(|(gt, crs, p)| {
+            let footprint = self.geo.as_ref().and_then(|(gt, _, p)| {
                 p.footprint(
                     gt,
                     window.x.into(),
@@ -277,7 +284,6 @@ impl Scene {
                     window.height.into(),
                 )
                 .map(|f| Footprint {
-                    crs: crs.label(),
                     wkb: f.wkb,
                     bbox: f.bbox,
                     centre: f.centre,
@@ -286,6 +292,7 @@ impl Scene {
             Ok(Some(SceneChip {
                 window,
                 valid_fraction,
+                crs: self.crs_label.clone(),
                 footprint,
                 rgb: self.to_rgb8(&w),
             }))

@@ -12,11 +12,10 @@ use rsembed_schemas::ids::Window;
 
 use crate::error::Result;
 
-/// Where a chip lies on Earth; absent for images without georeferencing.
+/// Where a chip lies on Earth; absent for images without georeferencing and
+/// for chips outside the projection's domain.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Footprint {
-    /// Source CRS, e.g. `EPSG:32618`.
-    pub crs: String,
     /// WKB polygon in lon/lat.
     pub wkb: Vec<u8>,
     /// xmin, ymin, xmax, ymax in lon/lat.
@@ -38,7 +37,9 @@ pub struct ChipRow {
     pub window: Window,
     /// Share of real pixels.
     pub valid_fraction: f32,
-    /// Georeferencing, when the source has it.
+    /// Source CRS, e.g. `EPSG:32618`, when the source is georeferenced.
+    pub crs: Option<String>,
+    /// Footprint in lon/lat, when the chip has one.
     pub footprint: Option<Footprint>,
     /// L2-normalized embedding.
     pub embedding: Vec<f32>,
@@ -93,9 +94,9 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
         w.append_value(r.window.width);
         h.append_value(r.window.height);
         valid.append_value(r.valid_fraction);
+        crs.append_option(r.crs.as_deref());
         match &r.footprint {
             Some(f) => {
-                crs.append_value(&f.crs);
                 geom.append_value(&f.wkb);
                 for (i, v) in f.bbox.iter().enumerate() {
                     bbox.field_builder::<Float64Builder>(i)
@@ -107,7 +108,6 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
                 lat.append_value(f.centre[1]);
             }
             None => {
-                crs.append_null();
                 geom.append_null();
                 for i in 0..4 {
                     // Children of a null struct slot still need a value.
@@ -190,8 +190,8 @@ mod tests {
                 height: 8,
             },
             valid_fraction: 1.0,
+            crs: fp.then(|| "EPSG:4326".into()),
             footprint: fp.then(|| Footprint {
-                crs: "EPSG:4326".into(),
                 wkb: vec![1, 3, 0, 0, 0],
                 bbox: [i as f64, 0.0, i as f64 + 1.0, 1.0],
                 centre: [i as f64 + 0.5, 0.5],

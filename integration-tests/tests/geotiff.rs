@@ -1,0 +1,237 @@
+//! GeoTIFF scenes through `rsembed run`: the chip grid, footprints checked
+//! against GDAL (`gdaltransform`), identical results across encodings of the same
+//! pixels, and every shared GeoTIFF processed or rejected.
+//!
+//! These tests read `../shared/data/geotiff`; each says SKIPPED when it is absent.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rsembed_integration_tests::*;
+use serde_json::Value;
+
+fn geotiff(rel: &str) -> Option<PathBuf> {
+    let p = shared_data()?.join("geotiff").join(rel);
+    p.is_file().then_some(p)
+}
+
+fn embed(input: &Path, out: &Path, extra: &[&str]) -> Value {
+    let o = run(run_cmd(input, out, &tiny_model()).args(extra));
+    assert_eq!(o.status.code(), Some(0), "run succeeds");
+    duckdb(&format!(
+        "SELECT x, y, width, height, valid_fraction, crs, hex(geometry::BLOB), centre_lon, centre_lat, \
+         embedding::FLOAT[] FROM '{}/chips/*.parquet' ORDER BY y, x",
+        out.display()
+    ))
+}
+
+/// Polygon vertices of a little-endian 2D WKB polygon given as hex.
+fn wkb_vertices(hex: &str) -> Vec<(f64, f64)> {
+    let b: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    assert_eq!(b[0], 1, "little-endian WKB");
+    assert_eq!(
+        u32::from_le_bytes(b[1..5].try_into().unwrap()),
+        3,
+        "Polygon"
+    );
+    assert_eq!(
+        u32::from_le_bytes(b[5..9].try_into().unwrap()),
+        1,
+        "one ring"
+    );
+    let n = u32::from_le_bytes(b[9..13].try_into().unwrap()) as usize;
+    (0..n)
+        .map(|i| {
+            let o = 13 + i * 16;
+            (
+                f64::from_le_bytes(b[o..o + 8].try_into().unwrap()),
+                f64::from_le_bytes(b[o + 8..o + 16].try_into().unwrap()),
+            )
+        })
+        .collect()
+}
+
+/// GDAL's lon/lat for pixel/line positions of a file.
+fn gdal_lonlat(file: &Path, points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let input: String = points.iter().map(|(x, y)| format!("{x} {y}\n")).collect();
+    let mut child = Command::new("gdaltransform")
+        .args(["-t_srs", "OGC:CRS84", "-output_xy"])
+        .arg(file)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gdaltransform runs: GDAL is the reference (scripts/setup-test-env.sh installs gdal-bin)");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: Vec<f64> = l.split_whitespace().map(|t| t.parse().unwrap()).collect();
+            (v[0], v[1])
+        })
+        .collect()
+}
+
+#[test]
+fn three_encodings_give_identical_chips_and_embeddings() {
+    let files = [
+        "rasterio/RGB.byte.tif",
+        "rasterio/rgb_lzw.tif",
+        "rasterio/rgb_deflate.tif",
+    ];
+    let Some(paths) = files.iter().map(|f| geotiff(f)).collect::<Option<Vec<_>>>() else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let results: Vec<Value> = paths
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let rows = embed(p, &tmp.path().join(format!("out{i}")), &[]);
+            // Everything but the URI-dependent columns.
+            Value::Array(
+                rows.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|r| {
+                        Value::Array(vec![
+                            r[0].clone(),
+                            r[1].clone(),
+                            r[4].clone(),
+                            r[6].clone(),
+                            r[9].clone(),
+                        ])
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    assert!(!results[0].as_array().unwrap().is_empty());
+    assert_eq!(results[0], results[1], "LZW tiled = uncompressed strips");
+    assert_eq!(
+        results[0], results[2],
+        "Deflate planar = uncompressed strips"
+    );
+}
+
+#[test]
+fn rgb_byte_grid_and_footprints_match_gdal() {
+    let Some(file) = geotiff("rasterio/RGB.byte.tif") else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = embed(&file, &tmp.path().join("out"), &[]);
+    let rows = rows.as_array().unwrap();
+    // 791 x 718 at 256: a 4 x 3 grid; chips with no valid pixel (nodata 0) are dropped.
+    assert!((9..=12).contains(&rows.len()), "{} chips", rows.len());
+    for r in rows {
+        let (x, y) = (r[0].as_f64().unwrap(), r[1].as_f64().unwrap());
+        assert_eq!((x % 256.0, y % 256.0), (0.0, 0.0));
+        assert!(x < 791.0 && y < 718.0);
+        assert_eq!(
+            (r[2].as_i64(), r[3].as_i64()),
+            (Some(256), Some(256)),
+            "padding included"
+        );
+        let vf = r[4].as_f64().unwrap();
+        assert!(vf > 0.0 && vf <= 1.0);
+        assert_eq!(r[5], "EPSG:32618");
+        let ring = wkb_vertices(r[6].as_str().unwrap());
+        assert_eq!(ring.first(), ring.last(), "closed ring");
+        let corners = [
+            (x, y),
+            (x + 256.0, y),
+            (x + 256.0, y + 256.0),
+            (x, y + 256.0),
+            (x + 128.0, y + 128.0),
+        ];
+        let gdal = gdal_lonlat(&file, &corners);
+        for g in &gdal[..4] {
+            let best = ring
+                .iter()
+                .map(|v| (v.0 - g.0).abs().max((v.1 - g.1).abs()))
+                .fold(f64::INFINITY, f64::min);
+            assert!(best < 1e-7, "corner {g:?} is {best} deg from the footprint");
+        }
+        let (lon, lat) = (r[7].as_f64().unwrap(), r[8].as_f64().unwrap());
+        assert!(
+            (lon - gdal[4].0).abs() < 1e-7 && (lat - gdal[4].1).abs() < 1e-7,
+            "centre"
+        );
+    }
+}
+
+#[test]
+fn every_shared_geotiff_is_processed_or_rejected() {
+    let Some(data) = shared_data() else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let o = run(&mut run_cmd(&data.join("geotiff"), &out, &tiny_model()));
+    assert_eq!(o.status.code(), Some(0), "no shared GeoTIFF fails");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("read "), "bytes read are reported");
+    let per_file = duckdb(&format!(
+        "SELECT regexp_extract(source_uri, '[^/]+$'), count(*), count(geometry), count(crs) \
+         FROM '{}/chips/*.parquet' GROUP BY 1 ORDER BY 1",
+        out.display()
+    ));
+    let get = |name: &str| {
+        per_file
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r[0] == name)
+            .cloned()
+    };
+    assert!(
+        get("all-nodata.tif").is_none(),
+        "an all-nodata scene yields no chip"
+    );
+    let goes = get("goes.tif").expect("goes.tif has chips");
+    assert_eq!(
+        goes[2], 0,
+        "256-pixel GOES chips all have off-disk corners: null geometry"
+    );
+    assert_eq!(goes[3], goes[1], "but the geostationary CRS is known");
+    for name in [
+        "RGB.byte.tif",
+        "cogeo.tif",
+        "rgb16.tif",
+        "m_4709963_se_14_1_20200831.tif",
+    ] {
+        let r = get(name).unwrap_or_else(|| panic!("{name} has chips"));
+        assert_eq!(r[1], r[2], "{name}: every chip has a footprint");
+    }
+}
+
+#[test]
+fn goes_interior_chips_get_footprints() {
+    let Some(file) = geotiff("rasterio/goes.tif") else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let rows = embed(&file, &tmp.path().join("out"), &["--chip-size", "128"]);
+    let rows = rows.as_array().unwrap();
+    let with = rows.iter().filter(|r| !r[6].is_null()).count();
+    assert!(
+        with > 0 && with < rows.len(),
+        "{with} of {} chips have footprints",
+        rows.len()
+    );
+}

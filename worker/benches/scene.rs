@@ -1,0 +1,2 @@
+//! Placeholder replaced by the scene benchmark.
+fn main() {}
