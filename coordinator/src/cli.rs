@@ -57,6 +57,11 @@ pub struct TilingArgs {
     /// a file to an archive changes one task, not all the tasks after it.
     #[arg(long, env = "RSEMBED_TASK_SIZE", default_value_t = 64)]
     pub task_size: usize,
+    /// GeoTIFFs at least this large (bytes) are split into tasks of chip blocks
+    /// of about `--task-size` chips each, so one scene spreads over many workers and
+    /// a task reads only its region. Smaller TIFFs are one task input.
+    #[arg(long, env = "RSEMBED_SHARD_BYTES", default_value_t = 16 << 20)]
+    pub shard_bytes: u64,
 }
 
 /// How inference runs.

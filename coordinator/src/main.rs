@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use clap::Parser;
 use rsembed_coordinator::cli::{Cli, Command, PlanArgs};
-use rsembed_coordinator::plan::{plan, ListStats};
+use rsembed_coordinator::plan::{plan, ListStats, Sharding};
 use rsembed_coordinator::{run, text};
+use rsembed_schemas::job::TilingSpec;
+use rsembed_worker::raster::tiff::TiffLimits;
 use tracing_subscriber::EnvFilter;
 
 /// Exit code of a run that finished with some inputs recorded as failed.
@@ -74,10 +76,26 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let input = stores.location(&args.input)?;
     let stats = Arc::new(ListStats::default());
     let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    // Without a model there is no input size to default the chip size to; 256 is
+    // Git-RSCLIP's.
+    let chip_size = args.tiling.chip_size.unwrap_or(256);
+    let sharding = Sharding {
+        stores: stores.clone(),
+        tiling: TilingSpec {
+            chip_size,
+            stride: args.tiling.stride.unwrap_or(chip_size),
+            bands: args.tiling.bands.clone().unwrap_or_else(|| vec![1, 2, 3]),
+            scale: args.tiling.scale.clone(),
+            min_valid: args.tiling.min_valid,
+        },
+        min_bytes: args.tiling.shard_bytes,
+        limits: TiffLimits::default(),
+    };
     let planner = tokio::spawn(plan(
         input.clone(),
         "plan".into(),
         args.tiling.task_size,
+        Some(sharding),
         stats.clone(),
         tx,
     ));
@@ -92,7 +110,9 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         "skipped": stats.skipped.load(Ordering::Relaxed),
         "tasks": stats.tasks.load(Ordering::Relaxed),
         "largest_task": largest,
-        "chips": stats.inputs.load(Ordering::Relaxed),
+        "sharded_scenes": stats.sharded_scenes.load(Ordering::Relaxed),
+        // Grid chips of the split scenes; other inputs are cut by the workers.
+        "sharded_chips": stats.sharded_chips.load(Ordering::Relaxed),
         "bytes": stats.bytes.load(Ordering::Relaxed),
     });
     if args.json {
@@ -104,7 +124,8 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             "skipped",
             "tasks",
             "largest_task",
-            "chips",
+            "sharded_scenes",
+            "sharded_chips",
             "bytes",
         ] {
             println!("  {k:<14}{}", v[k]);

@@ -10,14 +10,32 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
-use rsembed_schemas::task::{ends_group, Task, TaskInput};
-use rsembed_worker::store::Location;
+use rsembed_schemas::job::TilingSpec;
+use rsembed_schemas::task::{ends_group, ChipBlock, Task, TaskInput};
+use rsembed_worker::raster::scene::{plan_grid, StoreRange};
+use rsembed_worker::raster::tiff::TiffLimits;
+use rsembed_worker::store::{Location, StoreCache};
 use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
 
-/// File name extensions read as whole images (case-insensitive).
+/// File name extensions read as images or scenes (case-insensitive); tar
+/// archives (`.tar`, `.tar.gz`, `.tgz`) are inputs too.
 pub const IMAGE_EXTENSIONS: [&str; 5] = ["png", "jpg", "jpeg", "tif", "tiff"];
+
+/// How the planner splits large scenes into tasks of chip blocks.
+#[derive(Clone)]
+pub struct Sharding {
+    /// Stores for reading TIFF headers.
+    pub stores: StoreCache,
+    /// The job's tiling (chip size and stride decide the grid).
+    pub tiling: TilingSpec,
+    /// TIFFs smaller than this are not opened by the planner: they stay one task
+    /// input, and the worker cuts them.
+    pub min_bytes: u64,
+    /// Reader bounds for the header read.
+    pub limits: TiffLimits,
+}
 
 /// Counts of what the listing saw.
 #[derive(Debug, Default)]
@@ -30,6 +48,10 @@ pub struct ListStats {
     pub skipped: AtomicU64,
     /// Tasks planned.
     pub tasks: AtomicU64,
+    /// Scenes split into chip blocks.
+    pub sharded_scenes: AtomicU64,
+    /// Grid chips of the split scenes (chips without a valid pixel are dropped later).
+    pub sharded_chips: AtomicU64,
 }
 
 fn is_image_name(name: &str) -> bool {
@@ -38,9 +60,11 @@ fn is_image_name(name: &str) -> bool {
         // Dotfiles: macOS `._x.jpg` resource forks, editor swap files.
         return false;
     }
-    base.rsplit_once('.')
-        .map(|(_, ext)| IMAGE_EXTENSIONS.iter().any(|e| ext.eq_ignore_ascii_case(e)))
-        .unwrap_or(false)
+    rsembed_worker::raster::tar::is_archive(base)
+        || base
+            .rsplit_once('.')
+            .map(|(_, ext)| IMAGE_EXTENSIONS.iter().any(|e| ext.eq_ignore_ascii_case(e)))
+            .unwrap_or(false)
 }
 
 /// `source_version`: the ETag where the store has one, else size + modification time.
@@ -63,7 +87,30 @@ fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
         uri: loc.uri_of(&meta.location),
         size: meta.size,
         version: Some(version_of(loc, meta)),
+        chips: None,
     }
+}
+
+/// The chip blocks of a large georeferenced TIFF, or `None` to leave the input whole.
+///
+/// A header that cannot be read is not a planning error: the input goes to a
+/// worker as it is, and the worker records why it fails.
+async fn shard(s: &Sharding, input: &TaskInput, task_size: usize) -> Option<Vec<ChipBlock>> {
+    let lower = input.uri.to_ascii_lowercase();
+    if input.size < s.min_bytes || !(lower.ends_with(".tif") || lower.ends_with(".tiff")) {
+        return None;
+    }
+    let loc = s.stores.location(&input.uri).ok()?;
+    let reader = Arc::new(StoreRange::new(
+        loc.store.clone(),
+        loc.prefix.clone(),
+        input.size,
+        Arc::new(AtomicU64::new(0)),
+    ));
+    let grid = plan_grid(reader, &s.tiling, s.limits.clone())
+        .await
+        .ok()??;
+    (grid.len() > task_size as u64).then(|| grid.blocks(task_size))
 }
 
 /// Lists the inputs under `loc` in lexicographic order into `tx`.
@@ -139,24 +186,47 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
 }
 
 /// Streams the tasks of a job into `tasks`. Returns when the listing is done.
+///
+/// With `sharding`, a large georeferenced TIFF becomes tasks of its own, one per
+/// block of about `task_size` chips; every other input is grouped with its
+/// neighbours.
 pub async fn plan(
     loc: Location,
     job_id: String,
     task_size: usize,
+    sharding: Option<Sharding>,
     stats: Arc<ListStats>,
     tasks: mpsc::Sender<Task>,
 ) -> Result<()> {
     let (itx, mut irx) = mpsc::channel::<TaskInput>(1024);
     let lister = {
         let stats = stats.clone();
-        async move {
-            let r = list(&loc, &stats, itx).await;
-            r
-        }
+        async move { list(&loc, &stats, itx).await }
     };
     let grouper = async {
         let mut group = Vec::new();
         while let Some(input) = irx.recv().await {
+            if let Some(blocks) = match &sharding {
+                Some(sh) => shard(sh, &input, task_size).await,
+                None => None,
+            } {
+                stats.sharded_scenes.fetch_add(1, Ordering::Relaxed);
+                for b in blocks {
+                    stats.tasks.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .sharded_chips
+                        .fetch_add(u64::from(b.cols) * u64::from(b.rows), Ordering::Relaxed);
+                    let part = TaskInput {
+                        chips: Some(b),
+                        ..input.clone()
+                    };
+                    tasks
+                        .send(Task::new(&job_id, vec![part]))
+                        .await
+                        .map_err(|_| Error::Cancelled)?;
+                }
+                continue;
+            }
             let uri = input.uri.clone();
             group.push(input);
             if ends_group(&uri, group.len(), task_size) {
@@ -191,5 +261,7 @@ mod tests {
         assert!(!is_image_name("labels.csv"));
         assert!(!is_image_name("a/._c.jpg"));
         assert!(!is_image_name("noext"));
+        assert!(is_image_name("chips/batch1.tar.gz"));
+        assert!(is_image_name("x.TGZ"));
     }
 }

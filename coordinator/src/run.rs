@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 
 use crate::cli::{RunArgs, TilingArgs};
 use crate::error::{Error, Result};
-use crate::plan::{plan, ListStats};
+use crate::plan::{plan, ListStats, Sharding};
 use crate::summary::Summary;
 
 /// How many failures the manifest lists by name; the count is always exact.
@@ -251,10 +251,17 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
 
     let stats = Arc::new(ListStats::default());
     let (ttx, trx) = mpsc::channel::<Task>(16);
+    let sharding = Sharding {
+        stores: stores.clone(),
+        tiling: tiling.clone(),
+        min_bytes: args.tiling.shard_bytes,
+        limits: TiffLimits::default(),
+    };
     let planner = tokio::spawn(plan(
         input.clone(),
         job_id.clone(),
         args.tiling.task_size,
+        Some(sharding),
         stats.clone(),
         ttx,
     ));

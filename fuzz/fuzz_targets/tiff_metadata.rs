@@ -1,12 +1,13 @@
 //! Header + IFD chain parsing + IFD classification of arbitrary bytes, then
-//! the GeoTIFF tags and GeoKey directory of whatever opens. Default limits:
-//! the ones production uses for opening.
+//! the GeoTIFF tags of whatever opens: GeoKey directory, the CRS it names and
+//! the affine transform (the metadata a scene is planned from). Default
+//! limits: the ones production opens files with.
 #![no_main]
 
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use rsembed_worker::raster::geo::parse_geokeys;
+use rsembed_worker::raster::geo::{crs_from_geokeys, geotransform, parse_geokeys};
 use rsembed_worker::raster::tiff::{TiffFile, TiffLimits};
 
 fuzz_target!(|data: &[u8]| {
@@ -27,13 +28,36 @@ fuzz_target!(|data: &[u8]| {
     assert!(img.width > 0 && img.height > 0, "empty main image: {img:?}");
     assert!(img.bands > 0, "main image without bands: {img:?}");
     for o in f.overviews() {
-        assert!(o.width > 0 && o.height > 0 && o.bands > 0, "bad overview {o:?}");
+        assert!(
+            o.width > 0 && o.height > 0 && o.bands > 0,
+            "bad overview {o:?}"
+        );
     }
     let _ = f.has_mask();
-    match parse_geokeys(f.geo_tags()) {
-        Ok(keys) => {
-            let _ = format!("{keys:?}");
+    let tags = f.geo_tags();
+    let keys = match parse_geokeys(tags) {
+        Ok(keys) => keys,
+        Err(e) => {
+            let _ = e.to_string();
+            None
         }
+    };
+    if let Some(k) = &keys {
+        match crs_from_geokeys(k) {
+            Ok(Some(crs)) => {
+                let _ = (crs.label(), crs.proj4());
+            }
+            Ok(None) => {}
+            Err(e) => {
+                let _ = e.to_string();
+            }
+        }
+    }
+    match geotransform(tags, keys.as_ref()) {
+        Ok(Some(gt)) => {
+            let _ = (gt.apply(0.0, 0.0), gt.is_north_up());
+        }
+        Ok(None) => {}
         Err(e) => {
             let _ = e.to_string();
         }

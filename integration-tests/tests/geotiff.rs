@@ -235,3 +235,46 @@ fn goes_interior_chips_get_footprints() {
         rows.len()
     );
 }
+
+#[test]
+fn a_scene_split_into_chip_blocks_gives_the_same_rows() {
+    let Some(file) = geotiff("rasterio/RGB.byte.tif") else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let whole = embed(&file, &tmp.path().join("whole"), &[]);
+    let split_out = tmp.path().join("split");
+    let split = embed(
+        &file,
+        &split_out,
+        &["--shard-bytes", "0", "--task-size", "4"],
+    );
+    // Same chips and footprints exactly; embeddings to float rounding, because
+    // ONNX Runtime's kernels block differently for another batch size.
+    let (w, s) = (whole.as_array().unwrap(), split.as_array().unwrap());
+    assert_eq!(w.len(), s.len());
+    for (a, b) in w.iter().zip(s) {
+        assert_eq!(a.as_array().unwrap()[..9], b.as_array().unwrap()[..9]);
+        let f = |v: &Value| -> Vec<f64> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        };
+        assert!(cosine(&f(&a[9]), &f(&b[9])) > 0.99999);
+    }
+    let files = std::fs::read_dir(split_out.join("chips")).unwrap().count();
+    assert_eq!(files, 4, "a 4 x 3 grid in 2 x 2 blocks is four tasks");
+    // Rerunning the split job resumes every block.
+    let o = run(run_cmd(&file, &split_out, &tiny_model()).args([
+        "--shard-bytes",
+        "0",
+        "--task-size",
+        "4",
+        "--json",
+    ]));
+    let s: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(s["tasks_resumed"], 4);
+}

@@ -14,6 +14,22 @@ pub struct TaskInput {
     /// ETag, or size + modification time: becomes `source_version`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// For a scene split over several tasks: the block of the chip grid this task covers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chips: Option<ChipBlock>,
+}
+
+/// A rectangle of the chip grid, in chip units (columns and rows of chips).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChipBlock {
+    /// First chip column.
+    pub col: u32,
+    /// First chip row.
+    pub row: u32,
+    /// Chip columns in the block.
+    pub cols: u32,
+    /// Chip rows in the block.
+    pub rows: u32,
 }
 
 /// A task: a deterministic group of inputs of one job.
@@ -37,6 +53,12 @@ impl Task {
         h.str(job_id);
         for i in &inputs {
             h.str(&i.uri);
+            if let Some(b) = i.chips {
+                h.i64(b.col.into())
+                    .i64(b.row.into())
+                    .i64(b.cols.into())
+                    .i64(b.rows.into());
+            }
         }
         Task {
             job_id: job_id.to_owned(),
@@ -81,6 +103,7 @@ mod tests {
             uri: uri.into(),
             size: 1,
             version: Some("v".into()),
+            chips: None,
         }
     }
 

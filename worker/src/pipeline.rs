@@ -28,6 +28,7 @@ use crate::sink::parquet::{chip_file_metadata, encode, error_file_metadata, put}
 use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow, Footprint};
 use crate::store::{Location, StoreCache};
 
+mod archive;
 mod scene;
 
 /// What the input stage sends on: a chip ready for the model, or an error row.
@@ -117,6 +118,12 @@ impl TaskRunner {
             let limits = self.limits;
             let counters = self.counters.clone();
             let conc = self.decode_concurrency.max(1);
+            let archive_ctx = Arc::new(archive::ArchiveContext {
+                stores: stores.clone(),
+                pre: pre.clone(),
+                counters: counters.clone(),
+                limits,
+            });
             let scene_ctx = Arc::new(scene::SceneContext {
                 stores: stores.clone(),
                 pre: pre.clone(),
@@ -136,8 +143,11 @@ impl TaskRunner {
                             let pre = pre.clone();
                             let counters = counters.clone();
                             let scene_ctx = scene_ctx.clone();
+                            let archive_ctx = archive_ctx.clone();
                             async move {
-                                if scene::is_tiff(&input.uri) {
+                                if crate::raster::tar::is_archive(&input.uri) {
+                                    archive::produce_archive(archive_ctx, input, tx).await;
+                                } else if scene::is_tiff(&input.uri) {
                                     scene::produce_scene(scene_ctx, input, tx).await;
                                 } else {
                                     let item =

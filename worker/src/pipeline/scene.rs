@@ -64,7 +64,7 @@ pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::S
             return;
         }
     };
-    for window in scene.windows(0..scene.chip_rows()) {
+    for window in scene.windows(input.chips) {
         let chip = match scene.chip(window, ctx.tiling.min_valid).await {
             Ok(Some(c)) => c,
             Ok(None) => continue,

@@ -5,6 +5,7 @@
 //! raster is padding, counted as invalid.
 
 use rsembed_schemas::ids::Window;
+use rsembed_schemas::task::ChipBlock;
 
 /// Chip size and stride over a raster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +52,41 @@ impl ChipGrid {
         }
     }
 
+    /// The windows of a block of the grid, row-major, clipped to the grid.
+    pub fn block_windows(&self, b: ChipBlock) -> Vec<Window> {
+        let (cols, rows) = (self.columns(), self.rows());
+        let mut out = Vec::new();
+        for j in b.row..b.row.saturating_add(b.rows).min(rows) {
+            for i in b.col..b.col.saturating_add(b.cols).min(cols) {
+                out.push(self.window(i, j));
+            }
+        }
+        out
+    }
+
+    /// Blocks of about `target` chips (square, `k × k` with `k = ⌊√target⌋`)
+    /// covering the grid, row-major; tasks of a scene split this way each read
+    /// one compact region of the raster.
+    pub fn blocks(&self, target: usize) -> Vec<ChipBlock> {
+        let k = ((target.max(1) as f64).sqrt().floor() as u32).max(1);
+        let mut out = Vec::new();
+        let mut row = 0;
+        while row < self.rows() {
+            let mut col = 0;
+            while col < self.columns() {
+                out.push(ChipBlock {
+                    col,
+                    row,
+                    cols: k.min(self.columns() - col),
+                    rows: k.min(self.rows() - row),
+                });
+                col += k;
+            }
+            row += k;
+        }
+        out
+    }
+
     /// The windows of chip rows `rows`, row-major.
     pub fn windows(&self, rows: std::ops::Range<u32>) -> impl Iterator<Item = Window> + '_ {
         let cols = self.columns();
@@ -90,6 +126,25 @@ mod tests {
         let xs: Vec<_> = g.windows(0..1).map(|w| w.x).collect();
         assert_eq!(xs, [0, 64, 128, 192, 256]);
         assert_eq!(g.rows(), 2);
+    }
+
+    #[test]
+    fn blocks_partition_the_grid() {
+        let g = ChipGrid {
+            width: 8192,
+            height: 5000,
+            chip: 256,
+            stride: 256,
+        };
+        let blocks = g.blocks(16);
+        let mut all: Vec<_> = blocks.iter().flat_map(|b| g.block_windows(*b)).collect();
+        assert_eq!(all.len() as u64, g.len());
+        all.sort_by_key(|w| (w.y, w.x));
+        all.dedup();
+        assert_eq!(all.len() as u64, g.len(), "no chip in two blocks");
+        assert_eq!((blocks[0].cols, blocks[0].rows), (4, 4));
+        let first = g.block_windows(blocks[0]);
+        assert_eq!(first.last().unwrap().x, 768, "a 1024 x 1024 pixel window");
     }
 
     #[test]

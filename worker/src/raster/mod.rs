@@ -5,4 +5,5 @@ pub mod grid;
 pub mod image;
 pub mod scale;
 pub mod scene;
+pub mod tar;
 pub mod tiff;

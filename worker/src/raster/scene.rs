@@ -5,7 +5,6 @@
 //! is cut on the grid. Reads go through object_store range requests for the
 //! tiles a chip needs, and every byte fetched is counted.
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -16,6 +15,7 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use rsembed_schemas::ids::Window;
 use rsembed_schemas::job::TilingSpec;
+use rsembed_schemas::task::ChipBlock;
 
 use crate::raster::geo::{self, Crs, GeoTransform, Projector};
 use crate::raster::grid::ChipGrid;
@@ -226,16 +226,12 @@ impl Scene {
         Ok(percentile_stretch(samples))
     }
 
-    /// Chip rows of the grid (1 for a whole-image chip).
-    pub fn chip_rows(&self) -> u32 {
-        self.grid.map_or(1, |g| g.rows())
-    }
-
-    /// The windows of chip rows `rows`.
-    pub fn windows(&self, rows: Range<u32>) -> Vec<Window> {
-        match &self.grid {
-            Some(g) => g.windows(rows).collect(),
-            None => {
+    /// The windows of the scene, or of one block of its grid.
+    pub fn windows(&self, block: Option<ChipBlock>) -> Vec<Window> {
+        match (&self.grid, block) {
+            (Some(g), Some(b)) => g.block_windows(b),
+            (Some(g), None) => g.windows(0..g.rows()).collect(),
+            (None, _) => {
                 let info = self.tiff.image();
                 vec![Window {
                     x: 0,
@@ -316,6 +312,34 @@ impl Scene {
             data,
         }
     }
+}
+
+/// The chip grid of a raster, or `None` when it is one whole-image chip: a
+/// raster without a geotransform, or one no larger than a chip.
+fn layout(width: u32, height: u32, georeferenced: bool, tiling: &TilingSpec) -> Option<ChipGrid> {
+    let whole = !georeferenced || (width <= tiling.chip_size && height <= tiling.chip_size);
+    (!whole).then_some(ChipGrid {
+        width,
+        height,
+        chip: tiling.chip_size,
+        stride: tiling.stride,
+    })
+}
+
+/// The chip grid of a TIFF for planning, from its header alone: `None` when
+/// the raster is one whole-image chip. The planner and the worker both derive
+/// the grid this way, so the blocks a task names are the blocks it reads.
+pub async fn plan_grid(
+    reader: Arc<dyn RangeRead>,
+    tiling: &TilingSpec,
+    limits: TiffLimits,
+) -> Result<Option<ChipGrid>, SceneError> {
+    let tiff = TiffFile::open(reader, limits).await?;
+    let info = tiff.image();
+    let tags = tiff.geo_tags();
+    let keys = geo::parse_geokeys(tags).ok().flatten();
+    let georeferenced = matches!(geo::geotransform(tags, keys.as_ref()), Ok(Some(_)));
+    Ok(layout(info.width, info.height, georeferenced, tiling))
 }
 
 /// Appends the valid, non-NaN samples of each band of `w`.

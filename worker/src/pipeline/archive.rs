@@ -1,0 +1,130 @@
+//! The archive path of the task runner: a tar (or tar.gz) input is streamed
+//! from storage, never unpacked to disk, and each image member becomes a chip.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::ObjectStoreExt;
+use rsembed_schemas::chip::ErrorStage;
+use rsembed_schemas::ids::Window;
+use rsembed_schemas::task::TaskInput;
+use tokio::sync::mpsc;
+
+use crate::pipeline::{input_error, Counters, Item, Prepared};
+use crate::preprocess::Preprocessor;
+use crate::raster::image::{decode_rgb8, DecodeLimits};
+use crate::raster::tar::{member_uri, walk, Entry, TarLimits};
+use crate::sink::rows::ErrorRow;
+use crate::store::StoreCache;
+
+/// What the archive path needs besides the input.
+pub struct ArchiveContext {
+    /// Stores for input URIs.
+    pub stores: StoreCache,
+    /// Model preprocessing.
+    pub pre: Arc<Preprocessor>,
+    /// Counters for progress and bytes read.
+    pub counters: Arc<Counters>,
+    /// Decoder bounds for members.
+    pub limits: DecodeLimits,
+}
+
+fn member_error(uri: String, stage: ErrorStage, error: String) -> Item {
+    tracing::warn!(uri = %uri, stage = stage.as_str(), cause = %error, "archive member failed");
+    Err(ErrorRow {
+        source_uri: uri,
+        stage,
+        error,
+    })
+}
+
+/// Streams one archive into `tx`: a chip per image member, an error row per
+/// rejected or undecodable member, and one for the archive if it breaks off.
+pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mpsc::Sender<Item>) {
+    let loc = match ctx.stores.location(&input.uri) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = tx
+                .send(Err(input_error(&input, ErrorStage::Fetch, &e)))
+                .await;
+            return;
+        }
+    };
+    let got = match loc.store.get(&loc.prefix).await {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = tx
+                .send(Err(input_error(&input, ErrorStage::Fetch, &e)))
+                .await;
+            return;
+        }
+    };
+    let counted = ctx.counters.bytes_read.clone();
+    let stream = got
+        .into_stream()
+        .inspect_ok(move |b| {
+            counted.fetch_add(b.len() as u64, Ordering::Relaxed);
+        })
+        .map_err(std::io::Error::other);
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let limits = TarLimits {
+        max_member_bytes: ctx.limits.max_alloc,
+        ..TarLimits::default()
+    };
+    let archive = input.clone();
+    let ctx2 = ctx.clone();
+    let tx2 = tx.clone();
+    // The tar walk is synchronous; it runs on a blocking thread and hands each
+    // chip to the async side through the same bounded channel as every input.
+    let walked = tokio::task::spawn_blocking(move || {
+        walk(reader, limits, |entry| {
+            let item = match entry {
+                Entry::Rejected { path, reason } => {
+                    member_error(member_uri(&archive.uri, &path), ErrorStage::Decode, reason)
+                }
+                Entry::Image(m) => {
+                    let uri = member_uri(&archive.uri, &m.path);
+                    match decode_rgb8(&m.data, ctx2.limits) {
+                        Err(e) => member_error(uri, ErrorStage::Decode, crate::error::chain(&e)),
+                        Ok(img) => match ctx2.pre.run(&img) {
+                            Err(e) => member_error(uri, ErrorStage::Preprocess, e.to_string()),
+                            Ok(pixels) => Ok(Prepared {
+                                input: TaskInput {
+                                    uri,
+                                    size: m.data.len() as u64,
+                                    version: archive.version.clone(),
+                                    chips: None,
+                                },
+                                window: Window {
+                                    x: 0,
+                                    y: 0,
+                                    width: img.width as i32,
+                                    height: img.height as i32,
+                                },
+                                valid_fraction: 1.0,
+                                crs: None,
+                                footprint: None,
+                                pixels,
+                            }),
+                        },
+                    }
+                }
+            };
+            tx2.blocking_send(item)
+                .map_err(|_| "task dropped".to_owned())
+        })
+    })
+    .await;
+    let failure = match walked {
+        Ok(Ok(_stats)) => None,
+        Ok(Err(e)) => Some(crate::error::chain(&e)),
+        Err(join) => Some(format!("archive reader panicked: {join}")),
+    };
+    if let Some(message) = failure {
+        let e = std::io::Error::other(message);
+        let _ = tx
+            .send(Err(input_error(&input, ErrorStage::Decode, &e)))
+            .await;
+    }
+}
