@@ -57,6 +57,11 @@ pub struct TilingArgs {
     /// a file to an archive changes one task, not all the tasks after it.
     #[arg(long, env = "RSEMBED_TASK_SIZE", default_value_t = 64)]
     pub task_size: usize,
+    /// Scenes stored one file per band: group files whose names differ only in
+    /// these suffixes, in R,G,B order (Landsat `B4,B3,B2`, Sentinel-2 `B04,B03,B02`).
+    /// Other files are skipped. Bands on a coarser grid are resampled onto the finest.
+    #[arg(long, env = "RSEMBED_BAND_FILES", value_delimiter = ',')]
+    pub band_files: Option<Vec<String>>,
     /// GeoTIFFs at least this large (bytes) are split into tasks of chip blocks
     /// of about `--task-size` chips each, so one scene spreads over many workers and
     /// a task reads only its region. Smaller TIFFs are one task input.

@@ -87,6 +87,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             bands: args.tiling.bands.clone().unwrap_or_else(|| vec![1, 2, 3]),
             scale: args.tiling.scale.clone(),
             min_valid: args.tiling.min_valid,
+            band_files: args.tiling.band_files.clone(),
         },
         min_bytes: args.tiling.shard_bytes,
         limits: TiffLimits::default(),

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use rsembed_schemas::job::TilingSpec;
-use rsembed_schemas::task::{ends_group, ChipBlock, Task, TaskInput};
+use rsembed_schemas::task::{ends_group, BandFile, ChipBlock, Task, TaskInput};
 use rsembed_worker::raster::scene::{plan_grid, StoreRange};
 use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::store::{Location, StoreCache};
@@ -88,6 +88,7 @@ fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
         size: meta.size,
         version: Some(version_of(loc, meta)),
         chips: None,
+        parts: vec![],
     }
 }
 
@@ -97,7 +98,11 @@ fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
 /// worker as it is, and the worker records why it fails.
 async fn shard(s: &Sharding, input: &TaskInput, task_size: usize) -> Option<Vec<ChipBlock>> {
     let lower = input.uri.to_ascii_lowercase();
-    if input.size < s.min_bytes || !(lower.ends_with(".tif") || lower.ends_with(".tiff")) {
+    // Band-file scenes are cut by their worker; splitting them needs every file's header.
+    if !input.parts.is_empty()
+        || input.size < s.min_bytes
+        || !(lower.ends_with(".tif") || lower.ends_with(".tiff"))
+    {
         return None;
     }
     let loc = s.stores.location(&input.uri).ok()?;
@@ -185,6 +190,86 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
     Ok(())
 }
 
+/// Where a name holds one of `suffixes` as a whole word: the suffix index, and
+/// the name with the suffix cut out (the scene key).
+fn band_suffix(uri: &str, suffixes: &[String]) -> Option<(usize, String, String)> {
+    let base_start = uri.rfind('/').map_or(0, |i| i + 1);
+    let base = &uri[base_start..];
+    let word = |c: Option<char>| c.is_none_or(|c| !c.is_ascii_alphanumeric());
+    for (k, suf) in suffixes.iter().enumerate() {
+        if let Some(p) = base.rfind(suf.as_str()) {
+            let before = base[..p].chars().next_back();
+            let after = base[p + suf.len()..].chars().next();
+            if word(before) && word(after) && p > 0 {
+                let prefix = format!("{}{}", &uri[..base_start], &base[..p]);
+                let rest = base[p + suf.len()..].to_owned();
+                return Some((k, prefix, rest));
+            }
+        }
+    }
+    None
+}
+
+/// Groups band files into scenes as the listing streams by. A scene is sent on
+/// when all its bands are seen; incomplete ones go on at the end, and the worker
+/// records which band is missing.
+struct BandGrouper {
+    suffixes: Vec<String>,
+    pending: std::collections::BTreeMap<(String, String), Vec<Option<BandFile>>>,
+}
+
+impl BandGrouper {
+    fn scene(&self, key: &(String, String), files: Vec<Option<BandFile>>) -> TaskInput {
+        let parts: Vec<BandFile> = files.into_iter().flatten().collect();
+        TaskInput {
+            uri: format!("{}{{{}}}{}", key.0, self.suffixes.join(","), key.1),
+            size: parts.iter().map(|p| p.size).sum(),
+            version: Some(
+                parts
+                    .iter()
+                    .map(|p| p.version.clone().unwrap_or_default())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            chips: None,
+            parts,
+        }
+    }
+
+    /// Takes one listed input; returns a completed scene, if this completed one.
+    /// `Err(())` when the input is not a band file (it is skipped).
+    fn push(&mut self, input: TaskInput) -> std::result::Result<Option<TaskInput>, ()> {
+        let (k, prefix, rest) = band_suffix(&input.uri, &self.suffixes).ok_or(())?;
+        let n = self.suffixes.len();
+        let key = (prefix, rest);
+        let slot = self
+            .pending
+            .entry(key.clone())
+            .or_insert_with(|| vec![None; n]);
+        slot[k] = Some(BandFile {
+            suffix: self.suffixes[k].clone(),
+            uri: input.uri,
+            size: input.size,
+            version: input.version,
+        });
+        if slot.iter().all(Option::is_some) {
+            let files = self
+                .pending
+                .remove(&key)
+                .expect("the entry was just filled");
+            return Ok(Some(self.scene(&key, files)));
+        }
+        Ok(None)
+    }
+
+    fn finish(self) -> Vec<TaskInput> {
+        self.pending
+            .iter()
+            .map(|(k, v)| self.scene(k, v.clone()))
+            .collect()
+    }
+}
+
 /// Streams the tasks of a job into `tasks`. Returns when the listing is done.
 ///
 /// With `sharding`, a large georeferenced TIFF becomes tasks of its own, one per
@@ -203,9 +288,48 @@ pub async fn plan(
         let stats = stats.clone();
         async move { list(&loc, &stats, itx).await }
     };
+    let (stx, mut srx) = mpsc::channel::<TaskInput>(1024);
+    let band_files = sharding.as_ref().and_then(|s| s.tiling.band_files.clone());
+    let scenes = {
+        let stats = stats.clone();
+        async move {
+            let Some(suffixes) = band_files else {
+                while let Some(i) = irx.recv().await {
+                    stx.send(i).await.map_err(|_| Error::Cancelled)?;
+                }
+                return Ok::<(), Error>(());
+            };
+            let mut g = BandGrouper {
+                suffixes,
+                pending: Default::default(),
+            };
+            while let Some(i) = irx.recv().await {
+                match g.push(i) {
+                    Ok(Some(scene)) => {
+                        // A scene of n files is one input.
+                        stats
+                            .inputs
+                            .fetch_sub(scene.parts.len() as u64 - 1, Ordering::Relaxed);
+                        stx.send(scene).await.map_err(|_| Error::Cancelled)?
+                    }
+                    Ok(None) => {}
+                    Err(()) => {
+                        stats.inputs.fetch_sub(1, Ordering::Relaxed);
+                        stats.skipped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            for scene in g.finish() {
+                let n = scene.parts.len().max(1) as u64;
+                stats.inputs.fetch_sub(n - 1, Ordering::Relaxed);
+                stx.send(scene).await.map_err(|_| Error::Cancelled)?;
+            }
+            Ok(())
+        }
+    };
     let grouper = async {
         let mut group = Vec::new();
-        while let Some(input) = irx.recv().await {
+        while let Some(input) = srx.recv().await {
             if let Some(blocks) = match &sharding {
                 Some(sh) => shard(sh, &input, task_size).await,
                 None => None,
@@ -244,14 +368,61 @@ pub async fn plan(
         }
         Ok::<(), Error>(())
     };
-    let (l, g) = tokio::join!(lister, grouper);
+    let (l, b, g) = tokio::join!(lister, scenes, grouper);
     l?;
+    b?;
     g
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn band_suffixes_are_whole_words() {
+        let s: Vec<String> = ["B4", "B3", "B2"].iter().map(|s| s.to_string()).collect();
+        let (k, prefix, rest) = band_suffix("file:///d/LC8_B3.tif", &s).unwrap();
+        assert_eq!(
+            (k, prefix.as_str(), rest.as_str()),
+            (1, "file:///d/LC8_", ".tif")
+        );
+        assert!(
+            band_suffix("file:///d/LC8_B12.tif", &s).is_none(),
+            "B2 is not B12"
+        );
+        assert!(band_suffix("file:///d/LC8_B4X.tif", &s).is_none());
+        let s2: Vec<String> = ["B04".to_string()].to_vec();
+        let (_, p, r) = band_suffix("s3://b/T33_B04_10m.tif", &s2).unwrap();
+        assert_eq!((p.as_str(), r.as_str()), ("s3://b/T33_", "_10m.tif"));
+    }
+
+    #[test]
+    fn band_grouper_waits_for_every_band() {
+        let s: Vec<String> = ["B4", "B3", "B2"].iter().map(|s| s.to_string()).collect();
+        let mut g = BandGrouper {
+            suffixes: s,
+            pending: Default::default(),
+        };
+        let inp = |u: &str| TaskInput {
+            uri: u.into(),
+            size: 10,
+            version: Some("v".into()),
+            chips: None,
+            parts: vec![],
+        };
+        assert_eq!(g.push(inp("file:///d/x_B2.tif")), Ok(None));
+        assert_eq!(g.push(inp("file:///d/x_B10.tif")), Err(()));
+        assert_eq!(g.push(inp("file:///d/x_B3.tif")), Ok(None));
+        assert_eq!(g.push(inp("file:///d/y_B3.tif")), Ok(None));
+        let scene = g.push(inp("file:///d/x_B4.tif")).unwrap().unwrap();
+        assert_eq!(scene.uri, "file:///d/x_{B4,B3,B2}.tif");
+        let order: Vec<&str> = scene.parts.iter().map(|p| p.suffix.as_str()).collect();
+        assert_eq!(order, ["B4", "B3", "B2"]);
+        assert_eq!(scene.size, 30);
+        let rest = g.finish();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].parts.len(), 1, "y is missing two bands");
+    }
 
     #[test]
     fn selects_images_by_extension() {

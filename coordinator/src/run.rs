@@ -56,6 +56,13 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
             "--bands needs three 1-based band indexes (R,G,B), not {bands:?}"
         )));
     }
+    if let Some(files) = &t.band_files {
+        if files.len() != 3 || files.iter().any(|f| f.is_empty()) {
+            return Err(Error::Usage(format!(
+                "--band-files needs three name suffixes in R,G,B order (e.g. B4,B3,B2), not {files:?}"
+            )));
+        }
+    }
     if t.task_size == 0 {
         return Err(Error::Usage("--task-size must be positive".into()));
     }
@@ -65,6 +72,7 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
         bands,
         scale: t.scale.clone(),
         min_valid: t.min_valid,
+        band_files: t.band_files.clone(),
     })
 }
 

@@ -22,6 +22,10 @@ pub struct TilingSpec {
     pub scale: String,
     /// Chips whose valid fraction is below this are dropped; `None` drops only empty chips.
     pub min_valid: Option<f32>,
+    /// `--band-files`: scenes stored one file per band, grouped by these name
+    /// suffixes in channel order (e.g. `B4,B3,B2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub band_files: Option<Vec<String>>,
 }
 
 impl TilingSpec {
@@ -35,6 +39,13 @@ impl TilingSpec {
             h.i64((*b).into());
         }
         h.str(&self.scale);
+        // Absent for single-file scenes, so their fingerprints stay as they were.
+        if let Some(files) = &self.band_files {
+            h.str("band_files");
+            for f in files {
+                h.str(f);
+            }
+        }
         h.hex128()
     }
 }
@@ -183,6 +194,7 @@ mod tests {
             bands: vec![1, 2, 3],
             scale: "auto".into(),
             min_valid: None,
+            band_files: None,
         }
     }
 

@@ -17,6 +17,24 @@ pub struct TaskInput {
     /// For a scene split over several tasks: the block of the chip grid this task covers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chips: Option<ChipBlock>,
+    /// For a scene stored one file per band (`--band-files`): its files, in
+    /// channel order; `uri` then names the scene, not a file.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<BandFile>,
+}
+
+/// One file of a scene stored one file per band.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BandFile {
+    /// The `--band-files` suffix this file matched.
+    pub suffix: String,
+    /// Canonical URL of the file.
+    pub uri: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// ETag, or size + modification time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
 }
 
 /// A rectangle of the chip grid, in chip units (columns and rows of chips).
@@ -104,6 +122,7 @@ mod tests {
             size: 1,
             version: Some("v".into()),
             chips: None,
+            parts: vec![],
         }
     }
 

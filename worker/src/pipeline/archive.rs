@@ -95,6 +95,7 @@ pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mps
                                     size: m.data.len() as u64,
                                     version: archive.version.clone(),
                                     chips: None,
+                                    parts: vec![],
                                 },
                                 window: Window {
                                     x: 0,

@@ -16,6 +16,7 @@ use crate::store::StoreCache;
 
 /// Whether an input is read as a (Geo)TIFF scene rather than a whole image.
 pub fn is_tiff(uri: &str) -> bool {
+    // Band-file scenes are named `<prefix>{B4,B3,B2}<rest>`, so the same test holds.
     let lower = uri.to_ascii_lowercase();
     lower.ends_with(".tif") || lower.ends_with(".tiff")
 }
@@ -36,31 +37,77 @@ pub struct SceneContext {
     pub limits: TiffLimits,
 }
 
-/// Reads every chip of a scene into `tx`; a failure becomes one error row for
-/// the input, after the chips read before it.
-pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::Sender<Item>) {
-    let uri = input.uri.clone();
-    let loc = match ctx.stores.location(&uri) {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = tx
-                .send(Err(input_error(&input, ErrorStage::Fetch, &e)))
-                .await;
-            return;
-        }
-    };
+type OpenError = (ErrorStage, Box<dyn std::error::Error + Send + Sync>);
+
+async fn open_single(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, OpenError> {
+    let loc = ctx
+        .stores
+        .location(&input.uri)
+        .map_err(|e| (ErrorStage::Fetch, Box::new(e) as _))?;
     let reader = Arc::new(StoreRange::new(
         loc.store.clone(),
         loc.prefix.clone(),
         input.size,
         ctx.counters.bytes_read.clone(),
     ));
-    let scene = match Scene::open(reader, &ctx.tiling, ctx.scale, ctx.limits.clone(), &uri).await {
+    Scene::open(
+        reader,
+        &ctx.tiling,
+        ctx.scale,
+        ctx.limits.clone(),
+        &input.uri,
+    )
+    .await
+    .map_err(|e| (ErrorStage::Decode, Box::new(e) as _))
+}
+
+async fn open_band_files(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, OpenError> {
+    let want = ctx.tiling.band_files.clone().unwrap_or_default();
+    let missing: Vec<&String> = want
+        .iter()
+        .filter(|s| !input.parts.iter().any(|p| &p.suffix == *s))
+        .collect();
+    if !missing.is_empty() {
+        let e = std::io::Error::other(format!("missing band file(s) for {missing:?}"));
+        return Err((ErrorStage::Fetch, Box::new(e)));
+    }
+    let mut readers = Vec::new();
+    for p in &input.parts {
+        let loc = ctx
+            .stores
+            .location(&p.uri)
+            .map_err(|e| (ErrorStage::Fetch, Box::new(e) as _))?;
+        let r: Arc<dyn crate::raster::tiff::RangeRead> = Arc::new(StoreRange::new(
+            loc.store.clone(),
+            loc.prefix.clone(),
+            p.size,
+            ctx.counters.bytes_read.clone(),
+        ));
+        readers.push((p.uri.clone(), r));
+    }
+    Scene::open_band_files(
+        readers,
+        &ctx.tiling,
+        ctx.scale,
+        ctx.limits.clone(),
+        &input.uri,
+    )
+    .await
+    .map_err(|e| (ErrorStage::Decode, Box::new(e) as _))
+}
+
+/// Reads every chip of a scene into `tx`; a failure becomes one error row for
+/// the input, after the chips read before it.
+pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::Sender<Item>) {
+    let opened = if input.parts.is_empty() {
+        open_single(&ctx, &input).await
+    } else {
+        open_band_files(&ctx, &input).await
+    };
+    let scene = match opened {
         Ok(s) => s,
-        Err(e) => {
-            let _ = tx
-                .send(Err(input_error(&input, ErrorStage::Decode, &e)))
-                .await;
+        Err((stage, e)) => {
+            let _ = tx.send(Err(input_error(&input, stage, &*e))).await;
             return;
         }
     };

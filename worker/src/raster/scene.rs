@@ -78,6 +78,14 @@ pub enum SceneError {
     /// The TIFF reader refused it.
     #[error(transparent)]
     Tiff(#[from] TiffError),
+    /// Band files whose grids do not line up.
+    #[error("band file {uri}: {reason}")]
+    Misaligned {
+        /// The file at fault.
+        uri: String,
+        /// How it differs.
+        reason: String,
+    },
     /// `--bands` names a band the raster lacks.
     #[error("--bands {asked:?} but the raster has {bands} band(s)")]
     NoSuchBand {
@@ -103,10 +111,21 @@ pub struct SceneChip {
     pub rgb: Rgb8,
 }
 
-/// An opened scene: header, bands, stretch and georeferencing, read once per task.
-pub struct Scene {
+/// One file of a scene and the channels it provides.
+struct Source {
     tiff: TiffFile,
+    /// 0-based bands of this file, in channel order.
     bands: Vec<usize>,
+    /// How many pixels of the scene grid one pixel of this file covers per axis
+    /// (1 for the finest file; band files on a coarser grid are upsampled).
+    factor: u32,
+}
+
+/// An opened scene: headers, bands, stretch and georeferencing, read once per task.
+pub struct Scene {
+    sources: Vec<Source>,
+    width: u32,
+    height: u32,
     stretch: Stretch,
     geo: Option<(GeoTransform, Crs, Projector)>,
     /// The chip grid; `None` for a whole-image chip (plain TIFFs and rasters no larger than a chip).
@@ -118,6 +137,28 @@ pub struct Scene {
 /// Samples taken per band for `--scale auto` when the scene has no overview.
 const STRETCH_WINDOWS: u32 = 4;
 
+/// Georeferencing of one file, with warnings for what cannot be used.
+struct FileGeo {
+    gt: Option<GeoTransform>,
+    crs: Option<Crs>,
+}
+
+fn file_geo(tiff: &TiffFile, uri: &str) -> FileGeo {
+    let tags = tiff.geo_tags();
+    let keys = geo::parse_geokeys(tags).unwrap_or_else(|e| {
+        tracing::warn!(uri, cause = %e, "bad GeoKey directory; no footprints for this scene");
+        None
+    });
+    let gt = geo::geotransform(tags, keys.as_ref()).unwrap_or_else(|e| {
+        tracing::warn!(uri, cause = %e, "bad georeferencing tags; no footprints for this scene");
+        None
+    });
+    let crs = keys
+        .as_ref()
+        .and_then(|k| geo::crs_from_geokeys(k).ok().flatten());
+    FileGeo { gt, crs }
+}
+
 impl Scene {
     /// Reads the header, decides bands, georeferencing, grid and stretch.
     pub async fn open(
@@ -128,24 +169,104 @@ impl Scene {
         uri: &str,
     ) -> Result<Scene, SceneError> {
         let tiff = TiffFile::open(reader, limits).await?;
-        let info = tiff.image().clone();
-        let bands = select_bands(&tiling.bands, info.bands)?;
+        let bands = select_bands(&tiling.bands, tiff.image().bands)?;
+        let g = file_geo(&tiff, uri);
+        let sources = vec![Source {
+            tiff,
+            bands,
+            factor: 1,
+        }];
+        Scene::assemble(sources, g, tiling, scale, uri).await
+    }
 
-        let tags = tiff.geo_tags().clone();
-        let keys = geo::parse_geokeys(&tags).unwrap_or_else(|e| {
-            tracing::warn!(uri, cause = %e, "bad GeoKey directory; no footprints for this scene");
-            None
-        });
-        let gt = geo::geotransform(&tags, keys.as_ref()).unwrap_or_else(|e| {
-            tracing::warn!(uri, cause = %e, "bad georeferencing tags; no footprints for this scene");
-            None
-        });
-        let crs = keys
-            .as_ref()
-            .and_then(|k| geo::crs_from_geokeys(k).ok().flatten());
-        let crs_label = crs.as_ref().map(Crs::label);
-        let georeferenced = gt.is_some();
-        let geo = match (gt, crs) {
+    /// A scene stored one file per band (`--band-files`), files in channel order.
+    ///
+    /// The finest grid is the scene's; a file on a coarser grid must line up with
+    /// it (same CRS, same origin, an integer multiple of its pixel size) and is
+    /// upsampled by nearest neighbour. Anything else is an error for the scene.
+    pub async fn open_band_files(
+        readers: Vec<(String, Arc<dyn RangeRead>)>,
+        tiling: &TilingSpec,
+        scale: ScaleSpec,
+        limits: TiffLimits,
+        uri: &str,
+    ) -> Result<Scene, SceneError> {
+        let mut files = Vec::new();
+        for (file_uri, r) in readers {
+            let tiff = TiffFile::open(r, limits.clone()).await?;
+            let g = file_geo(&tiff, &file_uri);
+            files.push((file_uri, tiff, g));
+        }
+        let finest = files
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (_, _, g))| g.gt.as_ref().map(|gt| (i, gt.0[1].abs())))
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .map(|(i, _)| i)
+            .unwrap_or(0);
+        let base_gt = files[finest].2.gt.as_ref().map(|g| g.0);
+        let base_crs = files[finest].2.crs.as_ref().map(Crs::label);
+        let mut factors = Vec::with_capacity(files.len());
+        for (file_uri, _, g) in &files {
+            let factor = match (base_gt, g.gt.as_ref().map(|g| g.0)) {
+                (None, None) => 1,
+                (Some(b), Some(f)) => {
+                    if g.crs.as_ref().map(Crs::label) != base_crs {
+                        return Err(SceneError::Misaligned {
+                            uri: file_uri.clone(),
+                            reason: "its CRS differs from the finest band's".into(),
+                        });
+                    }
+                    grid_factor(&b, &f).ok_or_else(|| SceneError::Misaligned {
+                        uri: file_uri.clone(),
+                        reason: format!(
+                            "its grid (geotransform {f:?}) does not line up with the finest band's ({b:?})"
+                        ),
+                    })?
+                }
+                _ => {
+                    return Err(SceneError::Misaligned {
+                        uri: file_uri.clone(),
+                        reason: "only some band files are georeferenced".into(),
+                    })
+                }
+            };
+            factors.push(factor);
+        }
+        let mut g = None;
+        let mut srcs = Vec::new();
+        for (i, ((_, tiff, fg), factor)) in files.into_iter().zip(factors).enumerate() {
+            if i == finest {
+                g = Some(fg);
+            }
+            // A band file contributes its first band (or band 1 replicated).
+            srcs.push(Source {
+                tiff,
+                bands: vec![0],
+                factor,
+            });
+        }
+        let g = g.expect("the finest file is one of the files");
+        Scene::assemble(srcs, g, tiling, scale, uri).await
+    }
+
+    async fn assemble(
+        sources: Vec<Source>,
+        g: FileGeo,
+        tiling: &TilingSpec,
+        scale: ScaleSpec,
+        uri: &str,
+    ) -> Result<Scene, SceneError> {
+        let info = sources
+            .iter()
+            .find(|s| s.factor == 1)
+            .unwrap_or(&sources[0])
+            .tiff
+            .image()
+            .clone();
+        let crs_label = g.crs.as_ref().map(Crs::label);
+        let georeferenced = g.gt.is_some();
+        let geo = match (g.gt, g.crs) {
             (Some(gt), Some(crs)) => match Projector::new(&crs) {
                 Ok(p) => Some((gt, crs, p)),
                 Err(e) => {
@@ -162,65 +283,70 @@ impl Scene {
             }
             _ => None,
         };
-        // Only rasters without a geotransform, or no larger than a chip, are whole-image chips.
-        let whole =
-            !georeferenced || (info.width <= tiling.chip_size && info.height <= tiling.chip_size);
-        let grid = (!whole).then_some(ChipGrid {
+        let all_u8 = sources
+            .iter()
+            .all(|s| s.tiff.image().sample_type == SampleType::U8);
+        let mut scene = Scene {
+            sources,
             width: info.width,
             height: info.height,
-            chip: tiling.chip_size,
-            stride: tiling.stride,
-        });
-        let mut scene = Scene {
-            tiff,
-            bands,
             stretch: Stretch::identity(3),
             geo,
-            grid,
+            grid: layout(info.width, info.height, georeferenced, tiling),
             crs_label,
         };
         scene.stretch = match scale {
             ScaleSpec::None => Stretch::identity(3),
             ScaleSpec::Range(lo, hi) => Stretch::uniform(3, lo, hi),
-            ScaleSpec::Auto if info.sample_type == SampleType::U8 => Stretch::identity(3),
+            ScaleSpec::Auto if all_u8 => Stretch::identity(3),
             ScaleSpec::Auto => scene.scene_stretch().await?,
         };
         Ok(scene)
     }
 
-    /// Scene-level percentiles from the smallest overview, or from a few
-    /// windows spread over the image when there is none.
+    /// Scene-level percentiles, per source from its smallest overview with
+    /// enough pixels, or from a few windows spread over it when it has none.
     async fn scene_stretch(&self) -> Result<Stretch, SceneError> {
-        let mut samples = vec![Vec::new(); self.bands.len()];
-        let ovs = self.tiff.overviews();
-        // The smallest overview that still has enough pixels for stable
-        // percentiles; COGs end their pyramids at a few dozen pixels.
+        if self.sources.len() > 1 {
+            // Band files may sit on different grids: sample on the scene's own,
+            // so a scene stretches the same whichever way its bands are stored.
+            let mut samples = vec![Vec::new(); 3];
+            for (x, y, side) in stretch_windows(self.width, self.height) {
+                let w = self
+                    .read(Window {
+                        x: x as i32,
+                        y: y as i32,
+                        width: side as i32,
+                        height: side as i32,
+                    })
+                    .await?;
+                take_valid(&mut samples, &w);
+            }
+            return Ok(percentile_stretch(samples));
+        }
+        let src = &self.sources[0];
+        let mut samples = vec![Vec::new(); src.bands.len()];
+        let ovs = src.tiff.overviews();
+        // COG pyramids end at a few dozen pixels: too few for stable percentiles.
         let pick = ovs
             .iter()
             .enumerate()
             .rev()
             .find(|(_, o)| u64::from(o.width) * u64::from(o.height) >= 256 * 256);
         if let Some((i, ov)) = pick {
-            let w = self
+            let w = src
                 .tiff
-                .read_window(i + 1, 0, 0, ov.width, ov.height, &self.bands)
+                .read_window(i + 1, 0, 0, ov.width, ov.height, &src.bands)
                 .await?;
             take_valid(&mut samples, &w);
         } else {
-            let info = self.tiff.image();
-            let side = 256u32.min(info.width).min(info.height).max(1);
-            for j in 0..STRETCH_WINDOWS {
-                for i in 0..STRETCH_WINDOWS {
-                    let x =
-                        (info.width - side) as u64 * u64::from(i) / u64::from(STRETCH_WINDOWS - 1);
-                    let y =
-                        (info.height - side) as u64 * u64::from(j) / u64::from(STRETCH_WINDOWS - 1);
-                    let w = self
-                        .tiff
-                        .read_window(0, x as i64, y as i64, side, side, &self.bands)
-                        .await?;
-                    take_valid(&mut samples, &w);
-                }
+            let info = src.tiff.image();
+            for (x, y, side) in stretch_windows(info.width, info.height) {
+                let w = src
+                    .tiff
+                    .read_window(0, x.into(), y.into(), side, side, &src.bands)
+                    .await?;
+                take_valid(&mut samples, &w);
             }
         }
         Ok(percentile_stretch(samples))
@@ -231,16 +357,60 @@ impl Scene {
         match (&self.grid, block) {
             (Some(g), Some(b)) => g.block_windows(b),
             (Some(g), None) => g.windows(0..g.rows()).collect(),
-            (None, _) => {
-                let info = self.tiff.image();
-                vec![Window {
-                    x: 0,
-                    y: 0,
-                    width: info.width as i32,
-                    height: info.height as i32,
-                }]
+            (None, _) => vec![Window {
+                x: 0,
+                y: 0,
+                width: self.width as i32,
+                height: self.height as i32,
+            }],
+        }
+    }
+
+    /// Reads a window of every source onto the scene grid: 3 channels, valid
+    /// where any source has a real pixel (a pixel is nodata only when every band is).
+    async fn read(&self, win: Window) -> Result<WindowData, SceneError> {
+        let (w, h) = (win.width as u32, win.height as u32);
+        if let [only] = self.sources.as_slice() {
+            return Ok(only
+                .tiff
+                .read_window(0, win.x.into(), win.y.into(), w, h, &only.bands)
+                .await?);
+        }
+        let n = (w * h) as usize;
+        let mut values = Vec::with_capacity(3 * n);
+        let mut valid = vec![false; n];
+        for src in &self.sources {
+            let f = i64::from(src.factor);
+            let (x0, y0) = (
+                i64::from(win.x).div_euclid(f),
+                i64::from(win.y).div_euclid(f),
+            );
+            let x1 = (i64::from(win.x) + i64::from(w) + f - 1).div_euclid(f);
+            let y1 = (i64::from(win.y) + i64::from(h) + f - 1).div_euclid(f);
+            let (cw, ch) = ((x1 - x0) as u32, (y1 - y0) as u32);
+            let c = src.tiff.read_window(0, x0, y0, cw, ch, &src.bands).await?;
+            let cn = (cw * ch) as usize;
+            for b in 0..src.bands.len() {
+                for j in 0..h as i64 {
+                    let cy = (i64::from(win.y) + j).div_euclid(f) - y0;
+                    for i in 0..w as i64 {
+                        let cx = (i64::from(win.x) + i).div_euclid(f) - x0;
+                        let k = (cy * i64::from(cw) + cx) as usize;
+                        values.push(c.values[b * cn + k]);
+                        if c.valid[k] {
+                            valid[(j * i64::from(w) + i) as usize] = true;
+                        }
+                    }
+                }
             }
         }
+        Ok(WindowData {
+            width: w,
+            height: h,
+            bands: 3,
+            values,
+            valid,
+        })
     }
 
     /// Reads one chip; `None` when its valid fraction is below `min_valid`
@@ -250,49 +420,37 @@ impl Scene {
         window: Window,
         min_valid: Option<f32>,
     ) -> Result<Option<SceneChip>, SceneError> {
-        {
-            let w = self
-                .tiff
-                .read_window(
-                    0,
-                    window.x.into(),
-                    window.y.into(),
-                    window.width as u32,
-                    window.height as u32,
-                    &self.bands,
-                )
-                .await?;
-            let valid = w.valid.iter().filter(|v| **v).count();
-            let valid_fraction = valid as f32 / w.valid.len().max(1) as f32;
-            let keep = match min_valid {
-                Some(m) => valid > 0 && valid_fraction >= m,
-                None => valid > 0,
-            };
-            if !keep {
-                return Ok(None);
-            }
-            let footprint = self.geo.as_ref().and_then(|(gt, _, p)| {
-                p.footprint(
-                    gt,
-                    window.x.into(),
-                    window.y.into(),
-                    window.width.into(),
-                    window.height.into(),
-                )
-                .map(|f| Footprint {
-                    wkb: f.wkb,
-                    bbox: f.bbox,
-                    centre: f.centre,
-                })
-            });
-            Ok(Some(SceneChip {
-                window,
-                valid_fraction,
-                crs: self.crs_label.clone(),
-                footprint,
-                rgb: self.to_rgb8(&w),
-            }))
+        let w = self.read(window).await?;
+        let valid = w.valid.iter().filter(|v| **v).count();
+        let valid_fraction = valid as f32 / w.valid.len().max(1) as f32;
+        let keep = match min_valid {
+            Some(m) => valid > 0 && valid_fraction >= m,
+            None => valid > 0,
+        };
+        if !keep {
+            return Ok(None);
         }
+        let footprint = self.geo.as_ref().and_then(|(gt, _, p)| {
+            p.footprint(
+                gt,
+                window.x.into(),
+                window.y.into(),
+                window.width.into(),
+                window.height.into(),
+            )
+            .map(|f| Footprint {
+                wkb: f.wkb,
+                bbox: f.bbox,
+                centre: f.centre,
+            })
+        });
+        Ok(Some(SceneChip {
+            window,
+            valid_fraction,
+            crs: self.crs_label.clone(),
+            footprint,
+            rgb: self.to_rgb8(&w),
+        }))
     }
 
     fn to_rgb8(&self, w: &WindowData) -> Rgb8 {
@@ -312,6 +470,25 @@ impl Scene {
             data,
         }
     }
+}
+
+/// The integer factor by which grid `f` is coarser than grid `b`, when `f`
+/// lines up with `b`: no rotation, the same origin, pixel sizes k times `b`'s.
+fn grid_factor(b: &[f64; 6], f: &[f64; 6]) -> Option<u32> {
+    let tol = b[1].abs() * 1e-6;
+    if b[2] != 0.0 || b[4] != 0.0 || f[2] != 0.0 || f[4] != 0.0 {
+        return None;
+    }
+    if (b[0] - f[0]).abs() > tol || (b[3] - f[3]).abs() > tol {
+        return None;
+    }
+    let kx = f[1] / b[1];
+    let ky = f[5] / b[5];
+    let k = kx.round();
+    if k < 1.0 || (kx - k).abs() > 1e-6 || (ky - k).abs() > 1e-6 {
+        return None;
+    }
+    Some(k as u32)
 }
 
 /// The chip grid of a raster, or `None` when it is one whole-image chip: a
@@ -340,6 +517,22 @@ pub async fn plan_grid(
     let keys = geo::parse_geokeys(tags).ok().flatten();
     let georeferenced = matches!(geo::geotransform(tags, keys.as_ref()), Ok(Some(_)));
     Ok(layout(info.width, info.height, georeferenced, tiling))
+}
+
+/// The windows (x, y, side) a raster without a usable overview is sampled at
+/// for `--scale auto`: a grid of up to 256-pixel squares spread over it.
+fn stretch_windows(width: u32, height: u32) -> Vec<(u32, u32, u32)> {
+    let side = 256u32.min(width).min(height).max(1);
+    let n = u64::from(STRETCH_WINDOWS - 1);
+    let mut out = Vec::new();
+    for j in 0..STRETCH_WINDOWS {
+        for i in 0..STRETCH_WINDOWS {
+            let x = u64::from(width.saturating_sub(side)) * u64::from(i) / n;
+            let y = u64::from(height.saturating_sub(side)) * u64::from(j) / n;
+            out.push((x as u32, y as u32, side));
+        }
+    }
+    out
 }
 
 /// Appends the valid, non-NaN samples of each band of `w`.

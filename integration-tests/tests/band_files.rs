@@ -1,0 +1,206 @@
+//! Scenes stored one file per band (`--band-files`), checked against a
+//! composite GDAL builds from the same files.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use rsembed_integration_tests::*;
+use serde_json::Value;
+
+fn landsat_dir() -> Option<PathBuf> {
+    let d = shared_data()?.join("geotiff/rio-pansharpen/LC81070352015122LGN00");
+    d.is_dir().then_some(d)
+}
+
+fn gdal(args: &[&str]) {
+    let st = Command::new(args[0])
+        .args(&args[1..])
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{} runs (GDAL is installed by scripts/setup-test-env.sh): {e}",
+                args[0]
+            )
+        });
+    assert!(st.success(), "{args:?}");
+}
+
+fn rows(out: &Path) -> Vec<Value> {
+    duckdb(&format!(
+        "SELECT x, y, valid_fraction, crs, hex(geometry::BLOB), embedding::FLOAT[] \
+         FROM '{}/chips/*.parquet' ORDER BY y, x",
+        out.display()
+    ))
+    .as_array()
+    .unwrap()
+    .clone()
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// Same chips, footprints and (to float rounding) embeddings.
+fn assert_same(a: &[Value], b: &[Value], min_cos: f64) {
+    assert_eq!(a.len(), b.len());
+    for (x, y) in a.iter().zip(b) {
+        assert_eq!(x.as_array().unwrap()[..5], y.as_array().unwrap()[..5]);
+        let c = cosine(&floats(&x[5]), &floats(&y[5]));
+        assert!(c >= min_cos, "cosine {c}");
+    }
+}
+
+fn band(dir: &Path, b: &str) -> String {
+    dir.join(format!("LC81070352015122LGN00_{b}.tif"))
+        .display()
+        .to_string()
+}
+
+#[test]
+fn band_files_equal_a_gdal_composite() {
+    let Some(dir) = landsat_dir() else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("bands");
+    let o = run(run_cmd(&dir, &out, &tiny_model()).args(["--band-files", "B4,B3,B2"]));
+    assert_eq!(o.status.code(), Some(0));
+    let ours = rows(&out);
+    assert!(!ours.is_empty());
+    let uri = duckdb(&format!(
+        "SELECT DISTINCT source_uri FROM '{}/chips/*.parquet'",
+        out.display()
+    ));
+    assert_eq!(uri.as_array().unwrap().len(), 1, "three files, one scene");
+    assert!(uri[0][0]
+        .as_str()
+        .unwrap()
+        .ends_with("LC81070352015122LGN00_{B4,B3,B2}.tif"));
+
+    let comp = tmp.path().join("comp");
+    std::fs::create_dir_all(&comp).unwrap();
+    let vrt = tmp.path().join("rgb.vrt").display().to_string();
+    let tif = comp.join("rgb.tif").display().to_string();
+    gdal(&[
+        "gdalbuildvrt",
+        "-q",
+        "-separate",
+        &vrt,
+        &band(&dir, "B4"),
+        &band(&dir, "B3"),
+        &band(&dir, "B2"),
+    ]);
+    gdal(&["gdal_translate", "-q", "-co", "TILED=YES", &vrt, &tif]);
+    let cout = tmp.path().join("comp-out");
+    assert_eq!(
+        run(&mut run_cmd(Path::new(&tif), &cout, &tiny_model()))
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_same(&ours, &rows(&cout), 0.99999);
+}
+
+#[test]
+fn a_coarser_band_is_upsampled_onto_the_finest_grid() {
+    let Some(dir) = landsat_dir() else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let scene = tmp.path().join("scene");
+    std::fs::create_dir_all(&scene).unwrap();
+    for b in ["B4", "B2"] {
+        std::fs::copy(band(&dir, b), band(&scene, b)).unwrap();
+    }
+    // B3 at twice the pixel size over the same extent: the grids line up.
+    gdal(&[
+        "gdal_translate",
+        "-q",
+        "-r",
+        "average",
+        "-outsize",
+        "775",
+        "789",
+        &band(&dir, "B3"),
+        &band(&scene, "B3"),
+    ]);
+    let out = tmp.path().join("out");
+    let o = run(run_cmd(&scene, &out, &tiny_model()).args(["--band-files", "B4,B3,B2"]));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "a coarser band that lines up is resampled"
+    );
+    let ours = rows(&out);
+
+    // GDAL's nearest-neighbour composite at the finest resolution is the reference.
+    let comp = tmp.path().join("comp");
+    std::fs::create_dir_all(&comp).unwrap();
+    let vrt = tmp.path().join("rgb.vrt").display().to_string();
+    let tif = comp.join("rgb.tif").display().to_string();
+    gdal(&[
+        "gdalbuildvrt",
+        "-q",
+        "-separate",
+        "-resolution",
+        "highest",
+        "-r",
+        "nearest",
+        &vrt,
+        &band(&scene, "B4"),
+        &band(&scene, "B3"),
+        &band(&scene, "B2"),
+    ]);
+    gdal(&["gdal_translate", "-q", "-co", "TILED=YES", &vrt, &tif]);
+    let cout = tmp.path().join("comp-out");
+    assert_eq!(
+        run(&mut run_cmd(Path::new(&tif), &cout, &tiny_model()))
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_same(&ours, &rows(&cout), 0.9999);
+}
+
+#[test]
+fn misaligned_band_files_are_an_error_for_the_scene() {
+    let Some(dir) = landsat_dir() else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let scene = tmp.path().join("scene");
+    std::fs::create_dir_all(&scene).unwrap();
+    for b in ["B4", "B3"] {
+        std::fs::copy(band(&dir, b), band(&scene, b)).unwrap();
+    }
+    // Shift B2 by a third of a pixel.
+    gdal(&[
+        "gdal_translate",
+        "-q",
+        "-a_ullr",
+        "300935",
+        "4106965",
+        "533465",
+        "3870235",
+        &band(&dir, "B2"),
+        &band(&scene, "B2"),
+    ]);
+    let out = tmp.path().join("out");
+    let o = run(run_cmd(&scene, &out, &tiny_model()).args(["--band-files", "B4,B3,B2"]));
+    assert_eq!(o.status.code(), Some(3));
+    let errors = duckdb(&format!(
+        "SELECT source_uri, error FROM '{}/errors/*.parquet'",
+        out.display()
+    ));
+    let e = errors[0][1].as_str().unwrap();
+    assert!(e.contains("does not line up"), "{e}");
+    assert!(e.contains("_B2.tif"), "names the file: {e}");
+}
