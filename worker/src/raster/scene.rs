@@ -78,6 +78,9 @@ pub enum SceneError {
     /// The TIFF reader refused it.
     #[error(transparent)]
     Tiff(#[from] TiffError),
+    /// The GeoKey directory is malformed.
+    #[error("bad GeoKey directory: {0}")]
+    GeoKeys(#[source] geo::GeoError),
     /// Band files whose grids do not line up.
     #[error("band file {uri}: {reason}")]
     Misaligned {
@@ -143,12 +146,12 @@ struct FileGeo {
     crs: Option<Crs>,
 }
 
-fn file_geo(tiff: &TiffFile, uri: &str) -> FileGeo {
+/// A structurally broken GeoKey directory fails the scene: its georeferencing
+/// cannot be trusted, and footprints from it would be worse than none. Keys that
+/// are valid but name a CRS we cannot rebuild only null `crs` and `geometry`.
+fn file_geo(tiff: &TiffFile, uri: &str) -> Result<FileGeo, SceneError> {
     let tags = tiff.geo_tags();
-    let keys = geo::parse_geokeys(tags).unwrap_or_else(|e| {
-        tracing::warn!(uri, cause = %e, "bad GeoKey directory; no footprints for this scene");
-        None
-    });
+    let keys = geo::parse_geokeys(tags).map_err(SceneError::GeoKeys)?;
     let gt = geo::geotransform(tags, keys.as_ref()).unwrap_or_else(|e| {
         tracing::warn!(uri, cause = %e, "bad georeferencing tags; no footprints for this scene");
         None
@@ -156,7 +159,7 @@ fn file_geo(tiff: &TiffFile, uri: &str) -> FileGeo {
     let crs = keys
         .as_ref()
         .and_then(|k| geo::crs_from_geokeys(k).ok().flatten());
-    FileGeo { gt, crs }
+    Ok(FileGeo { gt, crs })
 }
 
 impl Scene {
@@ -170,7 +173,7 @@ impl Scene {
     ) -> Result<Scene, SceneError> {
         let tiff = TiffFile::open(reader, limits).await?;
         let bands = select_bands(&tiling.bands, tiff.image().bands)?;
-        let g = file_geo(&tiff, uri);
+        let g = file_geo(&tiff, uri)?;
         let sources = vec![Source {
             tiff,
             bands,
@@ -194,7 +197,7 @@ impl Scene {
         let mut files = Vec::new();
         for (file_uri, r) in readers {
             let tiff = TiffFile::open(r, limits.clone()).await?;
-            let g = file_geo(&tiff, &file_uri);
+            let g = file_geo(&tiff, &file_uri)?;
             files.push((file_uri, tiff, g));
         }
         let finest = files
