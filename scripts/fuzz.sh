@@ -82,7 +82,8 @@ for t in "${targets[@]}"; do
         if ! cargo fuzz run "${build_flags[@]}" "$t" "$reg"/* -- "${common_opts[@]}" \
             $(target_opts "$t") >"$log.regressions" 2>&1; then
             tail -n 60 "$log.regressions"
-            echo "fuzz: $t: REGRESSION: an input under $reg crashes again (log: $log.regressions)" >&2
+            last=$(grep -oE 'Running: .+' "$log.regressions" | tail -n 1 | cut -d' ' -f2-)
+            echo "fuzz: $t: REGRESSION: ${last:-an input under $reg} crashes again (log: $log.regressions)" >&2
             failed+=("$t")
             continue
         fi
@@ -96,7 +97,7 @@ for t in "${targets[@]}"; do
         -max_total_time="$secs" "${common_opts[@]}" $(target_opts "$t") >"$log" 2>&1
     rc=$?
     set -e
-    grep -E '^(stat::|#[0-9]+ +DONE)' "$log" || true
+    grep -E '^(stat::|#[0-9]+[[:space:]]+DONE)' "$log" || true
     if [ "$rc" -ne 0 ]; then
         tail -n 80 "$log"
         inputs=$(grep -oE '(Test unit written to|artifact written to) [^ ]+' "$log" | awk '{print $NF}' | sort -u)

@@ -7,6 +7,7 @@ scripts/setup-test-env.sh
 export ORT_DYLIB_PATH="$PWD/.cache/ort/libonnxruntime.so.1.31.1"
 export RSEMBED_TEST_PYTHON="$PWD/.cache/venv/bin/python"
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
 cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 log=.cache/test-output.log
@@ -14,8 +15,17 @@ set +e
 cargo test --workspace 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
+# Bounded fuzzing of the TIFF reader (about 60 s a target, after a long
+# instrumented build): in CI, or when asked for with RSEMBED_FUZZ=1.
+fuzz_status=0
+if [[ "${CI:-}" == "true" || "${RSEMBED_FUZZ:-0}" == "1" ]]; then
+  scripts/fuzz.sh "${FUZZ_SECONDS:-60}" || fuzz_status=$?
+fi
 # One closing line for the whole suite; cargo's own last line is the last
 # crate's doc-tests, which has none.
 awk '/^test result:/ { p += $4; f += $6; i += $8 }
      END { printf "rsembed: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+if [[ "$status" -eq 0 && "$fuzz_status" -ne 0 ]]; then
+  status=$fuzz_status
+fi
 exit "$status"

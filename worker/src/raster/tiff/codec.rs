@@ -211,7 +211,20 @@ fn fit(
     Ok(pix[..n].to_vec())
 }
 
+/// JPEG and WebP decode to one byte per sample; a block of any other depth (a
+/// 1-bit mask, 16-bit data) would decode to a different size than the block
+/// holds, so it is refused before the decoder allocates from its own header.
+fn require_8bit(ctx: &BlockCtx, codec: &str) -> Result<(), TiffError> {
+    if ctx.expected != ctx.width as usize * ctx.rows as usize * ctx.samples {
+        return Err(TiffError::Unsupported(format!(
+            "{codec} blocks need 8-bit samples"
+        )));
+    }
+    Ok(())
+}
+
 fn jpeg(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    require_8bit(ctx, "JPEG")?;
     use zune_core::colorspace::ColorSpace;
     use zune_core::options::DecoderOptions;
     // JPEGTables holds the shared quantisation/Huffman tables as an
@@ -289,12 +302,17 @@ impl std::fmt::Display for JpegErr {
 impl std::error::Error for JpegErr {}
 
 fn webp(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    require_8bit(ctx, "WebP")?;
     let mut dec = image_webp::WebPDecoder::new(std::io::Cursor::new(input))
         .map_err(|e| err("WebP", ctx.block, e))?;
     let (w, h) = dec.dimensions();
     let ch = if dec.has_alpha() { 4 } else { 3 };
-    if w != ctx.width || h < ctx.rows || h as u64 > ctx.rows as u64 + 16 {
-        return Err(size_err(ctx, "WebP", format!("WebP image is {w}x{h}")));
+    if w != ctx.width || h < ctx.rows || h as u64 > ctx.rows as u64 + 16 || ch != ctx.samples {
+        return Err(size_err(
+            ctx,
+            "WebP",
+            format!("WebP image is {w}x{h} with {ch} channels"),
+        ));
     }
     dec.set_memory_limit(ctx.expected.saturating_mul(2).max(1 << 20));
     let mut pix = vec![0u8; w as usize * h as usize * ch];
