@@ -62,6 +62,7 @@ impl Source {
 }
 
 /// A block to fetch: which level (data or mask), its index and byte range.
+#[derive(Clone)]
 pub(crate) struct Want {
     pub(crate) mask: bool,
     pub(crate) index: usize,

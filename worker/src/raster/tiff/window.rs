@@ -1,5 +1,6 @@
 //! Window reads: block selection, coalesced fetching, decoding and assembly.
 
+use super::cache::Block;
 use super::codec::{self, BlockCtx};
 use super::fetch::{fetch, Want};
 use super::layout::{Kind, Level};
@@ -88,17 +89,46 @@ pub(crate) async fn read(
     if let Some(m) = mask {
         blocks(m, clip, &[0], true, &mut wants);
     }
-    let fetched = fetch(f, &mut wants).await?;
+    // Blocks other windows of this file already decoded are not fetched again.
+    // Taken out of the cache now, so the blocks this read adds cannot evict
+    // ones it is about to use.
+    let key = |w: &Want| (level, w.mask, w.index);
+    let mut decoded: std::collections::HashMap<(usize, bool, usize), Block> =
+        std::collections::HashMap::with_capacity(wants.len());
+    let mut missing: Vec<Want> = Vec::new();
+    for w in &wants {
+        match f.cache.get(&key(w)) {
+            Some(b) => {
+                decoded.insert(key(w), b);
+            }
+            None => missing.push(w.clone()),
+        }
+    }
+    let fetched = fetch(f, &mut missing).await?;
+    for (want, data) in missing.iter().zip(&fetched) {
+        let l = if want.mask { mask.unwrap_or(lv) } else { lv };
+        let (_, by, _) = position(l, want.index);
+        let rows = l.block_rows(by);
+        let buf = match data {
+            Some(d) => Some(std::sync::Arc::new(decode_block(
+                f, l, want.index, rows, d,
+            )?)),
+            None => None,
+        };
+        f.cache.put(key(want), buf.clone());
+        decoded.insert(key(want), buf);
+    }
 
     let origin = (x, y, w as usize);
-    for (want, data) in wants.iter().zip(&fetched) {
+    for want in wants.iter() {
         let l = if want.mask { mask.unwrap_or(lv) } else { lv };
         let (bx, by, plane) = position(l, want.index);
         let rows = l.block_rows(by);
-        let buf = match data {
-            Some(d) => Some(decode_block(f, l, want.index, rows, d)?),
-            None => None,
-        };
+        let buf = decoded
+            .get(&key(want))
+            .expect("every wanted block was cached or fetched: this is a bug")
+            .as_ref()
+            .map(|v| v.as_slice());
         let bw = l.info.block_width as u64;
         let bh = l.info.block_height as u64;
         let r0 = (by * bh).max(clip.y0);
@@ -108,7 +138,7 @@ pub(crate) async fn read(
         if want.mask {
             mask_into(
                 l,
-                buf.as_deref(),
+                buf,
                 (bx * bw, by * bh),
                 (r0, r1, c0, c1),
                 origin,
@@ -125,7 +155,7 @@ pub(crate) async fn read(
             copy_band(
                 f,
                 l,
-                buf.as_deref(),
+                buf,
                 (bx * bw, by * bh),
                 sample,
                 (r0, r1, c0, c1),
