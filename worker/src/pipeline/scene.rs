@@ -39,17 +39,26 @@ pub struct SceneContext {
 
 type OpenError = (ErrorStage, Box<dyn std::error::Error + Send + Sync>);
 
-async fn open_single(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, OpenError> {
+/// A counted range reader of one object.
+fn reader(
+    ctx: &SceneContext,
+    uri: &str,
+    size: u64,
+) -> Result<Arc<dyn crate::raster::tiff::RangeRead>, OpenError> {
     let loc = ctx
         .stores
-        .location(&input.uri)
+        .location(uri)
         .map_err(|e| (ErrorStage::Fetch, Box::new(e) as _))?;
-    let reader = Arc::new(StoreRange::new(
+    Ok(Arc::new(StoreRange::new(
         loc.store.clone(),
         loc.prefix.clone(),
-        input.size,
+        size,
         ctx.counters.bytes_read.clone(),
-    ));
+    )))
+}
+
+async fn open_single(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, OpenError> {
+    let reader = reader(ctx, &input.uri, input.size)?;
     Scene::open(
         reader,
         &ctx.tiling,
@@ -73,17 +82,7 @@ async fn open_band_files(ctx: &SceneContext, input: &TaskInput) -> Result<Scene,
     }
     let mut readers = Vec::new();
     for p in &input.parts {
-        let loc = ctx
-            .stores
-            .location(&p.uri)
-            .map_err(|e| (ErrorStage::Fetch, Box::new(e) as _))?;
-        let r: Arc<dyn crate::raster::tiff::RangeRead> = Arc::new(StoreRange::new(
-            loc.store.clone(),
-            loc.prefix.clone(),
-            p.size,
-            ctx.counters.bytes_read.clone(),
-        ));
-        readers.push((p.uri.clone(), r));
+        readers.push((p.uri.clone(), reader(ctx, &p.uri, p.size)?));
     }
     Scene::open_band_files(
         readers,
