@@ -328,7 +328,11 @@ impl Scene {
             return Ok(percentile_stretch(samples));
         }
         let src = &self.sources[0];
-        let mut samples = vec![Vec::new(); src.bands.len()];
+        // A one-band raster is read as bands [0, 0, 0]: sample and sort it once.
+        let mut distinct = src.bands.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let mut samples = vec![Vec::new(); distinct.len()];
         let ovs = src.tiff.overviews();
         // COG pyramids end at a few dozen pixels: too few for stable percentiles.
         let pick = ovs
@@ -339,7 +343,7 @@ impl Scene {
         if let Some((i, ov)) = pick {
             let w = src
                 .tiff
-                .read_window(i + 1, 0, 0, ov.width, ov.height, &src.bands)
+                .read_window(i + 1, 0, 0, ov.width, ov.height, &distinct)
                 .await?;
             take_valid(&mut samples, &w);
         } else {
@@ -347,12 +351,23 @@ impl Scene {
             for (x, y, side) in stretch_windows(info.width, info.height) {
                 let w = src
                     .tiff
-                    .read_window(0, x.into(), y.into(), side, side, &src.bands)
+                    .read_window(0, x.into(), y.into(), side, side, &distinct)
                     .await?;
                 take_valid(&mut samples, &w);
             }
         }
-        Ok(percentile_stretch(samples))
+        let per_band = percentile_stretch(samples);
+        let bands = src
+            .bands
+            .iter()
+            .map(|b| {
+                let i = distinct
+                    .binary_search(b)
+                    .expect("every band is in the distinct list");
+                per_band.bands[i]
+            })
+            .collect();
+        Ok(Stretch { bands })
     }
 
     /// The windows of the scene, or of one block of its grid.

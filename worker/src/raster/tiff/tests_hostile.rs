@@ -236,3 +236,27 @@ fn random_corruption_never_panics() {
     }
     println!("corruption: {ok} still readable, {err} errors");
 }
+
+/// Found by the `tiff_decode` fuzzer: a 1-bit mask stored as one WebP strip whose
+/// stream claims a 16383×2048 RGBA image; decoding it allocated 32× the block's
+/// size before the size check. 8-bit codecs now refuse such blocks first.
+#[test]
+fn webp_mask_cannot_allocate_past_its_block() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fuzz/regressions/tiff_decode/webp_bitmask_amplification.tif"
+    );
+    let data = std::fs::read(path).expect("the fuzz regression input is committed");
+    let limits = TiffLimits {
+        max_window_samples: 1 << 20,
+        max_fetch_bytes: 8 << 20,
+        max_tile_bytes: 4 << 20,
+        ..TiffLimits::default()
+    };
+    // As the fuzz target reads: a 64×64 window of every band at the origin.
+    let f = open_with(data, limits).expect("the header is valid");
+    let bands: Vec<usize> = (0..f.image().bands).collect();
+    let err =
+        block_on(f.read_window(0, 0, 0, 64, 64, &bands)).expect_err("the mask block is refused");
+    assert!(err.to_string().contains("8-bit"), "{err}");
+}
