@@ -12,7 +12,7 @@ use futures::StreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::{ends_group, BandFile, ChipBlock, Task, TaskInput};
-use rsembed_worker::raster::scene::{plan_grid, StoreRange};
+use rsembed_worker::raster::scene::{is_tiff, plan_grid, StoreRange};
 use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::store::{Location, StoreCache};
 use tokio::sync::mpsc;
@@ -97,12 +97,8 @@ fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
 /// A header that cannot be read is not a planning error: the input goes to a
 /// worker as it is, and the worker records why it fails.
 async fn shard(s: &Sharding, input: &TaskInput, task_size: usize) -> Option<Vec<ChipBlock>> {
-    let lower = input.uri.to_ascii_lowercase();
     // Band-file scenes are cut by their worker; splitting them needs every file's header.
-    if !input.parts.is_empty()
-        || input.size < s.min_bytes
-        || !(lower.ends_with(".tif") || lower.ends_with(".tiff"))
-    {
+    if !input.parts.is_empty() || input.size < s.min_bytes || !is_tiff(&input.uri) {
         return None;
     }
     let loc = s.stores.location(&input.uri).ok()?;

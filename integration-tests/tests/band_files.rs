@@ -74,6 +74,22 @@ fn composite_rows(tmp: &Path, dir: &Path, vrt_opts: &[&str]) -> Vec<Value> {
     rows(&out)
 }
 
+/// A scene folder with B4, B3, B2: two copied from `dir`, and `made` written by
+/// `gdal_translate <args> <dir's file> <scene's file>`.
+fn scene_with(tmp: &Path, dir: &Path, made: &str, args: &[&str]) -> PathBuf {
+    let scene = tmp.join("scene");
+    std::fs::create_dir_all(&scene).unwrap();
+    for b in ["B4", "B3", "B2"].into_iter().filter(|b| *b != made) {
+        std::fs::copy(band(dir, b), band(&scene, b)).unwrap();
+    }
+    let (src, dst) = (band(dir, made), band(&scene, made));
+    let mut cmd = vec!["gdal_translate", "-q"];
+    cmd.extend_from_slice(args);
+    cmd.extend_from_slice(&[&src, &dst]);
+    gdal(&cmd);
+    scene
+}
+
 fn band(dir: &Path, b: &str) -> String {
     dir.join(format!("LC81070352015122LGN00_{b}.tif"))
         .display()
@@ -112,23 +128,13 @@ fn a_coarser_band_is_upsampled_onto_the_finest_grid() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let scene = tmp.path().join("scene");
-    std::fs::create_dir_all(&scene).unwrap();
-    for b in ["B4", "B2"] {
-        std::fs::copy(band(&dir, b), band(&scene, b)).unwrap();
-    }
     // B3 at twice the pixel size over the same extent: the grids line up.
-    gdal(&[
-        "gdal_translate",
-        "-q",
-        "-r",
-        "average",
-        "-outsize",
-        "775",
-        "789",
-        &band(&dir, "B3"),
-        &band(&scene, "B3"),
-    ]);
+    let scene = scene_with(
+        tmp.path(),
+        &dir,
+        "B3",
+        &["-r", "average", "-outsize", "775", "789"],
+    );
     let out = tmp.path().join("out");
     let o = run(run_cmd(&scene, &out, &tiny_model()).args(["--band-files", "B4,B3,B2"]));
     assert_eq!(
@@ -154,23 +160,13 @@ fn misaligned_band_files_are_an_error_for_the_scene() {
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
-    let scene = tmp.path().join("scene");
-    std::fs::create_dir_all(&scene).unwrap();
-    for b in ["B4", "B3"] {
-        std::fs::copy(band(&dir, b), band(&scene, b)).unwrap();
-    }
     // Shift B2 by a third of a pixel.
-    gdal(&[
-        "gdal_translate",
-        "-q",
-        "-a_ullr",
-        "300935",
-        "4106965",
-        "533465",
-        "3870235",
-        &band(&dir, "B2"),
-        &band(&scene, "B2"),
-    ]);
+    let scene = scene_with(
+        tmp.path(),
+        &dir,
+        "B2",
+        &["-a_ullr", "300935", "4106965", "533465", "3870235"],
+    );
     let out = tmp.path().join("out");
     let o = run(run_cmd(&scene, &out, &tiny_model()).args(["--band-files", "B4,B3,B2"]));
     assert_eq!(o.status.code(), Some(3));

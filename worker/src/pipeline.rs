@@ -147,7 +147,7 @@ impl TaskRunner {
                             async move {
                                 if crate::raster::tar::is_archive(&input.uri) {
                                     archive::produce_archive(archive_ctx, input, tx).await;
-                                } else if scene::is_tiff(&input.uri) {
+                                } else if crate::raster::scene::is_tiff(&input.uri) {
                                     scene::produce_scene(scene_ctx, input, tx).await;
                                 } else {
                                     let item =

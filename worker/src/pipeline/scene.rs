@@ -14,13 +14,6 @@ use crate::raster::scene::{Scene, StoreRange};
 use crate::raster::tiff::TiffLimits;
 use crate::store::StoreCache;
 
-/// Whether an input is read as a (Geo)TIFF scene rather than a whole image.
-pub fn is_tiff(uri: &str) -> bool {
-    // Band-file scenes are named `<prefix>{B4,B3,B2}<rest>`, so the same test holds.
-    let lower = uri.to_ascii_lowercase();
-    lower.ends_with(".tif") || lower.ends_with(".tiff")
-}
-
 /// What the scene path needs besides the input.
 pub struct SceneContext {
     /// Stores for input URIs.

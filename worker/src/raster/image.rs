@@ -70,13 +70,6 @@ pub enum DecodeError {
     },
 }
 
-/// Detects the format from the content, never from the file name.
-pub fn sniff(bytes: &[u8]) -> Option<ImageFormat> {
-    image::guess_format(bytes)
-        .ok()
-        .filter(|f| matches!(f, ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::Tiff))
-}
-
 /// Decodes a whole PNG, JPEG or TIFF into 8-bit RGB, dropping alpha and replicating
 /// grey, as PIL's `convert("RGB")` does.
 pub fn decode_rgb8(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeError> {

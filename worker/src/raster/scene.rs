@@ -24,6 +24,13 @@ use crate::raster::scale::{percentile_stretch, ScaleSpec, Stretch};
 use crate::raster::tiff::{RangeRead, SampleType, TiffError, TiffFile, TiffLimits, WindowData};
 use crate::sink::rows::Footprint;
 
+/// Whether an input is read as a (Geo)TIFF scene rather than a whole image.
+pub fn is_tiff(uri: &str) -> bool {
+    // Band-file scenes are named `<prefix>{B4,B3,B2}<rest>`, so the same test holds.
+    let lower = uri.to_ascii_lowercase();
+    lower.ends_with(".tif") || lower.ends_with(".tiff")
+}
+
 /// Range reads of one object, counted.
 pub struct StoreRange {
     store: Arc<dyn ObjectStore>,
