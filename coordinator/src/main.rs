@@ -40,10 +40,26 @@ fn main() -> ExitCode {
     match rt.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each once: object_store's messages already
+/// include their sources, so `{:#}` printed the same text several times.
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        let t = s.to_string();
+        if !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        next = s.source();
+    }
+    out
 }
 
 async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
@@ -129,7 +145,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             "sharded_chips",
             "bytes",
         ] {
-            println!("  {k:<14}{}", v[k]);
+            println!("  {k:<15}{}", v[k]);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -180,8 +180,18 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
         return Ok(());
     }
     let mut s = loc.store.list(Some(&loc.prefix));
+    let mut listed = 0u64;
     while let Some(meta) = s.next().await {
         send(meta?).await?;
+        listed += 1;
+    }
+    // A bucket has no folders: a mistyped prefix lists nothing, exactly as an
+    // empty one does, and a job that silently embeds nothing is the worse outcome.
+    if listed == 0 {
+        return Err(Error::Input(format!(
+            "input {} has no objects (no such prefix?)",
+            loc.url
+        )));
     }
     Ok(())
 }

@@ -2,8 +2,11 @@
 //! committed fixtures, the shared sample data and DuckDB through Python.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub mod s3;
 
 /// The workspace root.
 pub fn root() -> PathBuf {
@@ -96,6 +99,50 @@ pub fn run(cmd: &mut Command) -> Output {
     eprintln!("$ {cmd:?}\nexit: {:?}", out.status.code());
     eprintln!("stdout:\n{}", String::from_utf8_lossy(&out.stdout));
     eprintln!("stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+/// Runs a command like [`run`], but kills it and fails the test when it takes
+/// longer than `limit`: for failures that must be reported, not waited out.
+pub fn run_timeout(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("command starts");
+    let drain = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("stdout is piped")));
+    let stderr = drain(Box::new(child.stderr.take().expect("stderr is piped")));
+    let started = Instant::now();
+    let (status, timed_out) = loop {
+        if let Some(st) = child.try_wait().expect("wait on the command") {
+            break (st, false);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            break (child.wait().expect("killed command is reaped"), true);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = Output {
+        status,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+    };
+    eprintln!("$ {cmd:?}\nexit: {:?}", out.status.code());
+    eprintln!("stdout:\n{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("stderr:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        !timed_out,
+        "command still running after {limit:?}, killed: {cmd:?}"
+    );
     out
 }
 

@@ -21,7 +21,9 @@ use crate::raster::geo::{self, Crs, GeoTransform, Projector};
 use crate::raster::grid::ChipGrid;
 use crate::raster::image::Rgb8;
 use crate::raster::scale::{percentile_stretch, ScaleSpec, Stretch};
-use crate::raster::tiff::{RangeRead, SampleType, TiffError, TiffFile, TiffLimits, WindowData};
+use crate::raster::tiff::{
+    RangeRead, SampleType, Samples, TiffError, TiffFile, TiffLimits, WindowData,
+};
 use crate::sink::rows::Footprint;
 
 /// Whether an input is read as a (Geo)TIFF scene rather than a whole image.
@@ -142,6 +144,8 @@ pub struct Scene {
     pub grid: Option<ChipGrid>,
     /// Source CRS label (`EPSG:32618`), when known.
     pub crs_label: Option<String>,
+    /// `stretch` as 16-bit lookup tables (192 KiB), for 16-bit sources.
+    u16_luts: std::sync::OnceLock<[Box<[u8; 65536]>; 3]>,
 }
 
 /// Samples taken per band for `--scale auto` when the scene has no overview.
@@ -304,6 +308,7 @@ impl Scene {
             geo,
             grid: layout(info.width, info.height, georeferenced, tiling),
             crs_label,
+            u16_luts: std::sync::OnceLock::new(),
         };
         scene.stretch = match scale {
             ScaleSpec::None => Stretch::identity(3),
@@ -321,13 +326,13 @@ impl Scene {
             // Band files may sit on different grids: sample on the scene's own,
             // so a scene stretches the same whichever way its bands are stored.
             let mut samples = vec![Vec::new(); 3];
-            for (x, y, side) in stretch_windows(self.width, self.height) {
+            for (x, y, w, h) in stretch_windows(self.width, self.height) {
                 let w = self
                     .read(Window {
                         x: x as i32,
                         y: y as i32,
-                        width: side as i32,
-                        height: side as i32,
+                        width: w as i32,
+                        height: h as i32,
                     })
                     .await?;
                 take_valid(&mut samples, &w);
@@ -355,10 +360,10 @@ impl Scene {
             take_valid(&mut samples, &w);
         } else {
             let info = src.tiff.image();
-            for (x, y, side) in stretch_windows(info.width, info.height) {
+            for (x, y, w, h) in stretch_windows(info.width, info.height) {
                 let w = src
                     .tiff
-                    .read_window(0, x.into(), y.into(), side, side, &distinct)
+                    .read_window(0, x.into(), y.into(), w, h, &distinct)
                     .await?;
                 take_valid(&mut samples, &w);
             }
@@ -421,7 +426,7 @@ impl Scene {
                     for i in 0..w as i64 {
                         let cx = (i64::from(win.x) + i).div_euclid(f) - x0;
                         let k = (cy * i64::from(cw) + cx) as usize;
-                        values.push(c.values[b * cn + k]);
+                        values.push(c.values.get(b * cn + k));
                         if c.valid[k] {
                             valid[(j * i64::from(w) + i) as usize] = true;
                         }
@@ -433,7 +438,7 @@ impl Scene {
             width: w,
             height: h,
             bands: 3,
-            values,
+            values: Samples::F64(values),
             valid,
         })
     }
@@ -481,18 +486,69 @@ impl Scene {
     fn to_rgb8(&self, w: &WindowData) -> Rgb8 {
         let n = (w.width * w.height) as usize;
         let mut data = vec![0u8; n * 3];
-        for (i, px) in data.chunks_exact_mut(3).enumerate() {
-            if !w.valid[i] {
-                continue;
+        match &w.values {
+            // Integer sources map through one table per band, built from
+            // `Stretch::apply` itself so both paths give the same bytes.
+            Samples::U8(v) => {
+                let luts: [[u8; 256]; 3] = std::array::from_fn(|c| {
+                    std::array::from_fn(|x| self.stretch.apply(c, x as f64))
+                });
+                fill_rgb(&mut data, &w.valid, planes(v, n), |c, x| {
+                    luts[c][usize::from(x)]
+                });
             }
-            for (c, out) in px.iter_mut().enumerate() {
-                *out = self.stretch.apply(c, w.values[c * n + i]);
+            Samples::U16(v) => {
+                let luts = self.u16_luts();
+                fill_rgb(&mut data, &w.valid, planes(v, n), |c, x| {
+                    luts[c][usize::from(x)]
+                });
+            }
+            Samples::F64(v) => {
+                fill_rgb(&mut data, &w.valid, planes(v, n), |c, x| {
+                    self.stretch.apply(c, x)
+                });
             }
         }
         Rgb8 {
             width: w.width,
             height: w.height,
             data,
+        }
+    }
+
+    /// 16-bit lookup tables, built on first use and kept for the scene.
+    fn u16_luts(&self) -> &[Box<[u8; 65536]>; 3] {
+        self.u16_luts.get_or_init(|| {
+            std::array::from_fn(|c| {
+                let mut t = Box::new([0u8; 65536]);
+                for (x, o) in t.iter_mut().enumerate() {
+                    *o = self.stretch.apply(c, x as f64);
+                }
+                t
+            })
+        })
+    }
+}
+
+/// The three band planes of a band-sequential window of `n` pixels.
+fn planes<T>(v: &[T], n: usize) -> [&[T]; 3] {
+    [&v[..n], &v[n..2 * n], &v[2 * n..3 * n]]
+}
+
+/// Interleaves three band planes into RGB through `map(channel, sample)`,
+/// leaving invalid pixels 0.
+fn fill_rgb<T: Copy>(
+    data: &mut [u8],
+    valid: &[bool],
+    [r, g, b]: [&[T]; 3],
+    map: impl Fn(usize, T) -> u8,
+) {
+    let src = r.iter().zip(g).zip(b);
+    for ((px, ok), ((r, g), b)) in data.chunks_exact_mut(3).zip(valid).zip(src) {
+        if *ok {
+            px[0] = map(0, *r);
+            px[1] = map(1, *g);
+            px[2] = map(2, *b);
         }
     }
 }
@@ -544,9 +600,15 @@ pub async fn plan_grid(
     Ok(layout(info.width, info.height, georeferenced, tiling))
 }
 
-/// The windows (x, y, side) a raster without a usable overview is sampled at
-/// for `--scale auto`: a grid of up to 256-pixel squares spread over it.
-fn stretch_windows(width: u32, height: u32) -> Vec<(u32, u32, u32)> {
+/// The windows (x, y, width, height) a raster without a usable overview is
+/// sampled at for `--scale auto`: the whole raster when it has no more pixels
+/// than the samples would, else a grid of 256-pixel squares spread over it.
+fn stretch_windows(width: u32, height: u32) -> Vec<(u32, u32, u32, u32)> {
+    let per = 256u64 * 256;
+    if u64::from(width) * u64::from(height) <= per * u64::from(STRETCH_WINDOWS.pow(2)) {
+        // Overlapping squares would read most pixels several times over.
+        return vec![(0, 0, width.max(1), height.max(1))];
+    }
     let side = 256u32.min(width).min(height).max(1);
     let n = u64::from(STRETCH_WINDOWS - 1);
     let mut out = Vec::new();
@@ -554,7 +616,7 @@ fn stretch_windows(width: u32, height: u32) -> Vec<(u32, u32, u32)> {
         for i in 0..STRETCH_WINDOWS {
             let x = u64::from(width.saturating_sub(side)) * u64::from(i) / n;
             let y = u64::from(height.saturating_sub(side)) * u64::from(j) / n;
-            out.push((x as u32, y as u32, side));
+            out.push((x as u32, y as u32, side, side));
         }
     }
     out
@@ -564,7 +626,7 @@ fn stretch_windows(width: u32, height: u32) -> Vec<(u32, u32, u32)> {
 fn take_valid(samples: &mut [Vec<f64>], w: &WindowData) {
     let n = (w.width * w.height) as usize;
     for (b, s) in samples.iter_mut().enumerate() {
-        let vals = &w.values[b * n..(b + 1) * n];
+        let vals = w.values.to_f64(b * n..(b + 1) * n);
         s.extend(
             vals.iter()
                 .zip(&w.valid)

@@ -64,7 +64,7 @@ pub(crate) fn decode(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError>
             Ok(input[..ctx.expected].to_vec())
         }
         5 => lzw(ctx, input),
-        8 | 32946 => read_exact(ctx, "Deflate", flate2::read::ZlibDecoder::new(input)),
+        8 | 32946 => inflate(ctx, input),
         50000 => {
             let dec = ruzstd::decoding::StreamingDecoder::new_with_max_window_size(
                 input,
@@ -80,6 +80,36 @@ pub(crate) fn decode(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError>
             code: c,
             name: compression_name(c),
         }),
+    }
+}
+
+/// Inflates a zlib block straight into its buffer: no reader, no copy.
+fn inflate(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    use flate2::{Decompress, FlushDecompress, Status};
+    let mut out = vec![0u8; ctx.expected];
+    let mut d = Decompress::new(true);
+    let res = d.decompress(input, &mut out, FlushDecompress::Finish);
+    let n = d.total_out() as usize;
+    let short = |n: usize| size_err(ctx, "Deflate", format!("stream ended after {n} bytes"));
+    match res {
+        Ok(Status::StreamEnd) if n == out.len() => Ok(out),
+        Ok(Status::StreamEnd) => Err(short(n)),
+        Ok(_) if n < out.len() => Err(short(n)),
+        Ok(_) => {
+            // The buffer is full before the stream's end: more pixels follow
+            // unless all that is left is the trailer.
+            let rest = &input[(d.total_in() as usize).min(input.len())..];
+            let mut extra = [0u8; 1];
+            match d.decompress(rest, &mut extra, FlushDecompress::Finish) {
+                Ok(_) if d.total_out() as usize > n => {
+                    Err(size_err(ctx, "Deflate", "stream holds more data".into()))
+                }
+                _ => Ok(out),
+            }
+        }
+        // The block is complete; a damaged trailer (checksum) does not change its pixels.
+        Err(_) if n == out.len() => Ok(out),
+        Err(e) => Err(err("Deflate", ctx.block, e)),
     }
 }
 
@@ -110,35 +140,25 @@ fn read_exact(ctx: &BlockCtx, codec: &'static str, mut r: impl Read) -> Result<V
 }
 
 fn lzw(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
-    let mut dec = weezl::decode::Decoder::with_tiff_size_switch(weezl::BitOrder::Msb, 8);
     let mut out = vec![0u8; ctx.expected];
-    let (mut i, mut o) = (0, 0);
-    while o < out.len() {
-        let r = dec.decode_bytes(&input[i..], &mut out[o..]);
-        i += r.consumed_in;
-        o += r.consumed_out;
-        match r.status {
-            Ok(weezl::LzwStatus::Ok) => {}
-            // Input exhausted or end code: GDAL (libtiff) accepts a block missing
-            // its end code as long as it is complete, so only a short one fails.
-            Ok(weezl::LzwStatus::Done) | Ok(weezl::LzwStatus::NoProgress) => {
-                if o < out.len() {
-                    return Err(size_err(
-                        ctx,
-                        "LZW",
-                        format!("stream ended after {o} bytes"),
-                    ));
-                }
-            }
-            Err(e) => return Err(err("LZW", ctx.block, e)),
-        }
+    let d = super::lzw::decode(input, &mut out).map_err(|e| {
+        err(
+            "LZW",
+            ctx.block,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        )
+    })?;
+    // GDAL (libtiff) accepts a block missing its end code as long as it is
+    // complete, so only a short one fails.
+    if d.written < out.len() {
+        return Err(size_err(
+            ctx,
+            "LZW",
+            format!("stream ended after {} bytes", d.written),
+        ));
     }
-    if !dec.has_ended() && i < input.len() {
-        let mut extra = [0u8; 1];
-        let r = dec.decode_bytes(&input[i..], &mut extra);
-        if r.consumed_out > 0 {
-            return Err(size_err(ctx, "LZW", "stream holds more data".into()));
-        }
+    if d.overflow {
+        return Err(size_err(ctx, "LZW", "stream holds more data".into()));
     }
     Ok(out)
 }

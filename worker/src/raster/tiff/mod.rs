@@ -19,6 +19,7 @@ mod fetch;
 mod ifd;
 mod layout;
 mod limits;
+mod lzw;
 mod predictor;
 mod window;
 
@@ -115,6 +116,72 @@ pub struct ImageInfo {
     pub ifd_index: usize,
 }
 
+/// Window samples, in the source's own type where that is 8 or 16 bits
+/// unsigned (most imagery), else widened to f64.
+///
+/// Keeping u8/u16 lets a chip be scaled through a lookup table and moves an
+/// eighth (a quarter) of the memory an f64 window would.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Samples {
+    /// 8-bit unsigned samples.
+    U8(Vec<u8>),
+    /// 16-bit unsigned samples.
+    U16(Vec<u16>),
+    /// Every other sample type, widened.
+    F64(Vec<f64>),
+}
+
+impl Samples {
+    /// Zeroed samples of the kind a `t` source reads into.
+    pub(crate) fn zeroed(t: SampleType, n: usize) -> Samples {
+        match t {
+            SampleType::U8 => Samples::U8(vec![0; n]),
+            SampleType::U16 => Samples::U16(vec![0; n]),
+            _ => Samples::F64(vec![0.0; n]),
+        }
+    }
+
+    /// Number of samples.
+    pub fn len(&self) -> usize {
+        match self {
+            Samples::U8(v) => v.len(),
+            Samples::U16(v) => v.len(),
+            Samples::F64(v) => v.len(),
+        }
+    }
+
+    /// Whether there are no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sample `i` as f64.
+    pub fn get(&self, i: usize) -> f64 {
+        match self {
+            Samples::U8(v) => f64::from(v[i]),
+            Samples::U16(v) => f64::from(v[i]),
+            Samples::F64(v) => v[i],
+        }
+    }
+
+    /// Samples `range` as f64, for the paths that mix sources or sort.
+    pub fn to_f64(&self, range: std::ops::Range<usize>) -> Vec<f64> {
+        match self {
+            Samples::U8(v) => v[range].iter().map(|&x| f64::from(x)).collect(),
+            Samples::U16(v) => v[range].iter().map(|&x| f64::from(x)).collect(),
+            Samples::F64(v) => v[range].to_vec(),
+        }
+    }
+
+    pub(crate) fn truncate(&mut self, n: usize) {
+        match self {
+            Samples::U8(v) => v.truncate(n),
+            Samples::U16(v) => v.truncate(n),
+            Samples::F64(v) => v.truncate(n),
+        }
+    }
+}
+
 /// Decoded samples of a window.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WindowData {
@@ -125,7 +192,7 @@ pub struct WindowData {
     /// Number of bands returned.
     pub bands: usize,
     /// band-sequential: values[b*w*h + row*w + col]
-    pub values: Vec<f64>,
+    pub values: Samples,
     /// Per pixel (row-major, w*h): false for padding, masked, alpha == 0 or all-nodata pixels.
     pub valid: Vec<bool>,
 }

@@ -116,7 +116,7 @@ pub(crate) fn compare(
     for b in 0..got.bands as i64 {
         for r in 0..h {
             for c in 0..w {
-                let v = got.values[(b * w * h + r * w + c) as usize];
+                let v = got.values.get((b * w * h + r * w + c) as usize);
                 let (ix, iy) = (x + c, y + r);
                 if ix < 0 || iy < 0 || ix >= raster_w as i64 || iy >= raster_h as i64 {
                     assert_eq!(v, 0.0, "{what}: padding value");

@@ -4,7 +4,7 @@ use super::cache::Block;
 use super::codec::{self, BlockCtx};
 use super::fetch::{fetch, Want};
 use super::layout::{Kind, Level};
-use super::{predictor, SampleType, TiffError, TiffFile, WindowData};
+use super::{predictor, ImageInfo, SampleType, Samples, TiffError, TiffFile, WindowData};
 
 /// Window clipped to the raster, in level pixel coordinates (exclusive ends).
 #[derive(Clone, Copy)]
@@ -50,7 +50,11 @@ pub(crate) async fn read(
         f.limits.max_window_samples,
     )?;
     let npix = npix as usize;
-    let mut values = vec![0.0f64; npix * reads.len()];
+    let out_type = match lv.kind {
+        Kind::Sample(t) => t,
+        Kind::Bit => SampleType::U8,
+    };
+    let mut values = Samples::zeroed(out_type, npix * reads.len());
     let mut valid = vec![false; npix];
 
     let cx0 = x.clamp(0, info.width as i64) as u64;
@@ -150,35 +154,23 @@ pub(crate) async fn read(
             if info.planar && band != plane {
                 continue;
             }
-            let out = &mut values[ri * npix..(ri + 1) * npix];
             let sample = if info.planar { 0 } else { band };
-            copy_band(
-                f,
-                l,
-                buf,
-                (bx * bw, by * bh),
-                sample,
-                (r0, r1, c0, c1),
-                origin,
-                out,
-            );
+            let span = (r0, r1, c0, c1);
+            let place = (bx * bw, by * bh);
+            let part = ri * npix..(ri + 1) * npix;
+            match &mut values {
+                Samples::U8(v) => copy_u8(l, buf, place, sample, span, origin, &mut v[part]),
+                Samples::U16(v) => copy_u16(f, l, buf, place, sample, span, origin, &mut v[part]),
+                Samples::F64(v) => copy_band(f, l, buf, place, sample, span, origin, &mut v[part]),
+            }
         }
     }
 
     let nb = bands.len();
-    for p in 0..npix {
-        if !valid[p] {
-            continue;
-        }
-        if info.alpha_band.is_some() && values[nb * npix + p] == 0.0 {
-            valid[p] = false;
-        }
-        if let Some(nd) = info.nodata {
-            let same = |v: f64| v == nd || (nd.is_nan() && v.is_nan());
-            if (0..nb).all(|b| same(values[b * npix + p])) {
-                valid[p] = false;
-            }
-        }
+    match &values {
+        Samples::U8(v) => invalidate(v, info, nb, npix, &mut valid),
+        Samples::U16(v) => invalidate(v, info, nb, npix, &mut valid),
+        Samples::F64(v) => invalidate(v, info, nb, npix, &mut valid),
     }
     values.truncate(nb * npix);
     Ok(WindowData {
@@ -188,6 +180,80 @@ pub(crate) async fn read(
         values,
         valid,
     })
+}
+
+/// A window sample type: compared with nodata and alpha in its own type.
+trait Sample: Copy + PartialEq {
+    fn is_zero(self) -> bool;
+    /// `nd` in this type, or `None` when no sample can equal it (NaN or a
+    /// fraction or out-of-range value for an integer type).
+    fn nodata(nd: f64) -> Option<Self>;
+    fn is_nan(self) -> bool;
+}
+
+impl Sample for u8 {
+    fn is_zero(self) -> bool {
+        self == 0
+    }
+    fn nodata(nd: f64) -> Option<u8> {
+        (nd.fract() == 0.0 && (0.0..=255.0).contains(&nd)).then_some(nd as u8)
+    }
+    fn is_nan(self) -> bool {
+        false
+    }
+}
+
+impl Sample for u16 {
+    fn is_zero(self) -> bool {
+        self == 0
+    }
+    fn nodata(nd: f64) -> Option<u16> {
+        (nd.fract() == 0.0 && (0.0..=65535.0).contains(&nd)).then_some(nd as u16)
+    }
+    fn is_nan(self) -> bool {
+        false
+    }
+}
+
+impl Sample for f64 {
+    fn is_zero(self) -> bool {
+        self == 0.0
+    }
+    fn nodata(nd: f64) -> Option<f64> {
+        Some(nd)
+    }
+    fn is_nan(self) -> bool {
+        f64::is_nan(self)
+    }
+}
+
+/// Clears `valid` where the alpha band (stored after the `nb` selected bands)
+/// is 0 or every selected band equals nodata (NaN nodata matches NaN).
+fn invalidate<T: Sample>(v: &[T], info: &ImageInfo, nb: usize, npix: usize, valid: &mut [bool]) {
+    if info.alpha_band.is_some() {
+        for (ok, a) in valid.iter_mut().zip(&v[nb * npix..(nb + 1) * npix]) {
+            if a.is_zero() {
+                *ok = false;
+            }
+        }
+    }
+    let Some(nd) = info.nodata else { return };
+    let nan = nd.is_nan();
+    let Some(ndv) = T::nodata(nd) else { return };
+    let same = |x: T| x == ndv || (nan && x.is_nan());
+    if nb == 3 {
+        // The common case, as one pass of zipped slices the compiler can vectorise.
+        let (r, g, b) = (&v[..npix], &v[npix..2 * npix], &v[2 * npix..3 * npix]);
+        for (ok, ((r, g), b)) in valid.iter_mut().zip(r.iter().zip(g).zip(b)) {
+            *ok &= !(same(*r) && same(*g) && same(*b));
+        }
+        return;
+    }
+    for (p, ok) in valid.iter_mut().enumerate() {
+        if *ok && (0..nb).all(|b| same(v[b * npix + p])) {
+            *ok = false;
+        }
+    }
 }
 
 /// (block column, block row, plane) of a block index.
@@ -266,6 +332,67 @@ fn sample(buf: &[u8], i: usize, t: SampleType, be: bool) -> f64 {
 
 type Span = (u64, u64, u64, u64);
 
+/// Copies sample `s` of a u8 block into a u8 window.
+fn copy_u8(
+    l: &Level,
+    buf: Option<&[u8]>,
+    (ox, oy): (u64, u64),
+    s: usize,
+    span: Span,
+    (x, y, w): (i64, i64, usize),
+    out: &mut [u8],
+) {
+    let place = (ox, oy, x, y, w);
+    let Some(b) = buf else {
+        // GDAL fills sparse blocks with nodata (0 without one).
+        let fill = l.info.nodata.and_then(u8::nodata).unwrap_or(0);
+        return copy_rows(l, b"", s, span, place, out, |_, _| fill);
+    };
+    let spp = l.block_samples();
+    if spp == 1 {
+        // One sample per pixel: each row of the span is one slice copy.
+        let (r0, r1, c0, c1) = span;
+        let bw = l.info.block_width as usize;
+        let n = (c1 - c0) as usize;
+        for row in r0..r1 {
+            let o = (row as i64 - y) as usize * w + (c0 as i64 - x) as usize;
+            let bi = (row - oy) as usize * bw + (c0 - ox) as usize;
+            out[o..o + n].copy_from_slice(&b[bi..bi + n]);
+        }
+        return;
+    }
+    copy_rows(l, b, s, span, place, out, |b, i| b[i]);
+}
+
+/// Copies sample `s` of a u16 block into a u16 window.
+#[allow(clippy::too_many_arguments)]
+fn copy_u16(
+    f: &TiffFile,
+    l: &Level,
+    buf: Option<&[u8]>,
+    (ox, oy): (u64, u64),
+    s: usize,
+    span: Span,
+    (x, y, w): (i64, i64, usize),
+    out: &mut [u16],
+) {
+    let place = (ox, oy, x, y, w);
+    let Some(b) = buf else {
+        let fill = l.info.nodata.and_then(u16::nodata).unwrap_or(0);
+        return copy_rows(l, b"", s, span, place, out, |_, _| fill);
+    };
+    if f.fmt.big_endian {
+        copy_rows(l, b, s, span, place, out, |b, i| {
+            u16::from_be_bytes([b[2 * i], b[2 * i + 1]])
+        })
+    } else {
+        copy_rows(l, b, s, span, place, out, |b, i| {
+            u16::from_le_bytes([b[2 * i], b[2 * i + 1]])
+        })
+    }
+}
+
+/// Copies sample `s` of a block of any other type into an f64 window.
 #[allow(clippy::too_many_arguments)]
 fn copy_band(
     f: &TiffFile,
@@ -273,43 +400,30 @@ fn copy_band(
     buf: Option<&[u8]>,
     (ox, oy): (u64, u64),
     s: usize,
-    (r0, r1, c0, c1): Span,
+    span: Span,
     (x, y, w): (i64, i64, usize),
     out: &mut [f64],
 ) {
     let Kind::Sample(t) = l.kind else { return };
-    let span = (r0, r1, c0, c1);
     let place = (ox, oy, x, y, w);
     let Some(b) = buf else {
-        // GDAL fills sparse blocks with nodata (0 without one).
         let fill = l.info.nodata.unwrap_or(0.0);
         return copy_rows(l, b"", s, span, place, out, |_, _| fill);
     };
-    // The common sample types get a loop of their own: converting through
-    // `sample` (a copy, a byte swap check and a type match per sample) was
-    // most of the time spent reading a chip.
-    match (t, f.fmt.big_endian) {
-        (SampleType::U8, _) => copy_rows(l, b, s, span, place, out, |b, i| f64::from(b[i])),
-        (SampleType::U16, false) => copy_rows(l, b, s, span, place, out, |b, i| {
-            f64::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]]))
-        }),
-        (SampleType::U16, true) => copy_rows(l, b, s, span, place, out, |b, i| {
-            f64::from(u16::from_be_bytes([b[2 * i], b[2 * i + 1]]))
-        }),
-        (t, be) => copy_rows(l, b, s, span, place, out, |b, i| sample(b, i, t, be)),
-    }
+    let be = f.fmt.big_endian;
+    copy_rows(l, b, s, span, place, out, |b, i| sample(b, i, t, be))
 }
 
 /// Copies sample `s` of every pixel of a block's span into the window, reading
 /// each with `get(block, sample_index)`.
-fn copy_rows(
+fn copy_rows<T>(
     l: &Level,
     b: &[u8],
     s: usize,
     (r0, r1, c0, c1): Span,
     (ox, oy, x, y, w): (u64, u64, i64, i64, usize),
-    out: &mut [f64],
-    get: impl Fn(&[u8], usize) -> f64,
+    out: &mut [T],
+    get: impl Fn(&[u8], usize) -> T,
 ) {
     let spp = l.block_samples();
     let bw = l.info.block_width as usize;
@@ -317,9 +431,9 @@ fn copy_rows(
         let o = (row as i64 - y) as usize * w;
         let br = (row - oy) as usize;
         let dst = &mut out[o + (c0 as i64 - x) as usize..o + (c1 as i64 - x) as usize];
+        let base = (br * bw + (c0 - ox) as usize) * spp + s;
         for (k, d) in dst.iter_mut().enumerate() {
-            let bc = (c0 - ox) as usize + k;
-            *d = get(b, (br * bw + bc) * spp + s);
+            *d = get(b, base + k * spp);
         }
     }
 }
