@@ -12,8 +12,8 @@ use futures::StreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::{ends_group, BandFile, ChipBlock, Task, TaskInput};
-use rsembed_worker::raster::scene::{is_tiff, plan_grid, StoreRange};
-use rsembed_worker::raster::tiff::TiffLimits;
+use rsembed_worker::raster::scene::{is_tiff, plan_band_grid, plan_grid, StoreRange};
+use rsembed_worker::raster::tiff::{RangeRead, TiffLimits};
 use rsembed_worker::store::{Location, StoreCache};
 use tokio::sync::mpsc;
 
@@ -97,20 +97,40 @@ fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
 /// A header that cannot be read is not a planning error: the input goes to a
 /// worker as it is, and the worker records why it fails.
 async fn shard(s: &Sharding, input: &TaskInput, task_size: usize) -> Option<Vec<ChipBlock>> {
-    // Band-file scenes are cut by their worker; splitting them needs every file's header.
-    if !input.parts.is_empty() || input.size < s.min_bytes || !is_tiff(&input.uri) {
+    if input.size < s.min_bytes {
         return None;
     }
-    let loc = s.stores.location(&input.uri).ok()?;
-    let reader = Arc::new(StoreRange::new(
-        loc.store.clone(),
-        loc.prefix.clone(),
-        input.size,
-        Arc::new(AtomicU64::new(0)),
-    ));
-    let grid = plan_grid(reader, &s.tiling, s.limits.clone())
-        .await
-        .ok()??;
+    let reader = |uri: &str, size: u64| -> Option<Arc<dyn RangeRead>> {
+        let loc = s.stores.location(uri).ok()?;
+        Some(Arc::new(StoreRange::new(
+            loc.store.clone(),
+            loc.prefix.clone(),
+            size,
+            Arc::new(AtomicU64::new(0)),
+        )))
+    };
+    let grid = if input.parts.is_empty() {
+        if !is_tiff(&input.uri) {
+            return None;
+        }
+        plan_grid(reader(&input.uri, input.size)?, &s.tiling, s.limits.clone())
+            .await
+            .ok()??
+    } else {
+        // A scene missing a band stays one input, so it is one error record.
+        let wanted = s.tiling.band_files.as_ref().map_or(0, Vec::len);
+        if input.parts.len() != wanted || !input.parts.iter().all(|p| is_tiff(&p.uri)) {
+            return None;
+        }
+        let readers = input
+            .parts
+            .iter()
+            .map(|p| reader(&p.uri, p.size))
+            .collect::<Option<Vec<_>>>()?;
+        plan_band_grid(readers, &s.tiling, s.limits.clone())
+            .await
+            .ok()??
+    };
     (grid.len() > task_size as u64).then(|| grid.blocks(task_size))
 }
 

@@ -178,3 +178,30 @@ fn misaligned_band_files_are_an_error_for_the_scene() {
     assert!(e.contains("does not line up"), "{e}");
     assert!(e.contains("_B2.tif"), "names the file: {e}");
 }
+
+#[test]
+fn a_band_file_scene_is_split_into_chip_block_tasks() {
+    let Some(dir) = landsat_dir() else {
+        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let whole = tmp.path().join("whole");
+    let o = run(run_cmd(&dir, &whole, &tiny_model()).args(["--band-files", "B4,B3,B2"]));
+    assert_eq!(o.status.code(), Some(0));
+    let split = tmp.path().join("split");
+    let o = run(run_cmd(&dir, &split, &tiny_model()).args([
+        "--band-files",
+        "B4,B3,B2",
+        "--shard-bytes",
+        "1",
+        "--task-size",
+        "9",
+        "--json",
+    ]));
+    assert_eq!(o.status.code(), Some(0));
+    let s: Value = serde_json::from_slice(&o.stdout).unwrap();
+    // 49 chips in blocks of about 9: several tasks, each reading its own window.
+    assert!(s["tasks"].as_u64().unwrap() >= 4, "{s}");
+    assert_same(&rows(&split), &rows(&whole), 0.999999);
+}

@@ -600,6 +600,30 @@ pub async fn plan_grid(
     Ok(layout(info.width, info.height, georeferenced, tiling))
 }
 
+/// The chip grid of a band-file scene, as [`Scene::open_band_files`] lays it:
+/// on the finest band's grid. Reads only the headers.
+pub async fn plan_band_grid(
+    readers: Vec<Arc<dyn RangeRead>>,
+    tiling: &TilingSpec,
+    limits: TiffLimits,
+) -> Result<Option<ChipGrid>, SceneError> {
+    // (pixel size, width, height, georeferenced) of the finest file so far;
+    // the first of equals wins, as in `open_band_files`.
+    let mut best: Option<(f64, u32, u32, bool)> = None;
+    for r in readers {
+        let tiff = TiffFile::open(r, limits.clone()).await?;
+        let info = tiff.image();
+        let tags = tiff.geo_tags();
+        let keys = geo::parse_geokeys(tags).ok().flatten();
+        let gt = geo::geotransform(tags, keys.as_ref()).ok().flatten();
+        let px = gt.as_ref().map_or(f64::INFINITY, |g| g.0[1].abs());
+        if best.is_none_or(|b| px < b.0) {
+            best = Some((px, info.width, info.height, gt.is_some()));
+        }
+    }
+    Ok(best.and_then(|(_, w, h, georeferenced)| layout(w, h, georeferenced, tiling)))
+}
+
 /// The windows (x, y, width, height) a raster without a usable overview is
 /// sampled at for `--scale auto`: the whole raster when it has no more pixels
 /// than the samples would, else a grid of 256-pixel squares spread over it.
