@@ -48,13 +48,43 @@ impl Embeddings {
     }
 }
 
+/// What the batching layer asks of one run, beyond the pixels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunHints {
+    /// Return the memory arena's unused chunks to the device after this run
+    /// (ORT's `memory.enable_memory_arena_shrinkage` run option).
+    pub shrink_arena: bool,
+}
+
+/// Device memory, in bytes, as NVML reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// In use on the device (all processes).
+    pub used: u64,
+    /// The device's total.
+    pub total: u64,
+}
+
 /// The model behind the engine thread. Small and synchronous, so a
 /// fault-injecting backend can stand in for ONNX Runtime in tests.
 pub trait Backend: Send {
     /// Embeds a batch; returns L2-normalized rows in batch order.
-    fn embed(&mut self, batch: &PixelBatch) -> Result<Embeddings>;
+    fn run(&mut self, batch: &PixelBatch, hints: RunHints) -> Result<Embeddings>;
+    /// [`Backend::run`] without hints.
+    fn embed(&mut self, batch: &PixelBatch) -> Result<Embeddings> {
+        self.run(batch, RunHints::default())
+    }
     /// The largest batch the backend accepts, when it knows one.
     fn max_batch(&self) -> Option<usize> {
+        None
+    }
+    /// The batch size the backend runs best at now (the adaptive controller's
+    /// current bucket), when it has a preference; the batcher fills batches to it.
+    fn preferred_batch(&self) -> Option<usize> {
+        None
+    }
+    /// Device memory now, when the backend can measure it.
+    fn device_memory(&self) -> Option<DeviceMemory> {
         None
     }
 }

@@ -83,7 +83,7 @@ mod tests {
 
     struct Echo;
     impl Backend for Echo {
-        fn embed(&mut self, batch: &PixelBatch) -> Result<Embeddings> {
+        fn run(&mut self, batch: &PixelBatch, _: crate::engine::RunHints) -> Result<Embeddings> {
             let data = batch
                 .data
                 .chunks_exact(batch.image_len())

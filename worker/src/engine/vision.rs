@@ -6,7 +6,7 @@ use ort::session::Session;
 use ort::value::TensorRef;
 
 use crate::engine::session::{open_graph, static_last_dim, SessionConfig};
-use crate::engine::{l2_normalize_rows, Backend, Embeddings, PixelBatch};
+use crate::engine::{l2_normalize_rows, Backend, Embeddings, PixelBatch, RunHints};
 use crate::error::{Error, Result};
 use crate::model::ModelDir;
 
@@ -70,7 +70,7 @@ fn wrong_dim(file: &std::path::Path, output: &str, got: usize, want: usize) -> E
 }
 
 impl Backend for OrtVision {
-    fn embed(&mut self, batch: &PixelBatch) -> Result<Embeddings> {
+    fn run(&mut self, batch: &PixelBatch, _hints: RunHints) -> Result<Embeddings> {
         let shape = [
             batch.n as i64,
             batch.channels as i64,
