@@ -101,12 +101,50 @@ pub fn decode_rgb8(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeErr
     })
 }
 
-/// Decodes a JPEG in zune-jpeg's strict mode.
+/// Decodes a JPEG exactly as libjpeg-turbo (Pillow, the reference) does,
+/// through our own decoder; the few encodings it does not implement (CMYK,
+/// arithmetic coding, 12-bit) go to zune-jpeg, close to but not bit-exact
+/// with Pillow.
 ///
-/// By default decoders (zune-jpeg, libjpeg) paint a corrupt or cut-short scan
-/// grey and report success, as browsers want; an embedding of half an image is
+/// Both are strict: decoders usually paint a corrupt or cut-short scan grey
+/// and report success, as browsers want; an embedding of half an image is
 /// worse than an error record, so any entropy-coding error fails the input.
 fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeError> {
+    use crate::raster::jpeg::{self, ColorTransform, Error as JpegError};
+    let jl = jpeg::Limits {
+        max_width: limits.max_dimension,
+        max_height: limits.max_dimension,
+        max_alloc: limits.max_alloc,
+    };
+    let img = match jpeg::decode(None, bytes, ColorTransform::Auto, &jl) {
+        Ok(img) => img,
+        Err(JpegError::Unsupported(_)) => return decode_jpeg_zune(bytes, limits),
+        Err(e @ JpegError::TooLarge { .. }) => {
+            return Err(match jpeg::read_header(None, bytes) {
+                Ok(h) => DecodeError::TooLarge {
+                    width: h.width as usize,
+                    height: h.height as usize,
+                    limit: limits.max_alloc,
+                },
+                Err(_) => DecodeError::Jpeg(e.to_string()),
+            })
+        }
+        Err(e) => return Err(DecodeError::Jpeg(e.to_string())),
+    };
+    let data = match img.components {
+        3 => img.data,
+        // Grey is replicated, as PIL's convert("RGB") does.
+        _ => img.data.iter().flat_map(|&v| [v, v, v]).collect(),
+    };
+    Ok(Rgb8 {
+        width: img.width,
+        height: img.height,
+        data,
+    })
+}
+
+/// zune-jpeg in strict mode, for the encodings our decoder leaves out.
+fn decode_jpeg_zune(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeError> {
     use zune_core::bytestream::ZCursor;
     use zune_core::colorspace::ColorSpace;
     use zune_core::options::DecoderOptions;

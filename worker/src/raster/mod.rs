@@ -3,6 +3,7 @@
 pub mod geo;
 pub mod grid;
 pub mod image;
+pub mod jpeg;
 pub mod scale;
 pub mod scene;
 pub mod tar;

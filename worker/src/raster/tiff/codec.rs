@@ -244,82 +244,34 @@ fn require_8bit(ctx: &BlockCtx, codec: &str) -> Result<(), TiffError> {
 }
 
 fn jpeg(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    use crate::raster::jpeg::{self, ColorTransform, Error as JpegError, Limits};
     require_8bit(ctx, "JPEG")?;
-    use zune_core::colorspace::ColorSpace;
-    use zune_core::options::DecoderOptions;
-    // JPEGTables holds the shared quantisation/Huffman tables as an
-    // abbreviated stream (SOI..EOI); splice it in front of the block's own
-    // markers, dropping the tables' EOI and the block's SOI.
-    let merged;
-    let data = match ctx.jpeg_tables {
-        Some(t)
-            if t.len() >= 4
-                && input.len() >= 2
-                && t[..2] == [0xFF, 0xD8]
-                && input[..2] == [0xFF, 0xD8] =>
-        {
-            let mut m = Vec::with_capacity(t.len() + input.len());
-            let end = if t[t.len() - 2..] == [0xFF, 0xD9] {
-                t.len() - 2
-            } else {
-                t.len()
-            };
-            m.extend_from_slice(&t[..end]);
-            m.extend_from_slice(&input[2..]);
-            merged = m;
-            &merged[..]
-        }
-        _ => input,
-    };
-    let out_cs = if ctx.samples == 1 {
-        ColorSpace::Luma
+    // As libtiff with JPEGCOLORMODE_RGB, which GDAL sets: YCbCr is converted to
+    // RGB, anything else (RGB, grey) is passed through as stored.
+    let transform = if ctx.photometric == 6 {
+        ColorTransform::YCbCrToRgb
     } else {
-        ColorSpace::RGB
+        ColorTransform::None
     };
-    let opts = DecoderOptions::default()
-        .set_max_width(ctx.width as usize)
-        .set_max_height(ctx.rows.max(1) as usize * 2 + 16)
-        .jpeg_set_out_colorspace(out_cs);
-    let mut dec =
-        zune_jpeg::JpegDecoder::new_with_options(zune_core::bytestream::ZCursor::new(data), opts);
-    dec.decode_headers()
-        .map_err(|e| err("JPEG", ctx.block, JpegErr(format!("{e:?}"))))?;
-    if ctx.samples == 3 && ctx.photometric != 6 {
-        // zune-jpeg would convert YCbCr to RGB; a JPEG whose Photometric says RGB
-        // stores RGB already, and decoding it as YCbCr would shift colours.
-        if dec.input_colorspace() == Some(ColorSpace::YCbCr) {
-            return Err(TiffError::Unsupported(
-                "JPEG with PhotometricInterpretation RGB".into(),
-            ));
-        }
-    }
-    let info = dec
-        .info()
-        .ok_or_else(|| err("JPEG", ctx.block, JpegErr("no header".into())))?;
-    let pix = dec
-        .decode()
-        .map_err(|e| err("JPEG", ctx.block, JpegErr(format!("{e:?}"))))?;
+    let limits = Limits {
+        max_width: ctx.width,
+        max_height: ctx.rows.max(1) * 2 + 16,
+        // Planes, coefficients (progressive) and output: a few times the block.
+        max_alloc: (ctx.expected as u64).saturating_mul(8).max(1 << 20),
+    };
+    let img = jpeg::decode(ctx.jpeg_tables, input, transform, &limits).map_err(|e| match e {
+        JpegError::Unsupported(what) => TiffError::Unsupported(format!("JPEG: {what}")),
+        e => err("JPEG", ctx.block, e),
+    })?;
     fit(
         ctx,
         "JPEG",
-        info.width as usize,
-        info.height as usize,
-        out_cs.num_components(),
-        &pix,
+        img.width as usize,
+        img.height as usize,
+        usize::from(img.components),
+        &img.data,
     )
 }
-
-/// zune-jpeg's error type does not implement `std::error::Error`.
-#[derive(Debug)]
-struct JpegErr(String);
-
-impl std::fmt::Display for JpegErr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for JpegErr {}
 
 fn webp(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
     require_8bit(ctx, "WebP")?;
