@@ -4,7 +4,10 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use rsembed_worker::engine::session::Device;
+use rsembed_worker::engine::session::{
+    parse_byte_size, ArenaExtendStrategy, ArenaShrink, ConvAlgoSearch, Device, GraphOptLevel,
+    SessionConfig,
+};
 
 /// rsembed: remote-sensing archives to searchable Git-RSCLIP embeddings.
 #[derive(Debug, Parser)]
@@ -69,30 +72,95 @@ pub struct TilingArgs {
     pub shard_bytes: u64,
 }
 
-/// How inference runs.
+/// How inference runs. `docs/gpu-memory.md` explains each setting and its default.
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
-    /// `cpu`, `cuda` or `cuda:N`.
+    /// `cpu`, `cuda` or `cuda:N`. CUDA that cannot be used is an error with ONNX
+    /// Runtime's reason, never a silent fall back to the CPU.
     #[arg(long, env = "RSEMBED_DEVICE", default_value = "cpu")]
     pub device: Device,
     /// Images per inference call: `auto` or a number. On CPU, `auto` is 16.
     #[arg(long, env = "RSEMBED_BATCH_SIZE", default_value = "auto")]
     pub batch_size: String,
-    /// GPU memory limit for ONNX Runtime's CUDA arena, in bytes (CUDA only; ignored on CPU).
-    #[arg(long, env = "RSEMBED_GPU_MEM_LIMIT")]
+    /// Cap on ONNX Runtime's CUDA memory arena: bytes, or with a unit (`8GiB`,
+    /// `512MiB`, `8GB`). It caps the arena only, not the CUDA context or cuDNN's
+    /// workspace. Default: no cap. CUDA only; ignored on CPU.
+    #[arg(long, env = "RSEMBED_GPU_MEM_LIMIT", value_parser = parse_byte_size)]
     pub gpu_mem_limit: Option<u64>,
+    /// How the CUDA arena grows: `same-as-requested` (exactly what is asked for) or
+    /// `next-power-of-two` (ORT's own default, which can reserve up to twice what a
+    /// run needs).
+    #[arg(
+        long,
+        env = "RSEMBED_ARENA_EXTEND_STRATEGY",
+        default_value = "same-as-requested"
+    )]
+    pub arena_extend_strategy: ArenaExtendStrategy,
+    /// cuDNN convolution algorithm search: `heuristic`, `exhaustive` or `default`.
+    /// Default `heuristic`: SigLIP's one convolution (the patch embedding) is a tiny
+    /// share of the work, and an exhaustive search would benchmark, with a large
+    /// workspace, at the first run of every batch bucket.
+    #[arg(
+        long,
+        env = "RSEMBED_CUDNN_CONV_ALGO_SEARCH",
+        default_value = "heuristic"
+    )]
+    pub cudnn_conv_algo_search: ConvAlgoSearch,
+    /// TensorFloat-32 for float32 MatMul and Conv on CUDA (Ampere and later): faster,
+    /// with a 10-bit mantissa. Off by default, so fp32 embeddings stay fp32.
+    #[arg(long, env = "RSEMBED_TF32")]
+    pub tf32: bool,
+    /// Put the TensorRT execution provider in front of CUDA (needs TensorRT's
+    /// libraries; engines are built at start and for each new batch shape).
+    #[arg(long, env = "RSEMBED_TENSORRT")]
+    pub tensorrt: bool,
     /// Use the model's float16 vision graph (`vision_fp16` in rsembed-model.json).
     #[arg(long, env = "RSEMBED_FP16")]
     pub fp16: bool,
     /// Threads inside one ONNX Runtime operator. Default: ONNX Runtime's choice (one per core).
     #[arg(long, env = "RSEMBED_INTRA_THREADS")]
     pub intra_threads: Option<usize>,
+    /// Threads running independent graph nodes at once; more than 1 switches ONNX
+    /// Runtime to parallel execution. Default: sequential (SigLIP is one chain of
+    /// layers, so there is little to run side by side).
+    #[arg(long, env = "RSEMBED_INTER_THREADS")]
+    pub inter_threads: Option<usize>,
+    /// Graph optimisation level: `disable`, `basic`, `extended` or `all` (default).
+    #[arg(long, env = "RSEMBED_GRAPH_OPT_LEVEL", default_value = "all")]
+    pub graph_opt_level: GraphOptLevel,
+    /// Write ONNX Runtime's profile (Chrome trace JSON, chrome://tracing or Perfetto)
+    /// to this file when the session closes. Default: no profiling.
+    #[arg(long, env = "RSEMBED_ORT_PROFILE")]
+    pub ort_profile: Option<PathBuf>,
+    /// When a run returns the arena's free memory to the device: `never`,
+    /// `on-change` (after the batch bucket shrinks and on every retry after an
+    /// out-of-memory error; default) or `always` (after every run).
+    #[arg(long, env = "RSEMBED_ARENA_SHRINK", default_value = "on-change")]
+    pub arena_shrink: ArenaShrink,
     /// Path of libonnxruntime.so. Default: ORT_DYLIB_PATH, then next to the executable, then the system.
     #[arg(long, env = "RSEMBED_ORT_LIB")]
     pub ort_lib: Option<PathBuf>,
 }
 
 impl EngineArgs {
+    /// The ONNX Runtime session settings these flags ask for.
+    pub fn session_config(&self) -> SessionConfig {
+        SessionConfig {
+            device: self.device,
+            gpu_mem_limit: self.gpu_mem_limit,
+            arena_extend_strategy: self.arena_extend_strategy,
+            cudnn_conv_algo_search: self.cudnn_conv_algo_search,
+            tf32: self.tf32,
+            tensorrt: self.tensorrt,
+            intra_threads: self.intra_threads,
+            inter_threads: self.inter_threads,
+            graph_opt_level: self.graph_opt_level,
+            ort_profile: self.ort_profile.clone(),
+            arena_shrink: self.arena_shrink,
+            ort_lib: self.ort_lib.clone(),
+        }
+    }
+
     /// The batch size to use for a device.
     pub fn batch_size(&self) -> Result<usize, String> {
         match self.batch_size.as_str() {

@@ -14,7 +14,6 @@ use rsembed_schemas::job::{
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
 use rsembed_schemas::{SCHEMA_VERSION, SOFTWARE_VERSION};
-use rsembed_worker::engine::session::SessionConfig;
 use rsembed_worker::engine::thread::EngineHandle;
 use rsembed_worker::engine::vision::OrtVision;
 use rsembed_worker::model::ModelDir;
@@ -189,11 +188,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
 
     // Load the model before writing anything: a broken model directory must
     // leave no job behind.
-    let session_cfg = SessionConfig {
-        device: args.engine.device,
-        intra_threads: args.engine.intra_threads,
-        ort_lib: args.engine.ort_lib.clone(),
-    };
+    let session_cfg = args.engine.session_config();
     let engine = {
         let model = model.clone();
         let fp16 = args.engine.fp16;

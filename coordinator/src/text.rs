@@ -2,7 +2,6 @@
 
 use std::io::Write;
 
-use rsembed_worker::engine::session::SessionConfig;
 use rsembed_worker::engine::text::TextEncoder;
 use rsembed_worker::model::ModelDir;
 
@@ -12,11 +11,7 @@ use crate::error::Result;
 /// Embeds each text and writes one JSON array per line to `out`.
 pub fn run(args: &TextArgs, out: &mut dyn Write) -> Result<()> {
     let model = ModelDir::open(&args.model)?;
-    let cfg = SessionConfig {
-        device: args.engine.device,
-        intra_threads: args.engine.intra_threads,
-        ort_lib: args.engine.ort_lib.clone(),
-    };
+    let cfg = args.engine.session_config();
     let mut enc = TextEncoder::open(&model, &cfg)?;
     // Batches bound memory for long lists while keeping one run per batch.
     for chunk in args.texts.chunks(64) {

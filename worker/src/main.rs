@@ -70,6 +70,7 @@ fn check(args: &Args) -> anyhow::Result<String> {
         device: args.device,
         intra_threads: args.intra_threads,
         ort_lib: args.ort_lib.clone(),
+        ..SessionConfig::default()
     };
     let v = OrtVision::open(&model, args.fp16, &cfg)?;
     let (_, lib) = runtime::environment(cfg.ort_lib.as_deref())?;

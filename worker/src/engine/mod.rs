@@ -1,7 +1,11 @@
 //! Inference: the ONNX Runtime sessions, the backend trait and the engine thread.
 
+pub mod adaptive;
+pub mod batching;
+pub mod nvml;
 pub mod runtime;
 pub mod session;
+pub mod sim;
 pub mod text;
 pub mod thread;
 pub mod vision;

@@ -7,7 +7,7 @@ use ort::value::TensorRef;
 use tokenizers::Tokenizer;
 
 use crate::engine::l2_normalize_rows;
-use crate::engine::session::{open_graph, SessionConfig};
+use crate::engine::session::{finish_profile, open_graph, SessionConfig};
 use crate::error::{Error, Result};
 use crate::model::ModelDir;
 
@@ -20,6 +20,15 @@ pub struct TextEncoder {
     output: String,
     max_length: usize,
     embed_dim: usize,
+    profile: Option<PathBuf>,
+}
+
+impl Drop for TextEncoder {
+    fn drop(&mut self) {
+        if let Some(p) = &self.profile {
+            finish_profile(&mut self.session, p);
+        }
+    }
 }
 
 impl TextEncoder {
@@ -43,6 +52,7 @@ impl TextEncoder {
                 .max_length
                 .expect("max_length was checked when the model opened"),
             embed_dim: model.manifest.embed_dim,
+            profile: cfg.ort_profile.clone(),
         })
     }
 

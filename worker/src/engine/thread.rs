@@ -1,6 +1,9 @@
 //! The engine thread: one OS thread owns the model; async code talks to it
 //! through a bounded queue and gets each answer on a oneshot.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
@@ -18,6 +21,8 @@ struct Request {
 pub struct EngineHandle {
     tx: mpsc::Sender<Request>,
     max_batch: Option<usize>,
+    /// The backend's preferred batch after its latest request; 0 is none.
+    preferred: Arc<AtomicUsize>,
 }
 
 impl EngineHandle {
@@ -31,11 +36,14 @@ impl EngineHandle {
     {
         let (tx, mut rx) = mpsc::channel::<Request>(queue.max(1));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Option<usize>>>();
+        let preferred = Arc::new(AtomicUsize::new(0));
+        let publish = preferred.clone();
         std::thread::Builder::new()
             .name(name.to_owned())
             .spawn(move || {
                 let mut backend = match factory() {
                     Ok(b) => {
+                        publish.store(b.preferred_batch().unwrap_or(0), Ordering::Relaxed);
                         let _ = ready_tx.send(Ok(b.max_batch()));
                         b
                     }
@@ -47,6 +55,7 @@ impl EngineHandle {
                 while let Some(req) = rx.blocking_recv() {
                     let _enter = req.span.enter();
                     let out = backend.embed(&req.batch);
+                    publish.store(backend.preferred_batch().unwrap_or(0), Ordering::Relaxed);
                     // The caller may have given up (cancellation); that is not our error.
                     let _ = req.reply.send(out);
                 }
@@ -55,12 +64,23 @@ impl EngineHandle {
         let max_batch = ready_rx
             .recv()
             .map_err(|_| Error::EngineGone("engine thread died while starting".into()))??;
-        Ok(EngineHandle { tx, max_batch })
+        Ok(EngineHandle {
+            tx,
+            max_batch,
+            preferred,
+        })
     }
 
     /// The backend's batch limit, if it has one.
     pub fn max_batch(&self) -> Option<usize> {
         self.max_batch
+    }
+
+    /// The batch size the backend runs best at now (the adaptive bucket), as
+    /// of its latest request; the batcher fills batches to it. `None` when the
+    /// backend has no preference (a fixed `--batch-size`).
+    pub fn preferred_batch(&self) -> Option<usize> {
+        Some(self.preferred.load(Ordering::Relaxed)).filter(|n| *n > 0)
     }
 
     /// Embeds one batch, waiting for room in the queue first.
@@ -109,6 +129,33 @@ mod tests {
         };
         let e = h.embed(batch).await.unwrap();
         assert_eq!(e.data, vec![5.0, 1.0, 7.0, 1.0]);
+    }
+
+    #[tokio::test]
+    async fn publishes_the_backends_preferred_batch_after_each_request() {
+        struct Pref(usize);
+        impl Backend for Pref {
+            fn run(&mut self, b: &PixelBatch, h: crate::engine::RunHints) -> Result<Embeddings> {
+                self.0 = b.n * 2;
+                Echo.run(b, h)
+            }
+            fn preferred_batch(&self) -> Option<usize> {
+                Some(self.0)
+            }
+        }
+        let h = EngineHandle::spawn("test-engine", 1, || Ok(Pref(4))).unwrap();
+        assert_eq!(h.preferred_batch(), Some(4));
+        let batch = PixelBatch {
+            n: 3,
+            channels: 1,
+            height: 1,
+            width: 1,
+            data: vec![1.0, 2.0, 3.0],
+        };
+        h.embed(batch).await.unwrap();
+        assert_eq!(h.preferred_batch(), Some(6));
+        let plain = EngineHandle::spawn("test-engine", 1, || Ok(Echo)).unwrap();
+        assert_eq!(plain.preferred_batch(), None);
     }
 
     #[test]
