@@ -11,7 +11,7 @@ use rsembed_worker::engine::session::{
 
 /// rsembed: remote-sensing archives to searchable Git-RSCLIP embeddings.
 #[derive(Debug, Parser)]
-#[command(name = "rsembed", version, about)]
+#[command(name = "rsembed", version, about, args_override_self = true)]
 pub struct Cli {
     /// Log format: `text` for terminals, `json` for clusters.
     #[arg(
@@ -79,9 +79,17 @@ pub struct EngineArgs {
     /// Runtime's reason, never a silent fall back to the CPU.
     #[arg(long, env = "RSEMBED_DEVICE", default_value = "cpu")]
     pub device: Device,
-    /// Images per inference call: `auto` or a number. On CPU, `auto` is 16.
+    /// Images per inference call: `auto` (adaptive: a warm-up probe picks the
+    /// fastest power-of-two bucket up to `--max-batch`, out-of-memory errors split
+    /// the batch and lower the ceiling, and it climbs back after a run of
+    /// successes) or a fixed number.
     #[arg(long, env = "RSEMBED_BATCH_SIZE", default_value = "auto")]
     pub batch_size: String,
+    /// The largest bucket `--batch-size auto` may use. Default: 64 on CUDA, 16 on
+    /// CPU, where larger batches are rarely faster and the probe would cost minutes
+    /// with a full-size model.
+    #[arg(long, env = "RSEMBED_MAX_BATCH")]
+    pub max_batch: Option<usize>,
     /// Cap on ONNX Runtime's CUDA memory arena: bytes, or with a unit (`8GiB`,
     /// `512MiB`, `8GB`). It caps the arena only, not the CUDA context or cuDNN's
     /// workspace. Default: no cap. CUDA only; ignored on CPU.
@@ -161,16 +169,47 @@ impl EngineArgs {
         }
     }
 
-    /// The batch size to use for a device.
-    pub fn batch_size(&self) -> Result<usize, String> {
+    /// How batches are sized.
+    pub fn batch_policy(&self) -> Result<BatchPolicy, String> {
         match self.batch_size.as_str() {
-            "auto" => Ok(16),
+            "auto" => {
+                let default = match self.device {
+                    Device::Cpu => 16,
+                    Device::Cuda(_) => 64,
+                };
+                match self.max_batch.unwrap_or(default) {
+                    v @ 1..=4096 => Ok(BatchPolicy::Auto { max_batch: v }),
+                    v => Err(format!("--max-batch must be 1..=4096, not `{v}`")),
+                }
+            }
             n => match n.parse::<usize>() {
-                Ok(v) if (1..=4096).contains(&v) => Ok(v),
+                Ok(v) if (1..=4096).contains(&v) => Ok(BatchPolicy::Fixed(v)),
                 _ => Err(format!(
                     "--batch-size must be `auto` or 1..=4096, not `{n}`"
                 )),
             },
+        }
+    }
+}
+
+/// `--batch-size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchPolicy {
+    /// The adaptive controller, with buckets up to `max_batch`.
+    Auto {
+        /// The largest bucket.
+        max_batch: usize,
+    },
+    /// Every batch this size (the last of a task may be smaller).
+    Fixed(usize),
+}
+
+impl BatchPolicy {
+    /// The most images one batch may hold.
+    pub fn max(self) -> usize {
+        match self {
+            BatchPolicy::Auto { max_batch } => max_batch,
+            BatchPolicy::Fixed(n) => n,
         }
     }
 }

@@ -14,6 +14,7 @@ use rsembed_schemas::job::{
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
 use rsembed_schemas::{SCHEMA_VERSION, SOFTWARE_VERSION};
+use rsembed_worker::engine::adaptive::{Adaptive, AdaptiveConfig, ImageShape};
 use rsembed_worker::engine::thread::EngineHandle;
 use rsembed_worker::engine::vision::OrtVision;
 use rsembed_worker::model::ModelDir;
@@ -26,7 +27,7 @@ use rsembed_worker::store::{Location, StoreCache};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use crate::cli::{RunArgs, TilingArgs};
+use crate::cli::{BatchPolicy, RunArgs, TilingArgs};
 use crate::error::{Error, Result};
 use crate::plan::{plan, ListStats, Sharding};
 use crate::summary::Summary;
@@ -164,7 +165,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let model = ModelDir::open(&args.model)?;
     let tiling = tiling_spec(&args.tiling, &model)?;
     let scale: ScaleSpec = tiling.scale.parse().map_err(Error::Usage)?;
-    let batch_size = args.engine.batch_size().map_err(Error::Usage)?;
+    let policy = args.engine.batch_policy().map_err(Error::Usage)?;
     let model_ref = model.model_ref(args.engine.fp16)?;
     let fingerprint = JobSpec::fingerprint_of(&model_ref, &tiling);
     let job_id = JobSpec::job_id_of(&fingerprint, input.url.as_str());
@@ -192,13 +193,28 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let engine = {
         let model = model.clone();
         let fp16 = args.engine.fp16;
-        EngineHandle::spawn("rsembed-engine", 2, move || {
-            OrtVision::open(&model, fp16, &session_cfg)
-        })?
+        match policy {
+            BatchPolicy::Fixed(_) => EngineHandle::spawn("rsembed-engine", 2, move || {
+                OrtVision::open(&model, fp16, &session_cfg)
+            })?,
+            BatchPolicy::Auto { max_batch } => {
+                EngineHandle::spawn("rsembed-engine", 2, move || {
+                    let vision = OrtVision::open(&model, fp16, &session_cfg)?;
+                    let cfg = AdaptiveConfig {
+                        max_batch,
+                        ..AdaptiveConfig::default()
+                    };
+                    let mut a = Adaptive::new(vision, cfg);
+                    a.probe(ImageShape::of_model(&model))?;
+                    Ok(a)
+                })?
+            }
+        }
     };
+    let batch_size = engine.preferred_batch().unwrap_or(policy.max());
     tracing::info!(
         job_id = %job_id, input = %input.url, output = %output.url, model = %model_ref.name,
-        embed_dim = model_ref.embed_dim, batch_size, device = %args.engine.device,
+        embed_dim = model_ref.embed_dim, batch_size, ?policy, device = %args.engine.device,
         chip_size = tiling.chip_size, stride = tiling.stride, "starting job"
     );
 
@@ -229,7 +245,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         output: output.clone(),
         preprocessor: Arc::new(Preprocessor::new(&model.preprocessor)),
         engine,
-        batch_size,
+        batch_size: policy.max(),
         decode_concurrency: args
             .decode_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
@@ -306,6 +322,9 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
     progress.finish();
 
+    // Every task is done: drop the session now, so ORT writes its profile and
+    // frees its memory before the process exits.
+    runner.engine.shutdown().await;
     // Deterministic manifest order, whatever order tasks finished in.
     reports.sort_by(|a, b| a.task_id.cmp(&b.task_id));
     let files: Vec<ManifestFile> = reports.iter().map(|r| r.chips_file.clone()).collect();

@@ -81,6 +81,12 @@ pub fn rsembed() -> Command {
 }
 
 /// `rsembed run --input <input> --output <output> --model <model>`, ready for more flags.
+///
+/// The batch size is fixed at 16: `--batch-size auto` picks its bucket by
+/// timing, and ONNX Runtime's CPU kernels round differently for other batch
+/// sizes, so tests that compare bytes across runs would depend on the
+/// machine's load. `auto` has tests of its own (append `--batch-size auto`;
+/// the last value of a flag wins).
 pub fn run_cmd(input: &Path, output: &Path, model: &Path) -> Command {
     let mut c = rsembed();
     c.arg("run")
@@ -89,7 +95,8 @@ pub fn run_cmd(input: &Path, output: &Path, model: &Path) -> Command {
         .arg("--output")
         .arg(output)
         .arg("--model")
-        .arg(model);
+        .arg(model)
+        .args(["--batch-size", "16"]);
     c
 }
 

@@ -207,3 +207,39 @@ fn output_of_another_job_is_refused() {
     assert_ne!(o.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&o.stderr).contains("must not mix"));
 }
+
+#[test]
+fn auto_batch_size_probes_and_matches_fixed_batches() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (auto, fixed) = (tmp.path().join("auto"), tmp.path().join("fixed"));
+    let o = run(run_cmd(&fixture_images(), &auto, &tiny_model())
+        .args(["--batch-size", "auto", "--max-batch", "8"])
+        .env("RSEMBED_LOG", "rsembed_worker::engine::adaptive=info"));
+    assert_eq!(o.status.code(), Some(0));
+    let log = String::from_utf8_lossy(&o.stderr);
+    // The probe's table and choice are logged, one line per bucket.
+    assert!(log.contains("batch probe chose a bucket"), "{log}");
+    assert!(log.matches("batch probe").count() >= 2, "{log}");
+    let o = run(&mut run_cmd(&fixture_images(), &fixed, &tiny_model()));
+    assert_eq!(o.status.code(), Some(0));
+    let q = |d: &std::path::Path| {
+        duckdb(&format!(
+            "SELECT chip_id, embedding::FLOAT[] FROM '{}/chips/*.parquet' ORDER BY chip_id",
+            d.display()
+        ))
+    };
+    let (a, f) = (q(&auto), q(&fixed));
+    let (a, f) = (a.as_array().unwrap(), f.as_array().unwrap());
+    assert_eq!(a.len(), f.len());
+    for (x, y) in a.iter().zip(f) {
+        assert_eq!(x[0], y[0], "same chips");
+        let v = |e: &serde_json::Value| -> Vec<f64> {
+            e.as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect()
+        };
+        assert!(cosine(&v(&x[1]), &v(&y[1])) > 0.99999);
+    }
+}

@@ -57,7 +57,8 @@ pub struct TaskRunner {
     pub preprocessor: Arc<Preprocessor>,
     /// The inference thread.
     pub engine: EngineHandle,
-    /// Images per inference call.
+    /// Images per inference call: the fixed size, or the adaptive engine's
+    /// largest bucket (it fills batches to its current bucket below that).
     pub batch_size: usize,
     /// Inputs decoded at once.
     pub decode_concurrency: usize,
@@ -180,7 +181,14 @@ impl TaskRunner {
                 }
                 None => {}
             }
-            if pending.len() >= self.batch_size || (done && !pending.is_empty()) {
+            // The adaptive engine's current bucket, so batches arrive the size it
+            // runs best; a fixed batch size otherwise.
+            let target = self
+                .engine
+                .preferred_batch()
+                .unwrap_or(self.batch_size)
+                .clamp(1, self.batch_size.max(1));
+            if pending.len() >= target || (done && !pending.is_empty()) {
                 let batch = std::mem::take(&mut pending);
                 rows.extend(self.embed_batch(batch, &tiling_fp).await?);
             }

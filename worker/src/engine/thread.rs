@@ -10,10 +10,14 @@ use tracing::Instrument;
 use crate::engine::{Backend, Embeddings, PixelBatch};
 use crate::error::{Error, Result};
 
-struct Request {
-    batch: PixelBatch,
-    reply: oneshot::Sender<Result<Embeddings>>,
-    span: tracing::Span,
+enum Request {
+    Embed {
+        batch: PixelBatch,
+        reply: oneshot::Sender<Result<Embeddings>>,
+        span: tracing::Span,
+    },
+    /// Drop the backend (ORT writes its profile, frees its arena) and stop.
+    Shutdown(oneshot::Sender<()>),
 }
 
 /// A cloneable handle to the engine thread.
@@ -53,11 +57,19 @@ impl EngineHandle {
                     }
                 };
                 while let Some(req) = rx.blocking_recv() {
-                    let _enter = req.span.enter();
-                    let out = backend.embed(&req.batch);
+                    let (batch, reply, span) = match req {
+                        Request::Embed { batch, reply, span } => (batch, reply, span),
+                        Request::Shutdown(done) => {
+                            drop(backend);
+                            let _ = done.send(());
+                            return;
+                        }
+                    };
+                    let _enter = span.enter();
+                    let out = backend.embed(&batch);
                     publish.store(backend.preferred_batch().unwrap_or(0), Ordering::Relaxed);
                     // The caller may have given up (cancellation); that is not our error.
-                    let _ = req.reply.send(out);
+                    let _ = reply.send(out);
                 }
             })
             .map_err(Error::Io)?;
@@ -88,12 +100,22 @@ impl EngineHandle {
         let (reply, rx) = oneshot::channel();
         let span = tracing::Span::current();
         self.tx
-            .send(Request { batch, reply, span })
+            .send(Request::Embed { batch, reply, span })
             .instrument(tracing::trace_span!("engine_queue"))
             .await
             .map_err(|_| Error::EngineGone("engine queue closed".into()))?;
         rx.await
             .map_err(|_| Error::EngineGone("engine thread dropped a request".into()))?
+    }
+
+    /// Drops the backend on its thread after the requests already queued, and
+    /// waits for it: a process must not exit while ORT still writes its
+    /// profile or holds device memory. Later requests fail with `EngineGone`.
+    pub async fn shutdown(&self) {
+        let (done, rx) = oneshot::channel();
+        if self.tx.send(Request::Shutdown(done)).await.is_ok() {
+            let _ = rx.await;
+        }
     }
 }
 
