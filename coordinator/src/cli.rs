@@ -243,6 +243,11 @@ pub struct RunArgs {
     /// TIFF scenes are read window by window under the reader's own limits.
     #[arg(long, env = "RSEMBED_MAX_PIXELS", default_value_t = 1 << 28)]
     pub max_pixels: u64,
+    /// Serve Prometheus metrics at `http://<HOST:PORT>/metrics` while the job runs
+    /// (chips, failed inputs, batch size and ceiling, out-of-memory count, inference
+    /// time, queue depths, GPU memory). Default: off.
+    #[arg(long, env = "RSEMBED_METRICS_ADDR", value_name = "HOST:PORT")]
+    pub metrics_addr: Option<String>,
     /// Print the summary as JSON instead of text.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,

@@ -17,6 +17,7 @@ use rsembed_schemas::{SCHEMA_VERSION, SOFTWARE_VERSION};
 use rsembed_worker::engine::adaptive::{Adaptive, AdaptiveConfig, ImageShape};
 use rsembed_worker::engine::thread::EngineHandle;
 use rsembed_worker::engine::vision::OrtVision;
+use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::pipeline::{Counters, TaskReport, TaskRunner};
 use rsembed_worker::preprocess::Preprocessor;
@@ -161,6 +162,12 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let input = stores.location(&args.input)?;
     let output = stores.location(&args.output)?;
     check_output(&output).await?;
+    // Before the model loads, so the warm-up probe can be watched too. The
+    // server stops when the run returns (the guard cancels it).
+    let _metrics = match &args.metrics_addr {
+        Some(addr) => Some(serve_metrics(addr).await?),
+        None => None,
+    };
 
     let model = ModelDir::open(&args.model)?;
     let tiling = tiling_spec(&args.tiling, &model)?;
@@ -205,6 +212,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
                         ..AdaptiveConfig::default()
                     };
                     let mut a = Adaptive::new(vision, cfg);
+                    metrics::global().watch_adaptive(a.stats_handle());
                     a.probe(ImageShape::of_model(&model))?;
                     Ok(a)
                 })?
@@ -212,6 +220,10 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         }
     };
     let batch_size = engine.preferred_batch().unwrap_or(policy.max());
+    if let BatchPolicy::Fixed(n) = policy {
+        metrics::global().batch_size.set(n as i64);
+        metrics::global().batch_ceiling.set(n as i64);
+    }
     tracing::info!(
         job_id = %job_id, input = %input.url, output = %output.url, model = %model_ref.name,
         embed_dim = model_ref.embed_dim, batch_size, ?policy, device = %args.engine.device,
@@ -375,6 +387,16 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         seconds: elapsed.as_secs_f64(),
         embed_dim: model_ref.embed_dim,
     })
+}
+
+/// Starts the metrics endpoint on `addr`; it serves until the guard drops.
+async fn serve_metrics(addr: &str) -> Result<tokio_util::sync::DropGuard> {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let (bound, _task) = metrics::server::start(addr, metrics::global(), stop.clone())
+        .await
+        .map_err(|e| Error::Usage(format!("--metrics-addr {addr}: cannot listen: {e}")))?;
+    tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");
+    Ok(stop.drop_guard())
 }
 
 fn tokio_stream_of<T: Send + 'static>(mut rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> {

@@ -7,6 +7,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod metrics;
 pub mod model;
 pub mod pipeline;
 pub mod preprocess;

@@ -1,13 +1,37 @@
 //! Running one task: fetch → decode + preprocess (CPU pool) → batch → infer → write.
 //!
+//! ```text
+//! inputs ─► decoders (buffer_unordered(decode_concurrency), CPU work in spawn_blocking)
+//!        ─► channel of 2·B chips ─► batcher (fills a batch to the engine's bucket)
+//!        ─► up to BATCHES_IN_FLIGHT batches at the engine thread ─► rows (in order) ─► Parquet
+//! ```
+//!
 //! The stages are joined by bounded channels, so a slow model holds back the
-//! decoders instead of letting decoded pixels pile up in memory, and decoding
-//! the next batch overlaps inference of the current one.
+//! decoders instead of letting decoded pixels pile up in memory. The batcher
+//! keeps [`BATCHES_IN_FLIGHT`] batches at the engine, so the engine finds the
+//! next batch in its queue when it finishes one instead of waiting for the
+//! batcher to hear the answer and fill another; while those run, the batcher
+//! keeps filling the next batch and the decoders keep filling the channel.
+//!
+//! # Memory bound
+//!
+//! With `B` the largest batch (`--batch-size`, or `--max-batch` for `auto`)
+//! and `D` the decode concurrency, one task holds at most
+//! `(2 + 1 + BATCHES_IN_FLIGHT)·B + D` = `5·B + D` decoded chips that are not
+//! yet embedded: `2·B` in the channel, at most `B` in the batch being filled,
+//! `BATCHES_IN_FLIGHT·B` in batches at the engine (each chip's pixels are
+//! copied into the request and freed at once, so they are held once), and
+//! one per decoder waiting for room in the channel (a scene or an archive is
+//! read chip by chip). A chip is
+//! `3·H·W·4` bytes (768 KiB at 256²). `--tasks-in-flight T` tasks hold
+//! `T·(5·B + D)` at most; the engine's own copies (padding a piece to its
+//! bucket) come on top, one piece at a time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::stream::FuturesOrdered;
+use futures::{Future, StreamExt};
 use object_store::ObjectStoreExt;
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::ids::{chip_id, Window};
@@ -20,6 +44,7 @@ use tracing::Instrument;
 use crate::engine::thread::EngineHandle;
 use crate::engine::PixelBatch;
 use crate::error::{chain, Error, Result};
+use crate::metrics::{self, Held};
 use crate::preprocess::Preprocessor;
 use crate::raster::image::{decode_rgb8, DecodeLimits};
 use crate::raster::scale::ScaleSpec;
@@ -30,6 +55,10 @@ use crate::store::{Location, StoreCache};
 
 mod archive;
 mod scene;
+
+/// Batches one task keeps sent to the engine and not yet answered: one
+/// running, one queued behind it, so the engine never waits for the batcher.
+pub const BATCHES_IN_FLIGHT: usize = 2;
 
 /// What the input stage sends on: a chip ready for the model, or an error row.
 pub(crate) type Item = std::result::Result<Prepared, ErrorRow>;
@@ -95,6 +124,9 @@ pub(crate) struct Prepared {
     pub(crate) crs: Option<String>,
     pub(crate) footprint: Option<Footprint>,
     pub(crate) pixels: Vec<f32>,
+    /// Counts the chip in [`metrics::names::QUEUE_CHIPS`] until it is sent to
+    /// the engine (or dropped with its task).
+    pub(crate) queued: Held<'static>,
 }
 
 impl TaskRunner {
@@ -170,17 +202,9 @@ impl TaskRunner {
         let mut rows: Vec<ChipRow> = Vec::new();
         let mut failures: Vec<ErrorRow> = Vec::new();
         let mut pending: Vec<Prepared> = Vec::with_capacity(self.batch_size);
+        let mut in_flight = FuturesOrdered::new();
+        let mut receiving = true;
         loop {
-            let item = rx.recv().await;
-            let done = item.is_none();
-            match item {
-                Some(Ok(p)) => pending.push(p),
-                Some(Err(e)) => {
-                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    failures.push(e);
-                }
-                None => {}
-            }
             // The adaptive engine's current bucket, so batches arrive the size it
             // runs best; a fixed batch size otherwise.
             let target = self
@@ -188,18 +212,47 @@ impl TaskRunner {
                 .preferred_batch()
                 .unwrap_or(self.batch_size)
                 .clamp(1, self.batch_size.max(1));
-            if pending.len() >= target || (done && !pending.is_empty()) {
+            let ready = pending.len() >= target || (!receiving && !pending.is_empty());
+            if ready && in_flight.len() < BATCHES_IN_FLIGHT {
                 let batch = std::mem::take(&mut pending);
-                rows.extend(self.embed_batch(batch, &tiling_fp).await?);
+                in_flight.push_back(self.embed_batch(batch, target, &tiling_fp));
             }
-            if done {
+            if !receiving && pending.is_empty() && in_flight.is_empty() {
                 break;
+            }
+            // Here either a batch is in flight, or the input is still open and
+            // `pending` has room (a full `pending` was sent above unless the
+            // engine already has BATCHES_IN_FLIGHT batches): a branch is live.
+            tokio::select! {
+                biased;
+                // Answers first: they free the most memory.
+                Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                    // A fatal engine error fails the task; the other batch in
+                    // flight is dropped with it.
+                    rows.extend(done?);
+                }
+                item = rx.recv(), if receiving && pending.len() < target => match item {
+                    Some(Ok(p)) => pending.push(p),
+                    Some(Err(e)) => {
+                        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                        metrics::global().failed_inputs.inc_by(1);
+                        failures.push(e);
+                    }
+                    None => receiving = false,
+                },
+                else => {
+                    return Err(Error::EngineGone(
+                        "batcher has nothing to wait for; this is a bug".into(),
+                    ))
+                }
             }
         }
         producer
             .await
             .map_err(|e| Error::EngineGone(format!("input stage panicked: {e}")))?;
 
+        // Counted until the chip file is written.
+        let _writing = metrics::global().queue_tasks.hold(1);
         rows.sort_by(|a, b| {
             (&a.source_uri, a.window.y, a.window.x).cmp(&(&b.source_uri, b.window.y, b.window.x))
         });
@@ -243,47 +296,64 @@ impl TaskRunner {
         }
     }
 
-    async fn embed_batch(&self, batch: Vec<Prepared>, tiling_fp: &str) -> Result<Vec<ChipRow>> {
+    /// Moves the pixels of `batch` into one request now and returns the
+    /// future that sends it to the engine and turns the answer into rows, in
+    /// batch order. The future runs in a `batch` span.
+    fn embed_batch<'a>(
+        &'a self,
+        mut batch: Vec<Prepared>,
+        bucket: usize,
+        tiling_fp: &'a str,
+    ) -> impl Future<Output = Result<Vec<ChipRow>>> + 'a {
         let n = batch.len();
         let (h, w) = (
             self.preprocessor.height() as usize,
             self.preprocessor.width() as usize,
         );
         let mut data = Vec::with_capacity(n * self.preprocessor.len());
-        for p in &batch {
+        for p in &mut batch {
             data.extend_from_slice(&p.pixels);
+            // Each chip's pixels live once, in the request.
+            p.pixels = Vec::new();
+            p.queued.release();
         }
-        let emb = self
-            .engine
-            .embed(PixelBatch {
-                n,
-                channels: 3,
-                height: h,
-                width: w,
-                data,
-            })
-            .await?;
-        let rows: Vec<ChipRow> = batch
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| ChipRow {
-                chip_id: chip_id(
-                    &p.input.uri,
-                    p.input.version.as_deref(),
-                    p.window,
-                    tiling_fp,
-                ),
-                source_uri: p.input.uri,
-                source_version: p.input.version,
-                window: p.window,
-                valid_fraction: p.valid_fraction,
-                crs: p.crs,
-                footprint: p.footprint,
-                embedding: emb.row(i).to_vec(),
-            })
-            .collect();
-        self.counters.chips.fetch_add(n as u64, Ordering::Relaxed);
-        Ok(rows)
+        let pixels = PixelBatch {
+            n,
+            channels: 3,
+            height: h,
+            width: w,
+            data,
+        };
+        let at_engine = metrics::global().queue_batches.hold(1);
+        let span = tracing::debug_span!("batch", images = n, bucket);
+        async move {
+            let emb = self.engine.embed(pixels).await?;
+            drop(at_engine);
+            let rows: Vec<ChipRow> = batch
+                .into_iter()
+                .enumerate()
+                .map(|(i, p)| ChipRow {
+                    chip_id: chip_id(
+                        &p.input.uri,
+                        p.input.version.as_deref(),
+                        p.window,
+                        tiling_fp,
+                    ),
+                    source_uri: p.input.uri,
+                    source_version: p.input.version,
+                    window: p.window,
+                    valid_fraction: p.valid_fraction,
+                    crs: p.crs,
+                    footprint: p.footprint,
+                    embedding: emb.row(i).to_vec(),
+                })
+                .collect();
+            self.counters.chips.fetch_add(n as u64, Ordering::Relaxed);
+            metrics::global().chips.inc_by(n as u64);
+            tracing::debug!(images = n, "batch embedded");
+            Ok(rows)
+        }
+        .instrument(span)
     }
 }
 
@@ -360,6 +430,7 @@ async fn prepare(
             crs: None,
             footprint: None,
             pixels,
+            queued: crate::metrics::global().queue_chips.hold(1),
         }),
         Ok(Err((stage, e))) => Err(input_error(&input, stage, &*e)),
         Err(join) => {

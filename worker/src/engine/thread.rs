@@ -1,8 +1,14 @@
 //! The engine thread: one OS thread owns the model; async code talks to it
 //! through a bounded queue and gets each answer on a oneshot.
+//!
+//! After building the backend and after each request, the thread publishes
+//! into [`crate::metrics::global`]: the request's wall time, the backend's
+//! preferred batch, device memory (one NVML query, on CUDA) and the adaptive
+//! statistics.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
@@ -48,6 +54,7 @@ impl EngineHandle {
                 let mut backend = match factory() {
                     Ok(b) => {
                         publish.store(b.preferred_batch().unwrap_or(0), Ordering::Relaxed);
+                        crate::metrics::global().observe_backend(&b);
                         let _ = ready_tx.send(Ok(b.max_batch()));
                         b
                     }
@@ -66,8 +73,14 @@ impl EngineHandle {
                         }
                     };
                     let _enter = span.enter();
+                    let started = Instant::now();
                     let out = backend.embed(&batch);
+                    let seconds = started.elapsed().as_secs_f64();
                     publish.store(backend.preferred_batch().unwrap_or(0), Ordering::Relaxed);
+                    let metrics = crate::metrics::global();
+                    metrics.inference_seconds.observe(seconds);
+                    metrics.observe_backend(&backend);
+                    tracing::debug!(images = batch.n, seconds, ok = out.is_ok(), "engine run");
                     // The caller may have given up (cancellation); that is not our error.
                     let _ = reply.send(out);
                 }

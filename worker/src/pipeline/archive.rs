@@ -107,6 +107,7 @@ pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mps
                                 crs: None,
                                 footprint: None,
                                 pixels,
+                                queued: crate::metrics::global().queue_chips.hold(1),
                             }),
                         },
                     }

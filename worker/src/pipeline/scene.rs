@@ -139,6 +139,7 @@ pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::S
             crs: chip.crs,
             footprint: chip.footprint,
             pixels,
+            queued: crate::metrics::global().queue_chips.hold(1),
         });
         if tx.send(item).await.is_err() {
             return;
