@@ -12,6 +12,15 @@ The model has Git-RSCLIP's architecture (SiglipModel: vision tower with attentio
 head, text tower with last-token pooling and head) at tiny widths, and its own
 sentencepiece unigram vocabulary trained here on generated captions. Everything is seeded:
 running the script twice gives byte-identical files.
+
+Size options make larger random models of the same architecture for benchmarks (never
+committed), e.g. a ViT-S-shaped one for bench/pipeline.py:
+
+    .cache/tools-venv/bin/python tools/make_test_model.py --hidden 384 --layers 6 --heads 6 \
+        --intermediate 1536 --no-fp16 --out .cache/bench-models/siglip-w384-l6 \
+        --images .cache/bench-models/images --checkpoint .cache/bench-models/siglip-w384-l6-hf
+
+Without them the output is the committed tiny model, byte for byte.
 """
 
 from __future__ import annotations
@@ -161,7 +170,21 @@ def train_sentencepiece(path: str) -> None:
 # --------------------------------------------------------------------------- model
 
 
-def build_checkpoint(ckpt_dir: str):
+class Size:
+    """Tower sizes; the defaults are the committed tiny model's. Both towers get the same
+    sizes, and the text head projects to the vision width, as in SigLIP."""
+
+    def __init__(self, hidden: int = 64, layers: int = 2, heads: int = 4, intermediate: int | None = None):
+        if hidden % heads:
+            raise SystemExit(f"--hidden {hidden} is not a multiple of --heads {heads}")
+        self.hidden, self.layers, self.heads = hidden, layers, heads
+        self.intermediate = intermediate if intermediate is not None else 2 * hidden
+
+    def is_tiny(self) -> bool:
+        return (self.hidden, self.layers, self.heads, self.intermediate) == (64, 2, 4, 128)
+
+
+def build_checkpoint(ckpt_dir: str, size: Size | None = None):
     import torch
     from transformers import SiglipConfig, SiglipModel, SiglipTokenizer
 
@@ -175,16 +198,18 @@ def build_checkpoint(ckpt_dir: str):
     train_sentencepiece(spm_path)
     tokenizer = SiglipTokenizer(vocab_file=spm_path, model_max_length=MAX_LENGTH)
 
+    size = size or Size()
+    tower = dict(
+        hidden_size=size.hidden, intermediate_size=size.intermediate, num_hidden_layers=size.layers,
+        num_attention_heads=size.heads,
+    )
     config = SiglipConfig(
         text_config=dict(
-            vocab_size=tokenizer.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, max_position_embeddings=MAX_LENGTH, projection_size=64,
+            vocab_size=tokenizer.vocab_size, **tower, max_position_embeddings=MAX_LENGTH,
+            projection_size=size.hidden,
             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
         ),
-        vision_config=dict(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            image_size=IMAGE_SIZE, patch_size=16, num_channels=3,
-        ),
+        vision_config=dict(**tower, image_size=IMAGE_SIZE, patch_size=16, num_channels=3),
     )
     torch.manual_seed(SEED)
     model = SiglipModel(config).eval()
@@ -305,7 +330,8 @@ def _to_json(value, indent: str = "") -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def write_reference(ckpt_dir: str, fixtures_dir: str, image_files: list[str], ref_path: str) -> None:
+def write_reference(ckpt_dir: str, fixtures_dir: str, image_files: list[str], ref_path: str,
+                    name: str = MODEL_NAME) -> None:
     import PIL
     import torch
     import transformers
@@ -344,7 +370,7 @@ def write_reference(ckpt_dir: str, fixtures_dir: str, image_files: list[str], re
         texts.append({"text": text, "input_ids": ids, "text_embeds": _floats(emb)})
 
     reference = {
-        "model": MODEL_NAME,
+        "model": name,
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__.split("+")[0],
         "pillow_version": PIL.__version__,
@@ -380,7 +406,19 @@ def main(argv=None) -> int:
     p.add_argument("--images", default=os.path.join(REPO, "fixtures", "images"), help="image directory to write")
     p.add_argument("--checkpoint", help="also keep the Hugging Face checkpoint in this directory "
                    "(e.g. to run tools/export_onnx.py on it by hand); default: a temporary directory")
+    size = p.add_argument_group("model size (defaults: the committed tiny model; other sizes skip the fixture size limit)")
+    size.add_argument("--hidden", type=int, default=64, help="width of both towers (default 64)")
+    size.add_argument("--layers", type=int, default=2, help="encoder layers per tower (default 2)")
+    size.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
+    size.add_argument("--intermediate", type=int, help="MLP width (default 2 x --hidden)")
+    p.add_argument("--name", help=f"model name in rsembed-model.json (default {MODEL_NAME!r} at the default "
+                   "size, otherwise siglip-w<hidden>-l<layers>)")
+    p.add_argument("--no-fp16", dest="fp16", action="store_false",
+                   help="skip vision_model_fp16.onnx: at larger widths the amplified random weights push "
+                   "float16 past the exporter's cosine bound (0.998 at width 384)")
     args = p.parse_args(argv)
+    size = Size(args.hidden, args.layers, args.heads, args.intermediate)
+    name = args.name or (MODEL_NAME if size.is_tiny() else f"siglip-w{size.hidden}-l{size.layers}")
     fixtures_dir = os.path.dirname(os.path.abspath(args.images))
 
     for d in (args.out, args.images):  # stale files must not survive a regeneration
@@ -390,12 +428,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="tiny-siglip-") as tmp:
         ckpt = args.checkpoint or tmp
         os.makedirs(ckpt, exist_ok=True)
-        build_checkpoint(ckpt)
-        if not export_onnx.export(ckpt, args.out, fp16=True, name=MODEL_NAME):
+        build_checkpoint(ckpt, size)
+        if not export_onnx.export(ckpt, args.out, fp16=args.fp16, name=name):
             print("export FAILED", file=sys.stderr)
             return 1
         image_files = write_images(args.images)
-        write_reference(ckpt, fixtures_dir, image_files, os.path.join(args.out, "reference.json"))
+        write_reference(ckpt, fixtures_dir, image_files, os.path.join(args.out, "reference.json"), name)
 
     model_bytes, image_bytes = dir_size(args.out), dir_size(args.images)
     print(f"{args.out}: {model_bytes} bytes; {args.images}: {image_bytes} bytes")
@@ -403,7 +441,7 @@ def main(argv=None) -> int:
         print(f"   {os.path.getsize(os.path.join(args.out, name)):>9}  {name}")
     for name in sorted(os.listdir(args.images)):
         print(f"   {os.path.getsize(os.path.join(args.images, name)):>9}  images/{name}")
-    if model_bytes > FIXTURE_LIMIT or image_bytes > IMAGES_LIMIT:
+    if size.is_tiny() and (model_bytes > FIXTURE_LIMIT or image_bytes > IMAGES_LIMIT):
         print(f"fixtures too large (limits {FIXTURE_LIMIT} and {IMAGES_LIMIT} bytes)", file=sys.stderr)
         return 1
     return 0

@@ -2,10 +2,11 @@
 //! to NCHW float32, as `rsembed run` does for every whole image.
 //!
 //! Cases: a 256×256 PNG (the model's size: no resize) and a 512×384 JPEG
-//! (bicubic downscale to 256×256). Run with
-//! `cargo bench -p rsembed-worker --bench preprocess`; `bench/compare.py` times
-//! Hugging Face's SiglipImageProcessor on the same images for the ratio in
-//! docs/benchmarks.md.
+//! (bicubic downscale to 256×256), each with and without the decode (the
+//! decode-free 256×256 case is a GeoTIFF chip's). Run with
+//! `cargo bench -p rsembed-worker --bench preprocess`; `bench/compare.py` and
+//! `bench/preprocess.py` time Hugging Face's SiglipImageProcessor on the same
+//! images for the ratios in docs/benchmarks.md.
 
 use std::io::Cursor;
 use std::path::Path;
@@ -57,6 +58,11 @@ fn bench(c: &mut Criterion) {
     let decoded = decode_rgb8(&jpg, limits).unwrap();
     c.bench_function("resize_normalize_only_512x384", |b| {
         b.iter(|| pre.run_into(&decoded, &mut out).unwrap())
+    });
+    // A GeoTIFF chip: already decoded and at the model's size (bench/preprocess.py).
+    let chip = decode_rgb8(&png, limits).unwrap();
+    c.bench_function("normalize_only_256", |b| {
+        b.iter(|| pre.run_into(&chip, &mut out).unwrap())
     });
 }
 
