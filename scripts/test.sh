@@ -23,8 +23,12 @@ if [[ "${CI:-}" == "true" || "${RSEMBED_FUZZ:-0}" == "1" ]]; then
 fi
 # One closing line for the whole suite; cargo's own last line is the last
 # crate's doc-tests, which has none.
-awk '/^test result:/ { p += $4; f += $6; i += $8 }
-     END { printf "rsembed: %d passed, %d failed, %d skipped\n", p, f, i }' "$log"
+awk -v status="$status" '/^test result:/ { p += $4; f += $6; i += $8 }
+     END {
+       printf "rsembed: %d passed, %d failed, %d skipped\n", p, f, i
+       # A build error stops cargo test before any test fails: say so.
+       if (status != 0 && f == 0) printf "rsembed: cargo test exited with status %d before finishing (see %s)\n", status, FILENAME
+     }' "$log"
 if [[ "$status" -eq 0 && "$fuzz_status" -ne 0 ]]; then
   status=$fuzz_status
 fi
