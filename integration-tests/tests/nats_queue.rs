@@ -188,8 +188,9 @@ async fn unacked_tasks_survive_a_server_kill_and_the_client_reconnects() {
     let started = Instant::now();
     while again.len() < 2 && started.elapsed() < Duration::from_secs(20) {
         for m in fetch(&consumer, 2, Duration::from_secs(3)).await {
-            let info = m.info().expect("JetStream metadata");
-            assert!(info.delivered >= 2, "a redelivery: {}", info.delivered);
+            // No check of the delivery count: a SIGKILL can land before the
+            // server flushed the consumer's state, so a redelivery may count 1
+            // again. That the unacked tasks come back is what matters.
             m.double_ack().await.expect("acked");
             again.push(task_of(&m));
         }
