@@ -8,7 +8,7 @@
 
 use super::color::{interleave_row, YccTables};
 use super::error::{corrupt, Error};
-use super::huffman::{BitReader, HuffTable};
+use super::huffman::{BitReader, HuffTable, Restarts};
 use super::idct::{dc_only_value, idct_islow};
 use super::progressive;
 use super::upsample::{self, Method};
@@ -740,22 +740,14 @@ impl Decoder<'_> {
         } else {
             (frame.mcus_x, frame.mcus_y)
         };
-        let ri = usize::from(self.restart_interval);
+        let mut restarts = Restarts::new(self.restart_interval);
         let mut br = BitReader::new(data, pos);
         let mut preds = [0i32; 4];
         let mut blk = [0i16; 64];
-        let mut left = ri;
-        let mut rst = 0u8;
         for my in 0..rows {
             for mx in 0..per_row {
-                if ri != 0 {
-                    if left == 0 {
-                        br.restart(rst)?;
-                        rst = (rst + 1) & 7;
-                        preds = [0; 4];
-                        left = ri;
-                    }
-                    left -= 1;
+                if restarts.before_mcu(&mut br)? {
+                    preds = [0; 4];
                 }
                 for (a, pred) in active.iter().zip(preds.iter_mut()) {
                     let c = &mut frame.comps[a.ci];

@@ -343,6 +343,41 @@ impl<'a> BitReader<'a> {
     }
 }
 
+/// Restart-interval bookkeeping, shared by sequential and progressive scans.
+pub(crate) struct Restarts {
+    interval: usize,
+    left: usize,
+    next: u8,
+}
+
+impl Restarts {
+    pub(crate) fn new(interval: u16) -> Restarts {
+        let interval = usize::from(interval);
+        Restarts {
+            interval,
+            left: interval,
+            next: 0,
+        }
+    }
+
+    /// Called before each MCU: at the end of an interval, consumes the
+    /// expected RSTn marker. Returns true when it did, so the caller resets
+    /// its DC predictions (and EOB run).
+    pub(crate) fn before_mcu(&mut self, br: &mut BitReader<'_>) -> Result<bool, Error> {
+        if self.interval == 0 {
+            return Ok(false);
+        }
+        let restarted = self.left == 0;
+        if restarted {
+            br.restart(self.next)?;
+            self.next = (self.next + 1) & 7;
+            self.left = self.interval;
+        }
+        self.left -= 1;
+        Ok(restarted)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,7 @@
 
 use super::decoder::{coef_overflow, huff_table, Decoder, Frame, Scan, ZIGZAG};
 use super::error::{corrupt, Error};
-use super::huffman::{BitReader, HuffTable};
+use super::huffman::{BitReader, HuffTable, Restarts};
 use super::idct::idct_islow;
 
 /// Coefficients 1..SAVED_COEFS decide libjpeg-turbo's `smoothing_ok`.
@@ -74,23 +74,15 @@ pub(crate) fn decode_scan(
     } else {
         (frame.mcus_x, frame.mcus_y)
     };
-    let ri = usize::from(d.restart_interval);
+    let mut restarts = Restarts::new(d.restart_interval);
     let mut br = BitReader::new(data, pos);
     let mut preds = [0i32; 4];
     let mut eobrun = 0u32;
-    let mut left = ri;
-    let mut rst = 0u8;
     for my in 0..rows {
         for mx in 0..per_row {
-            if ri != 0 {
-                if left == 0 {
-                    br.restart(rst)?;
-                    rst = (rst + 1) & 7;
-                    preds = [0; 4];
-                    eobrun = 0;
-                    left = ri;
-                }
-                left -= 1;
+            if restarts.before_mcu(&mut br)? {
+                preds = [0; 4];
+                eobrun = 0;
             }
             for (si, sc) in scan.comps.iter().enumerate() {
                 let c = &mut frame.comps[sc.ci];

@@ -191,29 +191,25 @@ trait Sample: Copy + PartialEq {
     fn is_nan(self) -> bool;
 }
 
-impl Sample for u8 {
-    fn is_zero(self) -> bool {
-        self == 0
-    }
-    fn nodata(nd: f64) -> Option<u8> {
-        (nd.fract() == 0.0 && (0.0..=255.0).contains(&nd)).then_some(nd as u8)
-    }
-    fn is_nan(self) -> bool {
-        false
-    }
+macro_rules! integer_sample {
+    ($t:ty) => {
+        impl Sample for $t {
+            fn is_zero(self) -> bool {
+                self == 0
+            }
+            fn nodata(nd: f64) -> Option<$t> {
+                let range = f64::from(<$t>::MIN)..=f64::from(<$t>::MAX);
+                (nd.fract() == 0.0 && range.contains(&nd)).then_some(nd as $t)
+            }
+            fn is_nan(self) -> bool {
+                false
+            }
+        }
+    };
 }
 
-impl Sample for u16 {
-    fn is_zero(self) -> bool {
-        self == 0
-    }
-    fn nodata(nd: f64) -> Option<u16> {
-        (nd.fract() == 0.0 && (0.0..=65535.0).contains(&nd)).then_some(nd as u16)
-    }
-    fn is_nan(self) -> bool {
-        false
-    }
-}
+integer_sample!(u8);
+integer_sample!(u16);
 
 impl Sample for f64 {
     fn is_zero(self) -> bool {
