@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-test-env.sh
+# CI builds once from clean: incremental caches only cost disk there.
+if [[ "${CI:-}" == "true" ]]; then
+  export CARGO_INCREMENTAL=0
+  df -h . | tail -1 | awk '{ print "rsembed: disk free before the build: " $4 }'
+fi
 export ORT_DYLIB_PATH="$PWD/.cache/ort/libonnxruntime.so.1.31.1"
 export RSEMBED_TEST_PYTHON="$PWD/.cache/venv/bin/python"
 cargo fmt --all -- --check
