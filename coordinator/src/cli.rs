@@ -2,12 +2,11 @@
 //! reads an `RSEMBED_*` environment variable.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use rsembed_worker::engine::session::{
-    parse_byte_size, ArenaExtendStrategy, ArenaShrink, ConvAlgoSearch, Device, GraphOptLevel,
-    SessionConfig,
-};
+pub use rsembed_worker::engine::args::{BatchPolicy, EngineArgs};
+use rsembed_worker::queue::{parse_duration, NatsArgs, QueueConfig};
 
 /// rsembed: remote-sensing archives to searchable Git-RSCLIP embeddings.
 #[derive(Debug, Parser)]
@@ -33,8 +32,135 @@ pub enum Command {
     Run(RunArgs),
     /// Dry run: the inputs and tasks a job would have; writes nothing.
     Plan(PlanArgs),
+    /// Distributed mode: publish the job's tasks to NATS JetStream for `rsembed-worker`s.
+    Submit(SubmitArgs),
+    /// Distributed mode: tasks done, in flight, pending and failed; chips, rate, ETA.
+    Status(StatusArgs),
+    /// Distributed mode: verify that every task has its files, then write manifest.json.
+    Finalize(FinalizeArgs),
     /// Text embeddings, one JSON array per line.
     Text(TextArgs),
+}
+
+/// The work queue's settings, applied by `submit` to the shared stream and consumer.
+#[derive(Debug, Clone, Args)]
+pub struct QueueArgs {
+    /// Replicas of the task stream and the state bucket (1 on one server, 3 on a cluster).
+    #[arg(long, env = "RSEMBED_STREAM_REPLICAS", default_value_t = 1)]
+    pub stream_replicas: usize,
+    /// How long a worker may hold a task without an ack or an in-progress ack
+    /// before JetStream redelivers it (workers send progress every third of it).
+    #[arg(long, env = "RSEMBED_ACK_WAIT", default_value = "60s", value_parser = parse_duration)]
+    pub ack_wait: Duration,
+    /// Deliveries before a task is dead-lettered.
+    #[arg(long, env = "RSEMBED_MAX_DELIVER", default_value_t = 5)]
+    pub max_deliver: i64,
+    /// Redelivery delays after missed acks, comma-separated (e.g. `10s,1m,5m`);
+    /// their count must be below `--max-deliver`. Default: `--ack-wait` each time.
+    #[arg(long, env = "RSEMBED_BACKOFF", value_delimiter = ',', value_parser = parse_duration)]
+    pub backoff: Vec<Duration>,
+    /// Tasks delivered and not yet acked, over all workers: the fleet's prefetch cap.
+    #[arg(long, env = "RSEMBED_MAX_ACK_PENDING", default_value_t = 1000)]
+    pub max_ack_pending: i64,
+}
+
+impl QueueArgs {
+    /// The queue configuration these flags ask for.
+    pub fn config(&self) -> Result<QueueConfig, String> {
+        if self.max_deliver < 1 {
+            return Err(format!(
+                "--max-deliver must be at least 1, not {}",
+                self.max_deliver
+            ));
+        }
+        if !self.backoff.is_empty() && self.backoff.len() as i64 >= self.max_deliver {
+            return Err(format!(
+                "--backoff has {} delays; JetStream needs fewer than --max-deliver ({})",
+                self.backoff.len(),
+                self.max_deliver
+            ));
+        }
+        Ok(QueueConfig {
+            replicas: self.stream_replicas.max(1),
+            ack_wait: self.ack_wait,
+            max_deliver: self.max_deliver,
+            backoff: self.backoff.clone(),
+            max_ack_pending: self.max_ack_pending,
+            ..QueueConfig::default()
+        })
+    }
+}
+
+/// `rsembed submit`.
+#[derive(Debug, Clone, Args)]
+pub struct SubmitArgs {
+    /// NATS connection.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// Input: a local folder or file, or an object store URL. Workers must be
+    /// able to read it by the same URL.
+    #[arg(long, env = "RSEMBED_INPUT")]
+    pub input: String,
+    /// Output: an object store URL (or a folder every worker mounts at the same path).
+    #[arg(long, env = "RSEMBED_OUTPUT")]
+    pub output: String,
+    /// Model directory: its JSON files are read and its graphs hashed for the
+    /// job fingerprint; ONNX Runtime is not loaded.
+    #[arg(long, env = "RSEMBED_MODEL")]
+    pub model: PathBuf,
+    /// The job runs the model's float16 vision graph (workers need `--fp16` too).
+    #[arg(long, env = "RSEMBED_FP16")]
+    pub fp16: bool,
+    /// Tiling.
+    #[command(flatten)]
+    pub tiling: TilingArgs,
+    /// Queue settings.
+    #[command(flatten)]
+    pub queue: QueueArgs,
+    /// Replace another job at this output: its queued tasks, job state and
+    /// files (chips/, errors/, manifest.json) are deleted first.
+    #[arg(long, env = "RSEMBED_FORCE_NEW_JOB")]
+    pub force_new_job: bool,
+    /// Requeue the tasks recorded as failed (dead-lettered).
+    #[arg(long, env = "RSEMBED_RETRY_FAILED")]
+    pub retry_failed: bool,
+    /// Print the summary as JSON.
+    #[arg(long, env = "RSEMBED_JSON")]
+    pub json: bool,
+}
+
+/// `rsembed status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// NATS connection.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// The job's output (its job.json names the job).
+    #[arg(long, env = "RSEMBED_OUTPUT")]
+    pub output: String,
+    /// Keep showing progress until the job is finished.
+    #[arg(long)]
+    pub watch: bool,
+    /// Refresh interval of `--watch`.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// Print JSON (one object; one per line with `--watch`).
+    #[arg(long, env = "RSEMBED_JSON")]
+    pub json: bool,
+}
+
+/// `rsembed finalize`.
+#[derive(Debug, Clone, Args)]
+pub struct FinalizeArgs {
+    /// NATS connection.
+    #[command(flatten)]
+    pub nats: NatsArgs,
+    /// The job's output.
+    #[arg(long, env = "RSEMBED_OUTPUT")]
+    pub output: String,
+    /// Print the result as JSON.
+    #[arg(long, env = "RSEMBED_JSON")]
+    pub json: bool,
 }
 
 /// How inputs are cut into chips.
@@ -70,148 +196,6 @@ pub struct TilingArgs {
     /// a task reads only its region. Smaller TIFFs are one task input.
     #[arg(long, env = "RSEMBED_SHARD_BYTES", default_value_t = 16 << 20)]
     pub shard_bytes: u64,
-}
-
-/// How inference runs. `docs/gpu-memory.md` explains each setting and its default.
-#[derive(Debug, Clone, Args)]
-pub struct EngineArgs {
-    /// `cpu`, `cuda` or `cuda:N`. CUDA that cannot be used is an error with ONNX
-    /// Runtime's reason, never a silent fall back to the CPU.
-    #[arg(long, env = "RSEMBED_DEVICE", default_value = "cpu")]
-    pub device: Device,
-    /// Images per inference call: `auto` (adaptive: a warm-up probe picks the
-    /// fastest power-of-two bucket up to `--max-batch`, out-of-memory errors split
-    /// the batch and lower the ceiling, and it climbs back after a run of
-    /// successes) or a fixed number.
-    #[arg(long, env = "RSEMBED_BATCH_SIZE", default_value = "auto")]
-    pub batch_size: String,
-    /// The largest bucket `--batch-size auto` may use. Default: 64 on CUDA, 16 on
-    /// CPU, where larger batches are rarely faster and the probe would cost minutes
-    /// with a full-size model.
-    #[arg(long, env = "RSEMBED_MAX_BATCH")]
-    pub max_batch: Option<usize>,
-    /// Cap on ONNX Runtime's CUDA memory arena: bytes, or with a unit (`8GiB`,
-    /// `512MiB`, `8GB`). It caps the arena only, not the CUDA context or cuDNN's
-    /// workspace. Default: no cap. CUDA only; ignored on CPU.
-    #[arg(long, env = "RSEMBED_GPU_MEM_LIMIT", value_parser = parse_byte_size)]
-    pub gpu_mem_limit: Option<u64>,
-    /// How the CUDA arena grows: `same-as-requested` (exactly what is asked for) or
-    /// `next-power-of-two` (ORT's own default, which can reserve up to twice what a
-    /// run needs).
-    #[arg(
-        long,
-        env = "RSEMBED_ARENA_EXTEND_STRATEGY",
-        default_value = "same-as-requested"
-    )]
-    pub arena_extend_strategy: ArenaExtendStrategy,
-    /// cuDNN convolution algorithm search: `heuristic`, `exhaustive` or `default`.
-    /// Default `heuristic`: SigLIP's one convolution (the patch embedding) is a tiny
-    /// share of the work, and an exhaustive search would benchmark, with a large
-    /// workspace, at the first run of every batch bucket.
-    #[arg(
-        long,
-        env = "RSEMBED_CUDNN_CONV_ALGO_SEARCH",
-        default_value = "heuristic"
-    )]
-    pub cudnn_conv_algo_search: ConvAlgoSearch,
-    /// TensorFloat-32 for float32 MatMul and Conv on CUDA (Ampere and later): faster,
-    /// with a 10-bit mantissa. Off by default, so fp32 embeddings stay fp32.
-    #[arg(long, env = "RSEMBED_TF32")]
-    pub tf32: bool,
-    /// Put the TensorRT execution provider in front of CUDA (needs TensorRT's
-    /// libraries; engines are built at start and for each new batch shape).
-    #[arg(long, env = "RSEMBED_TENSORRT")]
-    pub tensorrt: bool,
-    /// Use the model's float16 vision graph (`vision_fp16` in rsembed-model.json).
-    #[arg(long, env = "RSEMBED_FP16")]
-    pub fp16: bool,
-    /// Threads inside one ONNX Runtime operator. Default: ONNX Runtime's choice (one per core).
-    #[arg(long, env = "RSEMBED_INTRA_THREADS")]
-    pub intra_threads: Option<usize>,
-    /// Threads running independent graph nodes at once; more than 1 switches ONNX
-    /// Runtime to parallel execution. Default: sequential (SigLIP is one chain of
-    /// layers, so there is little to run side by side).
-    #[arg(long, env = "RSEMBED_INTER_THREADS")]
-    pub inter_threads: Option<usize>,
-    /// Graph optimisation level: `disable`, `basic`, `extended` or `all` (default).
-    #[arg(long, env = "RSEMBED_GRAPH_OPT_LEVEL", default_value = "all")]
-    pub graph_opt_level: GraphOptLevel,
-    /// Write ONNX Runtime's profile (Chrome trace JSON, chrome://tracing or Perfetto)
-    /// to this file when the session closes. Default: no profiling.
-    #[arg(long, env = "RSEMBED_ORT_PROFILE")]
-    pub ort_profile: Option<PathBuf>,
-    /// When a run returns the arena's free memory to the device: `never`,
-    /// `on-change` (after the batch bucket shrinks and on every retry after an
-    /// out-of-memory error; default) or `always` (after every run).
-    #[arg(long, env = "RSEMBED_ARENA_SHRINK", default_value = "on-change")]
-    pub arena_shrink: ArenaShrink,
-    /// Path of libonnxruntime.so. Default: ORT_DYLIB_PATH, then next to the executable, then the system.
-    #[arg(long, env = "RSEMBED_ORT_LIB")]
-    pub ort_lib: Option<PathBuf>,
-}
-
-impl EngineArgs {
-    /// The ONNX Runtime session settings these flags ask for.
-    pub fn session_config(&self) -> SessionConfig {
-        SessionConfig {
-            device: self.device,
-            gpu_mem_limit: self.gpu_mem_limit,
-            arena_extend_strategy: self.arena_extend_strategy,
-            cudnn_conv_algo_search: self.cudnn_conv_algo_search,
-            tf32: self.tf32,
-            tensorrt: self.tensorrt,
-            intra_threads: self.intra_threads,
-            inter_threads: self.inter_threads,
-            graph_opt_level: self.graph_opt_level,
-            ort_profile: self.ort_profile.clone(),
-            arena_shrink: self.arena_shrink,
-            ort_lib: self.ort_lib.clone(),
-        }
-    }
-
-    /// How batches are sized.
-    pub fn batch_policy(&self) -> Result<BatchPolicy, String> {
-        match self.batch_size.as_str() {
-            "auto" => {
-                let default = match self.device {
-                    Device::Cpu => 16,
-                    Device::Cuda(_) => 64,
-                };
-                match self.max_batch.unwrap_or(default) {
-                    v @ 1..=4096 => Ok(BatchPolicy::Auto { max_batch: v }),
-                    v => Err(format!("--max-batch must be 1..=4096, not `{v}`")),
-                }
-            }
-            n => match n.parse::<usize>() {
-                Ok(v) if (1..=4096).contains(&v) => Ok(BatchPolicy::Fixed(v)),
-                _ => Err(format!(
-                    "--batch-size must be `auto` or 1..=4096, not `{n}`"
-                )),
-            },
-        }
-    }
-}
-
-/// `--batch-size`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BatchPolicy {
-    /// The adaptive controller, with buckets up to `max_batch`.
-    Auto {
-        /// The largest bucket.
-        max_batch: usize,
-    },
-    /// Every batch this size (the last of a task may be smaller).
-    Fixed(usize),
-}
-
-impl BatchPolicy {
-    /// The most images one batch may hold.
-    pub fn max(self) -> usize {
-        match self {
-            BatchPolicy::Auto { max_batch } => max_batch,
-            BatchPolicy::Fixed(n) => n,
-        }
-    }
 }
 
 /// `rsembed run`.

@@ -21,6 +21,9 @@ pub enum Error {
     /// The run stopped before finishing.
     #[error("cancelled")]
     Cancelled,
+    /// The NATS queue or job state failed.
+    #[error(transparent)]
+    Queue(#[from] rsembed_worker::queue::QueueError),
     /// JSON that does not parse.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),

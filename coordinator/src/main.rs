@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Parser;
 use rsembed_coordinator::cli::{Cli, Command, PlanArgs};
 use rsembed_coordinator::plan::{plan, ListStats, Sharding};
-use rsembed_coordinator::{run, text};
+use rsembed_coordinator::{finalize, run, status, submit, text};
 use rsembed_schemas::job::TilingSpec;
 use rsembed_worker::raster::tiff::TiffLimits;
 use tracing_subscriber::EnvFilter;
@@ -79,6 +79,42 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             })
         }
         Command::Plan(args) => plan_cmd(args).await,
+        Command::Submit(args) => {
+            let json = args.json;
+            let s = submit::submit(args).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", s.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status(args) => {
+            let (json, watch) = (args.json, args.watch);
+            let s = status::status(args).await?;
+            if json && !watch {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else if !json {
+                print!("{}", s.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Finalize(args) => {
+            let json = args.json;
+            let r = finalize::finalize(args).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print!("{}", r.render());
+            }
+            Ok(if r.manifest.is_none() {
+                ExitCode::FAILURE
+            } else if r.failed > 0 {
+                ExitCode::from(EXIT_FAILED_INPUTS)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
         Command::Text(args) => {
             let mut out = std::io::stdout().lock();
             text::run(&args, &mut out)?;

@@ -14,12 +14,10 @@ use rsembed_schemas::job::{
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
 use rsembed_schemas::{SCHEMA_VERSION, SOFTWARE_VERSION};
-use rsembed_worker::engine::adaptive::{Adaptive, AdaptiveConfig, ImageShape};
-use rsembed_worker::engine::thread::EngineHandle;
-use rsembed_worker::engine::vision::OrtVision;
+use rsembed_worker::engine::args::start_engine;
 use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
-use rsembed_worker::pipeline::{Counters, TaskReport, TaskRunner};
+use rsembed_worker::pipeline::{Commit, Counters, JobContext, StoreErrors, TaskReport, TaskRunner};
 use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::raster::image::DecodeLimits;
 use rsembed_worker::raster::scale::ScaleSpec;
@@ -28,7 +26,7 @@ use rsembed_worker::store::{Location, StoreCache};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use crate::cli::{BatchPolicy, RunArgs, TilingArgs};
+use crate::cli::{RunArgs, TilingArgs};
 use crate::error::{Error, Result};
 use crate::plan::{plan, ListStats, Sharding};
 use crate::summary::Summary;
@@ -78,7 +76,7 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
 }
 
 /// Makes sure the output can be written, before any work starts.
-async fn check_output(out: &Location) -> Result<()> {
+pub(crate) async fn check_output(out: &Location) -> Result<()> {
     if let Some(dir) = out.local_dir() {
         std::fs::create_dir_all(&dir).map_err(|e| {
             Error::Output(format!(
@@ -99,7 +97,10 @@ async fn check_output(out: &Location) -> Result<()> {
     Ok(())
 }
 
-async fn read_json<T: serde::de::DeserializeOwned>(out: &Location, rel: &str) -> Result<Option<T>> {
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    out: &Location,
+    rel: &str,
+) -> Result<Option<T>> {
     match out.store.get(&out.child(rel)).await {
         Ok(got) => Ok(Some(serde_json::from_slice(&got.bytes().await?)?)),
         Err(object_store::Error::NotFound { .. }) => Ok(None),
@@ -107,7 +108,7 @@ async fn read_json<T: serde::de::DeserializeOwned>(out: &Location, rel: &str) ->
     }
 }
 
-async fn put_json<T: serde::Serialize>(out: &Location, rel: &str, v: &T) -> Result<()> {
+pub(crate) async fn put_json<T: serde::Serialize>(out: &Location, rel: &str, v: &T) -> Result<()> {
     let bytes = serde_json::to_vec_pretty(v)?;
     out.store
         .put(&out.child(rel), PutPayload::from(bytes))
@@ -149,7 +150,7 @@ async fn describe(out: &Location, rel: &str) -> Result<Option<ManifestFile>> {
     }))
 }
 
-fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .expect("formatting the current time cannot fail")
@@ -196,34 +197,8 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
 
     // Load the model before writing anything: a broken model directory must
     // leave no job behind.
-    let session_cfg = args.engine.session_config();
-    let engine = {
-        let model = model.clone();
-        let fp16 = args.engine.fp16;
-        match policy {
-            BatchPolicy::Fixed(_) => EngineHandle::spawn("rsembed-engine", 2, move || {
-                OrtVision::open(&model, fp16, &session_cfg)
-            })?,
-            BatchPolicy::Auto { max_batch } => {
-                EngineHandle::spawn("rsembed-engine", 2, move || {
-                    let vision = OrtVision::open(&model, fp16, &session_cfg)?;
-                    let cfg = AdaptiveConfig {
-                        max_batch,
-                        ..AdaptiveConfig::default()
-                    };
-                    let mut a = Adaptive::new(vision, cfg);
-                    metrics::global().watch_adaptive(a.stats_handle());
-                    a.probe(ImageShape::of_model(&model))?;
-                    Ok(a)
-                })?
-            }
-        }
-    };
+    let (engine, _) = start_engine(&model, &args.engine)?;
     let batch_size = engine.preferred_batch().unwrap_or(policy.max());
-    if let BatchPolicy::Fixed(n) = policy {
-        metrics::global().batch_size.set(n as i64);
-        metrics::global().batch_ceiling.set(n as i64);
-    }
     tracing::info!(
         job_id = %job_id, input = %input.url, output = %output.url, model = %model_ref.name,
         embed_dim = model_ref.embed_dim, batch_size, ?policy, device = %args.engine.device,
@@ -254,7 +229,6 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let counters = Arc::new(Counters::default());
     let runner = Arc::new(TaskRunner {
         stores: stores.clone(),
-        output: output.clone(),
         preprocessor: Arc::new(Preprocessor::new(&model.preprocessor)),
         engine,
         batch_size: policy.max(),
@@ -266,6 +240,13 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
             ..DecodeLimits::default()
         },
         tiff_limits: TiffLimits::default(),
+        store_errors: StoreErrors::Record,
+        commit: Commit::Overwrite,
+        counters: counters.clone(),
+    });
+
+    let job = Arc::new(JobContext {
+        output: output.clone(),
         scale,
         file_meta: FileMeta {
             schema_version: SCHEMA_VERSION,
@@ -277,9 +258,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
             tiling: tiling.clone(),
             software_version: SOFTWARE_VERSION.to_owned(),
         },
-        counters: counters.clone(),
     });
-
     let stats = Arc::new(ListStats::default());
     let (ttx, trx) = mpsc::channel::<Task>(16);
     let sharding = Sharding {
@@ -302,6 +281,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let mut results = tokio_stream_of(trx)
         .map(|task| {
             let runner = runner.clone();
+            let job = job.clone();
             let output = output.clone();
             let resumed = resumed.clone();
             async move {
@@ -313,7 +293,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
                         .fetch_add(task.inputs.len() as u64, Ordering::Relaxed);
                     return Ok::<_, Error>(done);
                 }
-                Ok(runner.run(&task).await?)
+                Ok(runner.run(&job, &task).await?)
             }
         })
         .buffer_unordered(args.tasks_in_flight.max(1));
@@ -366,6 +346,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         files,
         error_files,
         failures,
+        failed_tasks: vec![],
         finalized_at: now_rfc3339(),
         software_version: SOFTWARE_VERSION.to_owned(),
     };

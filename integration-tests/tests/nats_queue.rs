@@ -8,6 +8,8 @@ use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt;
 use rsembed_coordinator::queue::{self, QueueConfig};
 use rsembed_integration_tests::nats::NatsServer;
+use rsembed_schemas::job::TilingSpec;
+use rsembed_schemas::queue::{TaskMessage, MESSAGE_FORMAT};
 use rsembed_schemas::task::{Task, TaskInput};
 
 fn task(job: &str, uri: &str) -> Task {
@@ -52,7 +54,31 @@ async fn fetch(
 }
 
 fn task_of(m: &jetstream::Message) -> Task {
-    serde_json::from_slice(&m.payload).expect("task JSON")
+    serde_json::from_slice::<TaskMessage>(&m.payload)
+        .expect("task JSON")
+        .task
+}
+
+/// Publishes `t` as the coordinator does, with its id as the message id.
+async fn publish(js: &jetstream::Context, t: &Task) -> queue::PublishOutcome {
+    let msg = TaskMessage {
+        format: MESSAGE_FORMAT,
+        model_fingerprint: "model".into(),
+        model_name: "test".into(),
+        output: "file:///tmp/out".into(),
+        tiling: TilingSpec {
+            chip_size: 256,
+            stride: 256,
+            bands: vec![1, 2, 3],
+            scale: "auto".into(),
+            min_valid: None,
+            band_files: None,
+        },
+        task: t.clone(),
+    };
+    queue::publish_task(js, &msg, &t.task_id)
+        .await
+        .expect("published")
 }
 
 #[tokio::test]
@@ -104,9 +130,9 @@ async fn publishing_a_task_twice_stores_it_once() {
         .expect("setup");
     let t = task("job1", "file:///a.tif");
     let other = task("job2", "file:///a.tif");
-    assert!(!queue::publish_task(&js, &t).await.unwrap().duplicate);
-    assert!(queue::publish_task(&js, &t).await.unwrap().duplicate);
-    assert!(!queue::publish_task(&js, &other).await.unwrap().duplicate);
+    assert!(!publish(&js, &t).await.duplicate);
+    assert!(publish(&js, &t).await.duplicate);
+    assert!(!publish(&js, &other).await.duplicate);
 
     let mut s = js.get_stream("RSEMBED_TASKS").await.unwrap();
     assert_eq!(s.info().await.unwrap().state.messages, 2);
@@ -139,7 +165,7 @@ async fn unacked_tasks_survive_a_server_kill_and_the_client_reconnects() {
         .map(|i| task("job", &format!("file:///{i}.tif")))
         .collect();
     for t in &tasks {
-        assert!(!queue::publish_task(&js, t).await.unwrap().duplicate);
+        assert!(!publish(&js, t).await.duplicate);
     }
     let got = fetch(&consumer, 3, Duration::from_secs(2)).await;
     assert_eq!(got.len(), 3);
@@ -201,10 +227,5 @@ async fn unacked_tasks_survive_a_server_kill_and_the_client_reconnects() {
     assert_eq!(again, expected);
 
     // Publishing after the restart still deduplicates against the stored ids.
-    assert!(
-        queue::publish_task(&js, &expected[0])
-            .await
-            .unwrap()
-            .duplicate
-    );
+    assert!(publish(&js, &expected[0]).await.duplicate);
 }

@@ -156,6 +156,19 @@ pub struct ManifestFailure {
     pub error: String,
 }
 
+/// A task given up on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestFailedTask {
+    /// The task.
+    pub task_id: String,
+    /// Its inputs' URIs.
+    pub inputs: Vec<String>,
+    /// The last error a worker reported.
+    pub error: String,
+    /// Deliveries before it was given up.
+    pub deliveries: u64,
+}
+
 /// `manifest.json`: written last, only when every task of the plan is done.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -177,6 +190,11 @@ pub struct Manifest {
     pub error_files: Vec<ManifestFile>,
     /// The failed inputs, up to a bound; `failed_inputs` has the full count.
     pub failures: Vec<ManifestFailure>,
+    /// Tasks given up on (distributed mode: dead-lettered), with their last
+    /// error. A manifest is written with failed tasks only by `finalize
+    /// --allow-failed`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_tasks: Vec<ManifestFailedTask>,
     /// RFC 3339 time the manifest was written.
     pub finalized_at: String,
     /// Software that wrote it.

@@ -12,6 +12,7 @@ pub mod ids;
 pub mod job;
 pub mod meta;
 pub mod model;
+pub mod queue;
 pub mod task;
 
 /// Version of the chip row schema written into every file's `rsembed` metadata.

@@ -69,6 +69,13 @@ pub enum Error {
     /// The inference thread has gone away.
     #[error("inference engine stopped: {0}")]
     EngineGone(String),
+    /// A flag or setting that cannot be used.
+    #[error("{0}")]
+    Usage(String),
+    /// The task could not run for a reason outside its inputs' content (the
+    /// store failed or an object is missing); a later delivery may succeed.
+    #[error("task must be retried: {0}")]
+    TaskRetry(String),
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -151,6 +158,27 @@ pub fn is_out_of_memory(err: &Error) -> bool {
 
 /// The worker's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whether an object store error is somewhere in `err`'s source chain: the
+/// input could not be read, which says nothing about its content.
+///
+/// `io::Error::other` hides the error it wraps from `source()` (it returns
+/// the inner error's source), so the wrapped error is looked at too.
+pub fn is_store_error(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if e.is::<object_store::Error>() {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.get_ref().is_some_and(|inner| is_store_error(inner)) {
+                return true;
+            }
+        }
+        cur = e.source();
+    }
+    false
+}
 
 /// Formats an error with its whole source chain, as `a: b: c`.
 pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {

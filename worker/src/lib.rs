@@ -11,7 +11,9 @@ pub mod metrics;
 pub mod model;
 pub mod pipeline;
 pub mod preprocess;
+pub mod queue;
 pub mod raster;
+pub mod serve;
 pub mod sink;
 pub mod store;
 

@@ -1,86 +1,184 @@
-//! `rsembed-worker`: the pull worker, one per GPU.
-//!
-//! The NATS JetStream loop is not built yet; today the binary loads a model
-//! directory, proves it runs (one probe batch) and reports what it loaded, which
-//! is what a deployment's readiness check needs.
+//! `rsembed-worker`: the pull worker, one per GPU. It serves every job whose
+//! model fingerprint equals its own, from the shared JetStream consumer.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
-use rsembed_worker::engine::runtime;
-use rsembed_worker::engine::session::{Device, SessionConfig};
-use rsembed_worker::engine::vision::OrtVision;
+use rsembed_worker::engine::args::{start_engine, EngineArgs};
+use rsembed_worker::error::chain;
+use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
+use rsembed_worker::pipeline::{Commit, Counters, StoreErrors, TaskRunner};
+use rsembed_worker::preprocess::Preprocessor;
+use rsembed_worker::queue::{parse_duration, NatsArgs, Queue, QueueConfig};
+use rsembed_worker::raster::image::DecodeLimits;
+use rsembed_worker::raster::tiff::TiffLimits;
+use rsembed_worker::serve::{default_name, ServeConfig, Worker};
+use rsembed_worker::store::StoreCache;
+use tokio_util::sync::CancellationToken;
 
-/// rsembed pull worker.
+/// rsembed pull worker: runs the tasks of every job submitted with this model.
 #[derive(Debug, Parser)]
-#[command(name = "rsembed-worker", version, about)]
+#[command(name = "rsembed-worker", version, about, args_override_self = true)]
 struct Args {
-    /// NATS server URL. The pull loop is not implemented yet.
-    #[arg(long, env = "RSEMBED_NATS")]
-    nats: Option<String>,
+    /// NATS connection.
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Model directory.
     #[arg(long, env = "RSEMBED_MODEL")]
     model: PathBuf,
-    /// `cpu`, `cuda` or `cuda:N`.
-    #[arg(long, env = "RSEMBED_DEVICE", default_value = "cpu")]
-    device: Device,
-    /// Use the float16 vision graph.
-    #[arg(long, env = "RSEMBED_FP16")]
-    fp16: bool,
-    /// Threads inside one ONNX Runtime operator.
-    #[arg(long, env = "RSEMBED_INTRA_THREADS")]
-    intra_threads: Option<usize>,
-    /// Path of libonnxruntime.so.
-    #[arg(long, env = "RSEMBED_ORT_LIB")]
-    ort_lib: Option<PathBuf>,
+    /// Inference.
+    #[command(flatten)]
+    engine: EngineArgs,
+    /// Tasks held at once; each is pulled only when a slot is free. Two keep the
+    /// model busy while one task is written.
+    #[arg(long, env = "RSEMBED_TASKS_IN_FLIGHT", default_value_t = 2)]
+    tasks_in_flight: usize,
+    /// Inputs decoded at once. Default: the number of cores.
+    #[arg(long, env = "RSEMBED_DECODE_THREADS")]
+    decode_threads: Option<usize>,
+    /// Largest whole image (PNG/JPEG) one input may decode to, in pixels.
+    #[arg(long, env = "RSEMBED_MAX_PIXELS", default_value_t = 1 << 28)]
+    max_pixels: u64,
+    /// After SIGTERM: how long running tasks may take to finish before they are
+    /// handed back (nak'd without delay, so another worker takes them at once).
+    #[arg(long, env = "RSEMBED_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+    /// Redelivery delay after a failed try; doubles with each try, up to 5 min.
+    #[arg(long, env = "RSEMBED_RETRY_DELAY", default_value = "5s", value_parser = parse_duration)]
+    retry_delay: Duration,
+    /// Redelivery delay for a task of another model.
+    #[arg(long, env = "RSEMBED_MISMATCH_DELAY", default_value = "30s", value_parser = parse_duration)]
+    mismatch_delay: Duration,
+    /// In-progress ack interval. Default: a third of the consumer's ack wait.
+    #[arg(long, env = "RSEMBED_PROGRESS_INTERVAL", value_parser = parse_duration)]
+    progress_interval: Option<Duration>,
+    /// Name in job state and logs. Default: `<hostname>-<pid>`.
+    #[arg(long, env = "RSEMBED_WORKER_NAME")]
+    name: Option<String>,
+    /// Exit after taking this many tasks. Default: serve until SIGTERM.
+    #[arg(long, env = "RSEMBED_MAX_TASKS")]
+    max_tasks: Option<u64>,
+    /// Serve Prometheus metrics at `http://<HOST:PORT>/metrics`.
+    #[arg(long, env = "RSEMBED_METRICS_ADDR", value_name = "HOST:PORT")]
+    metrics_addr: Option<String>,
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "RSEMBED_LOG_FORMAT", default_value = "text")]
+    log_format: String,
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RSEMBED_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let args = Args::parse();
-    if args.nats.is_some() {
-        eprintln!(
-            "error: the NATS pull worker is not implemented yet; use `rsembed run` (embedded mode)"
-        );
-        return ExitCode::from(2);
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RSEMBED_LOG")
+        .unwrap_or_else(|_| "info,ort=warn".into());
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if args.log_format == "json" {
+        b.json().init();
+    } else {
+        b.init();
     }
-    match check(&args) {
-        Ok(report) => {
-            println!("{report}");
-            ExitCode::SUCCESS
-        }
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(serve(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn check(args: &Args) -> anyhow::Result<String> {
-    let model = ModelDir::open(&args.model)?;
-    let cfg = SessionConfig {
-        device: args.device,
-        intra_threads: args.intra_threads,
-        ort_lib: args.ort_lib.clone(),
-        ..SessionConfig::default()
+async fn serve(args: Args) -> Result<(), String> {
+    let stop = CancellationToken::new();
+    listen_for_signals(stop.clone());
+    let _metrics = match &args.metrics_addr {
+        Some(addr) => {
+            let guard = CancellationToken::new();
+            let (bound, _task) = metrics::server::start(addr, metrics::global(), guard.clone())
+                .await
+                .map_err(|e| format!("--metrics-addr {addr}: cannot listen: {e}"))?;
+            tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");
+            Some(guard.drop_guard())
+        }
+        None => None,
     };
-    let v = OrtVision::open(&model, args.fp16, &cfg)?;
-    let (_, lib) = runtime::environment(cfg.ort_lib.as_deref())?;
-    Ok(serde_json::json!({
-        "model": model.manifest.name,
-        "embed_dim": v.embed_dim(),
-        "device": args.device.to_string(),
-        "fp16": args.fp16,
-        "ort_library": lib.path,
-        "ort_found_by": lib.found_by,
-    })
-    .to_string())
+    let model = ModelDir::open(&args.model).map_err(|e| chain(&e))?;
+    let model_ref = model.model_ref(args.engine.fp16).map_err(|e| chain(&e))?;
+    // NATS before the model loads: a wrong URL should fail in a second, not
+    // after the warm-up probe.
+    let name = args.name.clone().unwrap_or_else(default_name);
+    let client = args.nats.connect(&name).await.map_err(|e| chain(&e))?;
+    let queue = Queue::open(client, &QueueConfig::default(), false)
+        .await
+        .map_err(|e| chain(&e))?;
+    let (engine, policy) = start_engine(&model, &args.engine).map_err(|e| chain(&e))?;
+    let runner = Arc::new(TaskRunner {
+        stores: StoreCache::default(),
+        preprocessor: Arc::new(Preprocessor::new(&model.preprocessor)),
+        engine,
+        batch_size: policy.max(),
+        decode_concurrency: args
+            .decode_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
+        limits: DecodeLimits {
+            max_alloc: args.max_pixels.saturating_mul(4),
+            ..DecodeLimits::default()
+        },
+        tiff_limits: TiffLimits::default(),
+        store_errors: StoreErrors::FailTask,
+        commit: Commit::CreateOnce,
+        counters: Arc::new(Counters::default()),
+    });
+    let cfg = ServeConfig {
+        name,
+        tasks_in_flight: args.tasks_in_flight,
+        shutdown_grace: args.shutdown_grace,
+        retry_delay: args.retry_delay,
+        mismatch_delay: args.mismatch_delay,
+        progress_interval: args.progress_interval,
+        max_tasks: args.max_tasks,
+    };
+    let worker = Arc::new(Worker::new(queue, runner.clone(), model_ref, cfg));
+    let report = worker.serve(stop).await;
+    runner.engine.shutdown().await;
+    tracing::info!(
+        done = report.done,
+        retried = report.retried,
+        failed = report.failed,
+        mismatched = report.mismatched,
+        handed_back = report.handed_back,
+        "worker stopped"
+    );
+    Ok(())
+}
+
+/// SIGTERM (Kubernetes) and SIGINT (a terminal) both start a graceful drain.
+fn listen_for_signals(stop: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        let term = async {
+            match term.as_mut() {
+                Some(t) => {
+                    t.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = term => tracing::info!("SIGTERM: draining"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+        }
+        stop.cancel();
+    });
 }

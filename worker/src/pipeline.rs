@@ -35,7 +35,7 @@ use futures::{Future, StreamExt};
 use object_store::ObjectStoreExt;
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::ids::{chip_id, Window};
-use rsembed_schemas::job::{ManifestFile, TilingSpec};
+use rsembed_schemas::job::ManifestFile;
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::{Task, TaskInput};
 use tokio::sync::mpsc;
@@ -49,7 +49,7 @@ use crate::preprocess::Preprocessor;
 use crate::raster::image::{decode_rgb8, DecodeLimits};
 use crate::raster::scale::ScaleSpec;
 use crate::raster::tiff::TiffLimits;
-use crate::sink::parquet::{chip_file_metadata, encode, error_file_metadata, put};
+use crate::sink::parquet::{chip_file_metadata, encode, error_file_metadata, put, put_once};
 use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow, Footprint};
 use crate::store::{Location, StoreCache};
 
@@ -76,12 +76,10 @@ pub struct Counters {
     pub bytes_read: Arc<AtomicU64>,
 }
 
-/// What every task of a job shares.
+/// What every task a process runs shares, whatever its job.
 pub struct TaskRunner {
     /// Stores for input URIs.
     pub stores: StoreCache,
-    /// The output root.
-    pub output: Location,
     /// Model preprocessing.
     pub preprocessor: Arc<Preprocessor>,
     /// The inference thread.
@@ -95,12 +93,48 @@ pub struct TaskRunner {
     pub limits: DecodeLimits,
     /// Reader bounds for TIFF scenes.
     pub tiff_limits: TiffLimits,
+    /// What a storage error while reading an input does.
+    pub store_errors: StoreErrors,
+    /// How output files are written.
+    pub commit: Commit,
+    /// Counters for progress.
+    pub counters: Arc<Counters>,
+}
+
+/// What one job's tasks share: where they go and how chips are cut and
+/// recorded. Embedded mode has one; a pull worker makes one per job it serves.
+#[derive(Clone)]
+pub struct JobContext {
+    /// The output root.
+    pub output: Location,
     /// Parsed `--scale`.
     pub scale: ScaleSpec,
     /// Job id, model and tiling, as recorded in each file.
     pub file_meta: FileMeta,
-    /// Counters for progress.
-    pub counters: Arc<Counters>,
+}
+
+/// What a storage error while reading an input (not a decode error: the
+/// object is missing, or the store failed after its own retries) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrors {
+    /// The input becomes an error row, like a corrupt file (embedded mode: a run
+    /// reports it, and a rerun of the job retries the task).
+    Record,
+    /// The task fails with [`Error::TaskRetry`] before writing anything, so the
+    /// queue can redeliver it (pull workers: a 5xx or a briefly missing object
+    /// must not become a permanent "bad input" row).
+    FailTask,
+}
+
+/// How the task's files are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Commit {
+    /// Plain puts (embedded mode, one writer).
+    Overwrite,
+    /// Conditional creates: a file that exists was written whole by an earlier
+    /// delivery of the same task (puts are atomic), so it is kept and described
+    /// instead of written again. Stores without conditional puts overwrite.
+    CreateOnce,
 }
 
 /// The result of a finished task.
@@ -130,18 +164,14 @@ pub(crate) struct Prepared {
 }
 
 impl TaskRunner {
-    fn tiling(&self) -> &TilingSpec {
-        &self.file_meta.tiling
-    }
-
     /// Runs a task to completion and commits its files: the error file first,
     /// then the chip file, whose presence marks the task done.
-    pub async fn run(&self, task: &Task) -> Result<TaskReport> {
+    pub async fn run(&self, job: &JobContext, task: &Task) -> Result<TaskReport> {
         let span = tracing::info_span!("task", task_id = %task.task_id, inputs = task.inputs.len());
-        self.run_inner(task).instrument(span).await
+        self.run_inner(job, task).instrument(span).await
     }
 
-    async fn run_inner(&self, task: &Task) -> Result<TaskReport> {
+    async fn run_inner(&self, job: &JobContext, task: &Task) -> Result<TaskReport> {
         let (tx, mut rx) =
             mpsc::channel::<std::result::Result<Prepared, ErrorRow>>(self.batch_size.max(1) * 2);
         let producer = {
@@ -161,8 +191,8 @@ impl TaskRunner {
                 stores: stores.clone(),
                 pre: pre.clone(),
                 counters: counters.clone(),
-                tiling: self.file_meta.tiling.clone(),
-                scale: self.scale,
+                tiling: job.file_meta.tiling.clone(),
+                scale: job.scale,
                 limits: self.tiff_limits.clone(),
             });
             tokio::spawn(
@@ -198,7 +228,7 @@ impl TaskRunner {
             )
         };
 
-        let tiling_fp = self.tiling().fingerprint();
+        let tiling_fp = job.file_meta.tiling.fingerprint();
         let mut rows: Vec<ChipRow> = Vec::new();
         let mut failures: Vec<ErrorRow> = Vec::new();
         let mut pending: Vec<Prepared> = Vec::with_capacity(self.batch_size);
@@ -233,6 +263,9 @@ impl TaskRunner {
                 }
                 item = rx.recv(), if receiving && pending.len() < target => match item {
                     Some(Ok(p)) => pending.push(p),
+                    Some(Err(e)) if e.store_error && self.store_errors == StoreErrors::FailTask => {
+                        return Err(Error::TaskRetry(format!("{}: {}", e.source_uri, e.error)));
+                    }
                     Some(Err(e)) => {
                         self.counters.failed.fetch_add(1, Ordering::Relaxed);
                         metrics::global().failed_inputs.inc_by(1);
@@ -257,14 +290,18 @@ impl TaskRunner {
             (&a.source_uri, a.window.y, a.window.x).cmp(&(&b.source_uri, b.window.y, b.window.x))
         });
         failures.sort_by(|a, b| a.source_uri.cmp(&b.source_uri));
+        let meta = FileMeta {
+            task_id: task.task_id.clone(),
+            ..job.file_meta.clone()
+        };
         let errors_file = if failures.is_empty() {
             None
         } else {
             let b = error_batch(&failures)?;
-            let bytes = encode(&b, error_file_metadata(&self.file_meta_for(task))?)?;
+            let bytes = encode(&b, error_file_metadata(&meta)?)?;
             Some(
-                put(
-                    &self.output,
+                self.put(
+                    &job.output,
                     &task.errors_path(),
                     bytes,
                     failures.len() as u64,
@@ -272,15 +309,16 @@ impl TaskRunner {
                 .await?,
             )
         };
-        let b = chip_batch(&rows, self.file_meta.embed_dim)?;
-        let kv = chip_file_metadata(&self.file_meta_for(task), extent(&rows))?;
-        let chips_file = put(
-            &self.output,
-            &task.chips_path(),
-            encode(&b, kv)?,
-            rows.len() as u64,
-        )
-        .await?;
+        let b = chip_batch(&rows, job.file_meta.embed_dim)?;
+        let kv = chip_file_metadata(&meta, extent(&rows))?;
+        let chips_file = self
+            .put(
+                &job.output,
+                &task.chips_path(),
+                encode(&b, kv)?,
+                rows.len() as u64,
+            )
+            .await?;
         Ok(TaskReport {
             task_id: task.task_id.clone(),
             chips_file,
@@ -289,10 +327,16 @@ impl TaskRunner {
         })
     }
 
-    fn file_meta_for(&self, task: &Task) -> FileMeta {
-        FileMeta {
-            task_id: task.task_id.clone(),
-            ..self.file_meta.clone()
+    async fn put(
+        &self,
+        root: &Location,
+        rel: &str,
+        bytes: Vec<u8>,
+        rows: u64,
+    ) -> Result<ManifestFile> {
+        match self.commit {
+            Commit::Overwrite => put(root, rel, bytes, rows).await,
+            Commit::CreateOnce => put_once(root, rel, bytes, rows).await,
         }
     }
 
@@ -368,6 +412,7 @@ pub(crate) fn input_error(
         source_uri: input.uri.clone(),
         stage,
         error: message,
+        store_error: crate::error::is_store_error(err),
     }
 }
 

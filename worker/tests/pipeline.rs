@@ -23,7 +23,9 @@ use rsembed_worker::engine::thread::EngineHandle;
 use rsembed_worker::engine::{Backend, Embeddings, PixelBatch, RunHints};
 use rsembed_worker::error::{Error, Result};
 use rsembed_worker::metrics;
-use rsembed_worker::pipeline::{Counters, TaskRunner, BATCHES_IN_FLIGHT};
+use rsembed_worker::pipeline::{
+    Commit, Counters, JobContext, StoreErrors, TaskRunner, BATCHES_IN_FLIGHT,
+};
 use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::raster::image::DecodeLimits;
 use rsembed_worker::raster::scale::ScaleSpec;
@@ -89,20 +91,13 @@ fn images(dir: &Path, n: usize) -> Vec<TaskInput> {
         .collect()
 }
 
-fn runner(out: &Path, backend: Slow, batch_size: usize) -> TaskRunner {
+fn runner(out: &Path, backend: Slow, batch_size: usize) -> (TaskRunner, JobContext) {
     let stores = StoreCache::default();
     let pre: PreprocessorConfig =
         serde_json::from_value(serde_json::json!({"size": {"height": 8, "width": 8}})).unwrap();
     let engine = EngineHandle::spawn("test-engine", 2, move || Ok(backend)).unwrap();
-    TaskRunner {
+    let job = JobContext {
         output: stores.location(out.to_str().unwrap()).unwrap(),
-        stores,
-        preprocessor: Arc::new(Preprocessor::new(&pre)),
-        engine,
-        batch_size,
-        decode_concurrency: 2,
-        limits: DecodeLimits::default(),
-        tiff_limits: TiffLimits::default(),
         scale: ScaleSpec::Auto,
         file_meta: FileMeta {
             schema_version: 1,
@@ -121,8 +116,20 @@ fn runner(out: &Path, backend: Slow, batch_size: usize) -> TaskRunner {
             },
             software_version: "test".into(),
         },
+    };
+    let runner = TaskRunner {
+        stores,
+        preprocessor: Arc::new(Preprocessor::new(&pre)),
+        engine,
+        batch_size,
+        decode_concurrency: 2,
+        limits: DecodeLimits::default(),
+        tiff_limits: TiffLimits::default(),
+        store_errors: StoreErrors::Record,
+        commit: Commit::Overwrite,
         counters: Arc::new(Counters::default()),
-    }
+    };
+    (runner, job)
 }
 
 /// `(source_uri, first embedding value)` of every row of a chip file, in file order.
@@ -171,9 +178,9 @@ async fn the_next_batch_waits_at_the_engine_and_every_chip_keeps_its_embedding()
         most_at_engine: most.clone(),
     };
     let out = tmp.path().join("out");
-    let r = runner(&out, backend, 4);
+    let (r, job) = runner(&out, backend, 4);
     let task = Task::new("job", inputs.clone());
-    let report = r.run(&task).await.unwrap();
+    let report = r.run(&job, &task).await.unwrap();
 
     assert_eq!(report.chips_file.rows, 30);
     assert!(report.failures.is_empty());
@@ -219,9 +226,9 @@ async fn a_fatal_engine_error_fails_the_task_and_writes_nothing() {
         most_at_engine: Arc::default(),
     };
     let out = tmp.path().join("out");
-    let r = runner(&out, backend, 4);
+    let (r, job) = runner(&out, backend, 4);
     let task = Task::new("job", inputs);
-    let err = r.run(&task).await.unwrap_err();
+    let err = r.run(&job, &task).await.unwrap_err();
     assert!(err.to_string().contains("injected failure"), "{err}");
     assert!(!out.join(task.chips_path()).exists());
     assert!(!out.join(task.errors_path()).exists());

@@ -1,6 +1,7 @@
 //! Inference: the ONNX Runtime sessions, the backend trait and the engine thread.
 
 pub mod adaptive;
+pub mod args;
 pub mod batching;
 pub mod nvml;
 pub mod runtime;

@@ -36,6 +36,7 @@ fn member_error(uri: String, stage: ErrorStage, error: String) -> Item {
         source_uri: uri,
         stage,
         error,
+        store_error: false,
     })
 }
 

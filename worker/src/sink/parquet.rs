@@ -1,7 +1,7 @@
 //! GeoParquet files: encoding with file metadata, and committing through object_store.
 
 use arrow_array::RecordBatch;
-use object_store::{ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
@@ -57,4 +57,103 @@ pub async fn put(root: &Location, rel: &str, bytes: Vec<u8>, rows: u64) -> Resul
         sha256,
         bytes: n,
     })
+}
+
+/// Like [`put`], but never replaces a file: when `rel` exists (an earlier
+/// delivery of the same task wrote it, whole, since puts are atomic), that
+/// file is kept and described. Where the store has no conditional put (S3
+/// without `AWS_CONDITIONAL_PUT=etag`), it overwrites, which is safe because
+/// the name depends only on the task.
+pub async fn put_once(
+    root: &Location,
+    rel: &str,
+    bytes: Vec<u8>,
+    rows: u64,
+) -> Result<ManifestFile> {
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    let n = bytes.len() as u64;
+    let path = root.child(rel);
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..PutOptions::default()
+    };
+    match root
+        .store
+        .put_opts(&path, PutPayload::from(bytes.clone()), opts)
+        .await
+    {
+        Ok(_) => Ok(ManifestFile {
+            path: rel.to_owned(),
+            rows,
+            sha256,
+            bytes: n,
+        }),
+        Err(object_store::Error::AlreadyExists { .. }) => {
+            tracing::info!(
+                path = rel,
+                "kept the file an earlier delivery of this task wrote"
+            );
+            describe(root, rel).await
+        }
+        Err(object_store::Error::NotImplemented { .. }) => put(root, rel, bytes, rows).await,
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Digest, size and row count of an existing Parquet file.
+pub async fn describe(root: &Location, rel: &str) -> Result<ManifestFile> {
+    let bytes = root.store.get(&root.child(rel)).await?.bytes().await?;
+    let reader = parquet::file::serialized_reader::SerializedFileReader::new(bytes.clone())?;
+    let rows = parquet::file::reader::FileReader::metadata(&reader)
+        .file_metadata()
+        .num_rows() as u64;
+    Ok(ManifestFile {
+        path: rel.to_owned(),
+        rows,
+        sha256: hex::encode(Sha256::digest(&bytes)),
+        bytes: bytes.len() as u64,
+    })
+}
+
+/// The rows of an error file (`source_uri`, `stage`, `error`), at most `limit`.
+pub fn read_error_rows(
+    bytes: bytes::Bytes,
+    limit: usize,
+) -> Result<Vec<rsembed_schemas::job::ManifestFailure>> {
+    use arrow_array::{Array, StringArray};
+    let reader =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch?;
+        let col = |name: &str| -> Result<StringArray> {
+            batch
+                .column_by_name(name)
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
+                .ok_or_else(|| {
+                    crate::Error::Parquet(parquet::errors::ParquetError::General(format!(
+                        "error file has no string column `{name}`"
+                    )))
+                })
+        };
+        let (uri, stage, error) = (col("source_uri")?, col("stage")?, col("error")?);
+        for i in 0..batch.num_rows() {
+            if out.len() >= limit {
+                return Ok(out);
+            }
+            let get = |a: &StringArray| {
+                if a.is_null(i) {
+                    String::new()
+                } else {
+                    a.value(i).to_owned()
+                }
+            };
+            out.push(rsembed_schemas::job::ManifestFailure {
+                source_uri: get(&uri),
+                stage: get(&stage),
+                error: get(&error),
+            });
+        }
+    }
+    Ok(out)
 }

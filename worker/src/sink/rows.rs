@@ -54,6 +54,9 @@ pub struct ErrorRow {
     pub stage: ErrorStage,
     /// Why.
     pub error: String,
+    /// The input could not be read from its store (missing, or the store
+    /// failed): not a fault of its content. Not written to the file.
+    pub store_error: bool,
 }
 
 /// Builds a record batch of chip rows; every embedding must have `embed_dim` floats.

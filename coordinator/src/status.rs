@@ -1,0 +1,249 @@
+//! `rsembed status`: a job's progress from its job state and the task stream's
+//! per-subject count. It never pulls from the workers' consumer.
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use rsembed_schemas::job::{JobSpec, JOB_FILE};
+use rsembed_worker::queue::state::Snapshot;
+use rsembed_worker::queue::{self, Queue, QueueConfig};
+use rsembed_worker::store::{Location, StoreCache};
+use serde::Serialize;
+
+use crate::cli::StatusArgs;
+use crate::deadletter;
+use crate::error::{Error, Result};
+use crate::run::read_json;
+
+/// Where a job stands.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct JobStatus {
+    /// The job.
+    pub job_id: String,
+    /// Output URL.
+    pub output: String,
+    /// Tasks in the plan (known once `submit` has finished planning).
+    pub tasks: Option<u64>,
+    /// Tasks whose files are written.
+    pub done: u64,
+    /// Tasks a worker holds now.
+    pub in_flight: u64,
+    /// Tasks queued and not yet taken.
+    pub pending: u64,
+    /// Tasks given up on.
+    pub failed: u64,
+    /// Chip rows written.
+    pub chips: u64,
+    /// Inputs recorded in errors/.
+    pub failed_inputs: u64,
+    /// Chips per second over the last minutes of finished tasks.
+    pub chips_per_s: Option<f64>,
+    /// Seconds until every task is done at that rate.
+    pub eta_s: Option<f64>,
+    /// Every planned task is done or failed, and nothing is queued.
+    pub finished: bool,
+}
+
+impl JobStatus {
+    /// One line per figure.
+    pub fn render(&self) -> String {
+        let total = self.tasks.map_or_else(
+            || "? (submit has not finished planning)".into(),
+            |t| t.to_string(),
+        );
+        let rate = self
+            .chips_per_s
+            .map_or_else(|| "-".into(), |r| format!("{r:.1}"));
+        let eta = self.eta_s.map_or_else(|| "-".into(), fmt_secs);
+        format!(
+            "rsembed status: job {}\n  output     {}\n  tasks      {total}\n  done       {}\n  in flight  {}\n  pending    {}\n  failed     {}\n  chips      {} ({} failed inputs)\n  chips/s    {rate}\n  ETA        {eta}\n  finished   {}\n",
+            self.job_id,
+            self.output,
+            self.done,
+            self.in_flight,
+            self.pending,
+            self.failed,
+            self.chips,
+            self.failed_inputs,
+            if self.finished { "yes" } else { "no" }
+        )
+    }
+}
+
+fn fmt_secs(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// The job of an output, from its `job.json`.
+pub async fn job_of(output: &Location) -> Result<JobSpec> {
+    read_json(output, JOB_FILE).await?.ok_or_else(|| {
+        Error::Output(format!(
+            "{} has no {JOB_FILE}: no job was submitted to this output",
+            output.url
+        ))
+    })
+}
+
+/// Tasks of `job` stored in the task stream (pending and in flight).
+pub async fn queued(q: &Queue, job: &str) -> Result<u64> {
+    use futures::TryStreamExt;
+    let mut info = q
+        .stream
+        .info_with_subjects(queue::task_subject(job))
+        .await
+        .map_err(|e| Error::Output(format!("task stream info: {e}")))?;
+    let mut n = 0;
+    while let Some((_, count)) = info
+        .try_next()
+        .await
+        .map_err(|e| Error::Output(format!("task stream info: {e}")))?
+    {
+        n += count as u64;
+    }
+    Ok(n)
+}
+
+/// Counts from a job's state and its queued messages.
+pub fn summarize(spec: &JobSpec, snap: &Snapshot, queued: u64) -> JobStatus {
+    let done = snap.done.len() as u64;
+    let failed = snap.failed.len() as u64;
+    // A running mark is cleared after the ack; one left by a killed worker
+    // stays until the task is run again, so only marks of queued tasks count.
+    let in_flight = (snap
+        .running
+        .keys()
+        .filter(|t| !snap.done.contains_key(*t))
+        .count() as u64)
+        .min(queued);
+    let chips: u64 = snap.done.values().map(|d| d.chips_file.rows).sum();
+    let failed_inputs: u64 = snap
+        .done
+        .values()
+        .filter_map(|d| d.errors_file.as_ref())
+        .map(|f| f.rows)
+        .sum();
+    let tasks = snap.record.as_ref().filter(|r| r.planned).map(|r| r.tasks);
+    let chips_per_s = rate(snap);
+    let eta_s = match (tasks, chips_per_s) {
+        (Some(t), Some(r)) if r > 0.0 && done > 0 => {
+            let left = t.saturating_sub(done + failed) as f64;
+            Some(left * (chips as f64 / done as f64) / r)
+        }
+        _ => None,
+    };
+    JobStatus {
+        job_id: spec.job_id.clone(),
+        output: spec.output.clone(),
+        tasks,
+        done,
+        in_flight,
+        pending: queued.saturating_sub(in_flight),
+        failed,
+        chips,
+        failed_inputs,
+        chips_per_s,
+        eta_s,
+        finished: tasks.is_some_and(|t| done + failed >= t) && queued == 0,
+    }
+}
+
+/// Chips per second of the tasks finished in the last five minutes of
+/// finishing (the whole job's rate when it is shorter than that).
+fn rate(snap: &Snapshot) -> Option<f64> {
+    let parse = |s: &str| {
+        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+            .ok()
+            .map(|t| t.unix_timestamp_nanos() as f64 / 1e9)
+    };
+    let mut ends: Vec<(f64, f64, u64)> = snap
+        .done
+        .values()
+        .filter_map(|d| parse(&d.finished_at).map(|t| (t, d.seconds, d.chips_file.rows)))
+        .collect();
+    if ends.is_empty() {
+        return None;
+    }
+    ends.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let last = ends.last().expect("not empty").0;
+    let window: Vec<_> = ends.iter().filter(|e| e.0 >= last - 300.0).collect();
+    // The window starts when its first task started, so one task alone gives
+    // its own rate rather than infinity.
+    let start = window
+        .iter()
+        .map(|e| e.0 - e.1)
+        .fold(f64::INFINITY, f64::min);
+    let chips: u64 = window.iter().map(|e| e.2).sum();
+    let span = (last - start).max(1e-3);
+    Some(chips as f64 / span)
+}
+
+/// Opens the queue for reading a job's state.
+pub async fn open(nats: &queue::NatsArgs, name: &str) -> Result<Queue> {
+    let client = nats.connect(name).await?;
+    Ok(Queue::open(client, &QueueConfig::default(), false).await?)
+}
+
+/// Where the job of `output` stands now.
+pub async fn status_once(q: &Queue, output: &Location) -> Result<JobStatus> {
+    let spec = job_of(output).await?;
+    deadletter::reconcile(q).await?;
+    let snap = q.state.snapshot(&spec.job_id).await?;
+    let queued = queued(q, &spec.job_id).await?;
+    Ok(summarize(&spec, &snap, queued))
+}
+
+/// Runs `rsembed status`.
+pub async fn status(args: StatusArgs) -> Result<JobStatus> {
+    let stores = StoreCache::default();
+    let output = stores.location(&args.output)?;
+    let q = open(&args.nats, "rsembed-status").await?;
+    if !args.watch {
+        return status_once(&q, &output).await;
+    }
+    let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {bar:40} {pos}/{len} tasks  {msg}")
+                .expect("progress template is valid"),
+        );
+        b
+    });
+    let started = Instant::now();
+    loop {
+        let s = status_once(&q, &output).await?;
+        match &bar {
+            Some(b) => {
+                b.set_length(s.tasks.unwrap_or(0));
+                b.set_position(s.done + s.failed);
+                b.set_message(format!(
+                    "{} in flight, {} pending, {} failed, {} chips, {} chips/s, ETA {}",
+                    s.in_flight,
+                    s.pending,
+                    s.failed,
+                    s.chips,
+                    s.chips_per_s.map_or("-".into(), |r| format!("{r:.1}")),
+                    s.eta_s.map_or("-".into(), fmt_secs)
+                ));
+            }
+            None if args.json => println!("{}", serde_json::to_string(&s)?),
+            None => eprintln!(
+                "[{}] {}/{} done, {} in flight, {} pending, {} failed, {} chips",
+                fmt_secs(started.elapsed().as_secs_f64()),
+                s.done,
+                s.tasks.map_or("?".into(), |t| t.to_string()),
+                s.in_flight,
+                s.pending,
+                s.failed,
+                s.chips
+            ),
+        }
+        if s.finished {
+            if let Some(b) = &bar {
+                b.finish_and_clear();
+            }
+            return Ok(s);
+        }
+        tokio::time::sleep(args.interval.max(Duration::from_millis(100))).await;
+    }
+}

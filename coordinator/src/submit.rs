@@ -1,0 +1,309 @@
+//! `rsembed submit`: plan the job and publish its tasks to the work queue.
+//!
+//! Order matters for resuming: `job.json` is written first; tasks are
+//! published as the planner streams them (the listing is never held whole);
+//! the plan's task ids go to `<output>/tasks.txt` as they are published, for
+//! `finalize` to check against; the job record in the state bucket is written
+//! last, with `planned: true`, so `status` knows the total.
+//!
+//! Submitting again is idempotent: tasks recorded done are skipped, tasks
+//! still queued are deduplicated by JetStream (`Nats-Msg-Id` is the task id),
+//! and failed tasks stay failed unless `--retry-failed` requeues them under a
+//! fresh message id.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use object_store::ObjectStoreExt;
+use rsembed_schemas::job::{JobSpec, JOB_FILE, MANIFEST_FILE};
+use rsembed_schemas::queue::{JobRecord, TaskMessage, MESSAGE_FORMAT};
+use rsembed_schemas::task::Task;
+use rsembed_schemas::SOFTWARE_VERSION;
+use rsembed_worker::model::ModelDir;
+use rsembed_worker::queue::{self, Queue};
+use rsembed_worker::raster::tiff::TiffLimits;
+use rsembed_worker::store::{Location, StoreCache};
+use serde::Serialize;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::cli::SubmitArgs;
+use crate::deadletter;
+use crate::error::{Error, Result};
+use crate::plan::{plan, ListStats, Sharding};
+use crate::run::{check_output, now_rfc3339, put_json, read_json, tiling_spec};
+
+/// The plan's task ids, one per line, in plan order.
+pub const TASKS_FILE: &str = "tasks.txt";
+
+/// Publish acks awaited at once: enough to keep the connection busy, few
+/// enough that a failed publish is noticed within a fraction of a second.
+const ACKS_IN_FLIGHT: usize = 512;
+
+/// What a submit did.
+#[derive(Debug, Clone, Serialize)]
+pub struct SubmitSummary {
+    /// The job.
+    pub job_id: String,
+    /// Output URL.
+    pub output: String,
+    /// Tasks in the plan.
+    pub tasks: u64,
+    /// Inputs in the plan.
+    pub inputs: u64,
+    /// Tasks published and stored as new messages.
+    pub published: u64,
+    /// Tasks JetStream already had (an earlier submit's, not yet taken).
+    pub duplicates: u64,
+    /// Tasks skipped because they are done.
+    pub done: u64,
+    /// Tasks recorded as failed and left so (without `--retry-failed`).
+    pub failed: u64,
+    /// Failed tasks requeued (`--retry-failed`).
+    pub requeued: u64,
+    /// Seconds taken.
+    pub seconds: f64,
+}
+
+impl SubmitSummary {
+    /// One screen of text.
+    pub fn render(&self) -> String {
+        format!(
+            "rsembed submit: job {}\n  output     {}\n  tasks      {} ({} inputs)\n  published  {}\n  duplicates {} (already queued)\n  done       {} (skipped)\n  failed     {}{}\n  seconds    {:.1}\n",
+            self.job_id,
+            self.output,
+            self.tasks,
+            self.inputs,
+            self.published,
+            self.duplicates,
+            self.done,
+            self.failed,
+            if self.requeued > 0 {
+                format!(" ({} requeued)", self.requeued)
+            } else if self.failed > 0 {
+                " (not requeued; use --retry-failed)".into()
+            } else {
+                String::new()
+            },
+            self.seconds
+        )
+    }
+}
+
+/// Runs `rsembed submit`.
+pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
+    let started = Instant::now();
+    let stores = StoreCache::default();
+    let input = stores.location(&args.input)?;
+    let output = stores.location(&args.output)?;
+    let model = ModelDir::open(&args.model)?;
+    let tiling = tiling_spec(&args.tiling, &model)?;
+    // Refused here rather than by every worker.
+    tiling
+        .scale
+        .parse::<rsembed_worker::raster::scale::ScaleSpec>()
+        .map_err(Error::Usage)?;
+    let model_ref = model.model_ref(args.fp16)?;
+    let fingerprint = JobSpec::fingerprint_of(&model_ref, &tiling);
+    let job_id = JobSpec::job_id_of(&fingerprint, input.url.as_str());
+    let qcfg = args.queue.config().map_err(Error::Usage)?;
+    check_output(&output).await?;
+
+    let client = args.nats.connect("rsembed-submit").await?;
+    let q = Queue::open(client, &qcfg, true).await?;
+
+    let existing: Option<JobSpec> = read_json(&output, JOB_FILE).await?;
+    if let Some(prev) = &existing {
+        if prev.job_id != job_id {
+            if !args.force_new_job {
+                return Err(Error::Output(format!(
+                    "{} holds job {} (input {}, model {}); this submit is job {} (input {}, model {}). \
+                     Rows of two jobs must not mix: choose another --output, or give \
+                     --force-new-job to delete the other job's tasks and files",
+                    output.url, prev.job_id, prev.input, prev.model.name, job_id, input.url,
+                    model_ref.name
+                )));
+            }
+            forget_job(&q, &output, &prev.job_id).await?;
+        }
+    }
+    let spec = JobSpec {
+        format: 1,
+        job_id: job_id.clone(),
+        fingerprint: fingerprint.clone(),
+        input: input.url.to_string(),
+        output: output.url.to_string(),
+        model: model_ref.clone(),
+        tiling: tiling.clone(),
+        created_at: existing
+            .as_ref()
+            .filter(|e| e.job_id == job_id)
+            .map(|e| e.created_at.clone())
+            .unwrap_or_else(now_rfc3339),
+        software_version: SOFTWARE_VERSION.to_owned(),
+    };
+    put_json(&output, JOB_FILE, &spec).await?;
+    // The job is open again: an old manifest must not claim it is complete.
+    match output.store.delete(&output.child(MANIFEST_FILE)).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
+
+    // Dead letters first, so the failed set below is current.
+    deadletter::reconcile(&q).await?;
+    let snap = q.state.snapshot(&job_id).await?;
+    let prior = q.state.record(&job_id).await?;
+
+    let stats = Arc::new(ListStats::default());
+    let (ttx, mut trx) = mpsc::channel::<Task>(256);
+    let sharding = Sharding {
+        stores: stores.clone(),
+        tiling: tiling.clone(),
+        min_bytes: args.tiling.shard_bytes,
+        limits: TiffLimits::default(),
+    };
+    let planner = tokio::spawn(plan(
+        input.clone(),
+        job_id.clone(),
+        args.tiling.task_size,
+        Some(sharding),
+        stats.clone(),
+        ttx,
+    ));
+
+    let mut tasks_file =
+        object_store::buffered::BufWriter::new(output.store.clone(), output.child(TASKS_FILE));
+    let mut s = SubmitSummary {
+        job_id: job_id.clone(),
+        output: output.url.to_string(),
+        tasks: 0,
+        inputs: 0,
+        published: 0,
+        duplicates: 0,
+        done: 0,
+        failed: 0,
+        requeued: 0,
+        seconds: 0.0,
+    };
+    let mut acks: VecDeque<(String, queue::PublishAckFuture)> = VecDeque::new();
+    let publish_result: Result<()> = async {
+        while let Some(task) = trx.recv().await {
+            s.tasks += 1;
+            tasks_file
+                .write_all(format!("{}\n", task.task_id).as_bytes())
+                .await
+                .map_err(|e| Error::Output(format!("{}: {e}", output.child(TASKS_FILE))))?;
+            if snap.done.contains_key(&task.task_id) {
+                s.done += 1;
+                continue;
+            }
+            let mut msg_id = task.task_id.clone();
+            if let Some(f) = snap.failed.get(&task.task_id) {
+                if !args.retry_failed {
+                    s.failed += 1;
+                    continue;
+                }
+                // The first id may still be in the duplicate window, where a
+                // republish would be dropped as a duplicate.
+                msg_id = format!("{}.retry.{}", task.task_id, f.failed_at);
+                q.state.clear_failed(&job_id, &task.task_id).await?;
+                s.requeued += 1;
+            }
+            let msg = TaskMessage {
+                format: MESSAGE_FORMAT,
+                model_fingerprint: model_ref.fingerprint(),
+                model_name: model_ref.name.clone(),
+                output: output.url.to_string(),
+                tiling: tiling.clone(),
+                task,
+            };
+            let ack = queue::send_task(&q.js, &msg, &msg_id).await?;
+            acks.push_back((msg.task.task_id, ack));
+            while acks.len() >= ACKS_IN_FLIGHT {
+                let (id, ack) = acks.pop_front().expect("not empty");
+                count(&mut s, &id, ack.await)?;
+            }
+        }
+        while let Some((id, ack)) = acks.pop_front() {
+            count(&mut s, &id, ack.await)?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = publish_result {
+        planner.abort();
+        let _ = tasks_file.abort().await;
+        return Err(e);
+    }
+    planner
+        .await
+        .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
+    tasks_file
+        .shutdown()
+        .await
+        .map_err(|e| Error::Output(format!("{}: {e}", output.child(TASKS_FILE))))?;
+    s.inputs = stats.inputs.load(Ordering::Relaxed);
+    q.state
+        .put_record(&JobRecord {
+            job_id: job_id.clone(),
+            output: output.url.to_string(),
+            tasks: s.tasks,
+            inputs: s.inputs,
+            published: s.published + prior.map_or(0, |p| p.published),
+            submitted_at: now_rfc3339(),
+            planned: true,
+        })
+        .await?;
+    s.seconds = started.elapsed().as_secs_f64();
+    tracing::info!(
+        job_id = %job_id, tasks = s.tasks, published = s.published, duplicates = s.duplicates,
+        done = s.done, failed = s.failed, "submitted"
+    );
+    Ok(s)
+}
+
+fn count(
+    s: &mut SubmitSummary,
+    task_id: &str,
+    ack: std::result::Result<queue::PublishAck, queue::PublishError>,
+) -> Result<()> {
+    let ack = ack.map_err(|source| queue::QueueError::Publish {
+        task_id: task_id.to_owned(),
+        source,
+    })?;
+    if ack.duplicate {
+        s.duplicates += 1;
+    } else {
+        s.published += 1;
+    }
+    Ok(())
+}
+
+/// Removes another job from `output`: its queued tasks, its state and its
+/// files. Only `--force-new-job` calls this.
+async fn forget_job(q: &Queue, output: &Location, old_job: &str) -> Result<()> {
+    tracing::warn!(old_job, output = %output.url, "--force-new-job: deleting the other job's tasks, state and files");
+    q.stream
+        .purge()
+        .filter(queue::task_subject(old_job))
+        .await
+        .map_err(|e| Error::Output(format!("purging job {old_job}'s tasks: {e}")))?;
+    q.state.purge_job(old_job).await?;
+    for dir in ["chips/", "errors/"] {
+        let prefix = output.child(dir);
+        let mut list = output.store.list(Some(&prefix));
+        use futures::StreamExt;
+        while let Some(meta) = list.next().await {
+            output.store.delete(&meta?.location).await?;
+        }
+    }
+    for f in [MANIFEST_FILE, TASKS_FILE] {
+        match output.store.delete(&output.child(f)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}

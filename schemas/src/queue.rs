@@ -1,0 +1,134 @@
+//! What travels through NATS in distributed mode: the task message on the
+//! work queue, and the job-state records in the KV bucket.
+//!
+//! The message carries everything a worker needs to run the task for any job
+//! (output, tiling, the model it must be run with), so one fleet of workers
+//! serves every job without reading job state first.
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{ManifestFile, TilingSpec};
+use crate::task::Task;
+
+/// The task message format; a worker terminates a message of another format.
+pub const MESSAGE_FORMAT: u32 = 1;
+
+/// A task on the work queue (`rsembed.tasks.<job_id>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskMessage {
+    /// [`MESSAGE_FORMAT`].
+    pub format: u32,
+    /// The job's model fingerprint ([`crate::job::ModelRef::fingerprint`]): a
+    /// worker whose own differs must not run the task.
+    pub model_fingerprint: String,
+    /// The model's name, for the log line of a worker that cannot serve it.
+    pub model_name: String,
+    /// The job's output URL.
+    pub output: String,
+    /// The job's tiling.
+    pub tiling: TilingSpec,
+    /// The task (its `job_id` names the job).
+    pub task: Task,
+}
+
+/// `done.<job>.<task>`: the task's files are written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskDone {
+    /// The chip file.
+    pub chips_file: ManifestFile,
+    /// The error file, when some input failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub errors_file: Option<ManifestFile>,
+    /// The worker that wrote them.
+    pub worker: String,
+    /// RFC 3339.
+    pub finished_at: String,
+    /// Seconds the task took on the worker.
+    pub seconds: f64,
+}
+
+/// `failed.<job>.<task>`: the task was given up (terminated, or delivered
+/// `max_deliver` times), with the last error a worker reported.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskFailed {
+    /// The task.
+    pub task_id: String,
+    /// The last error a worker reported, or why it was given up.
+    pub error: String,
+    /// How many times it was delivered.
+    pub deliveries: u64,
+    /// `terminated` (a worker gave up on it) or `max_deliveries` (JetStream did).
+    pub reason: String,
+    /// RFC 3339.
+    pub failed_at: String,
+    /// The task message, so `submit --retry-failed` can requeue it without
+    /// planning again.
+    pub message: String,
+}
+
+/// `lasterr.<job>.<task>`: the last error of a task that is being retried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskError {
+    /// The error.
+    pub error: String,
+    /// The delivery it happened on.
+    pub delivery: u64,
+    /// The worker.
+    pub worker: String,
+}
+
+/// `run.<job>.<task>`: a worker holds the task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRunning {
+    /// The worker.
+    pub worker: String,
+    /// RFC 3339.
+    pub started_at: String,
+    /// The delivery.
+    pub delivery: u64,
+}
+
+/// `job.<job>`: what `submit` planned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    /// The job.
+    pub job_id: String,
+    /// Output URL.
+    pub output: String,
+    /// Tasks in the plan.
+    pub tasks: u64,
+    /// Inputs in the plan.
+    pub inputs: u64,
+    /// Tasks this submit published (new ones; not the duplicates or done ones).
+    pub published: u64,
+    /// RFC 3339 of the latest submit.
+    pub submitted_at: String,
+    /// Whether planning finished: `status` counts an ETA only then.
+    pub planned: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_round_trips() {
+        let m = TaskMessage {
+            format: MESSAGE_FORMAT,
+            model_fingerprint: "f".into(),
+            model_name: "m".into(),
+            output: "s3://b/out".into(),
+            tiling: TilingSpec {
+                chip_size: 256,
+                stride: 256,
+                bands: vec![1, 2, 3],
+                scale: "auto".into(),
+                min_valid: None,
+                band_files: None,
+            },
+            task: Task::new("job", vec![]),
+        };
+        let s = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<TaskMessage>(&s).unwrap(), m);
+    }
+}

@@ -1,0 +1,614 @@
+//! The distributed work queue on NATS JetStream: one stream for every job, one
+//! durable pull consumer shared by every worker, task publishing deduplicated
+//! by `Nats-Msg-Id`, the job-state KV bucket ([`state`]) and the stream that
+//! keeps dead-letter advisories until a coordinator reads them.
+//!
+//! Tasks go to subject `rsembed.tasks.<job_id>` as the JSON of
+//! [`rsembed_schemas::queue::TaskMessage`]; the message id is the task id, so
+//! publishing a task again within the stream's duplicate window stores nothing
+//! new and the publish ack says so.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer, stream};
+use rsembed_schemas::queue::TaskMessage;
+
+pub mod state;
+
+pub use jetstream::context::{PublishAckFuture, PublishError};
+pub use jetstream::publish::PublishAck;
+
+/// The subjects of the task stream: `rsembed.tasks.<job_id>`.
+pub const SUBJECTS: &str = "rsembed.tasks.>";
+
+/// The oldest nats-server the queue runs on (async-nats 0.51's KV and the
+/// consumer features used here need 2.10).
+pub const MIN_SERVER: (u64, u64) = (2, 10);
+
+/// Errors of the queue.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The server cannot be reached.
+    #[error("cannot connect to NATS at {url}")]
+    Connect {
+        /// The URL tried.
+        url: String,
+        /// Why.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// The server is too old for JetStream features rsembed needs.
+    #[error(
+        "nats-server {version} at {url} is too old: rsembed needs nats-server >= {}.{}",
+        MIN_SERVER.0,
+        MIN_SERVER.1
+    )]
+    OldServer {
+        /// The URL.
+        url: String,
+        /// The version the server reported.
+        version: String,
+    },
+    /// The task stream cannot be created or read.
+    #[error("JetStream stream {stream}")]
+    Stream {
+        /// The stream name.
+        stream: String,
+        /// Why.
+        #[source]
+        source: jetstream::context::CreateStreamError,
+    },
+    /// The shared consumer cannot be created or read.
+    #[error("JetStream consumer {consumer} on stream {stream}")]
+    Consumer {
+        /// The stream name.
+        stream: String,
+        /// The consumer name.
+        consumer: String,
+        /// Why.
+        #[source]
+        source: jetstream::stream::ConsumerError,
+    },
+    /// A task cannot be published (no stream, or no ack from the server).
+    #[error("publishing task {task_id}")]
+    Publish {
+        /// The task.
+        task_id: String,
+        /// Why.
+        #[source]
+        source: jetstream::context::PublishError,
+    },
+    /// The job-state bucket cannot be created or used.
+    #[error("JetStream KV bucket {bucket}: {message}")]
+    State {
+        /// The bucket.
+        bucket: String,
+        /// What failed, with the client's reason.
+        message: String,
+    },
+    /// A connection option cannot be used (an unreadable credentials file).
+    #[error("NATS option {option}: {message}")]
+    Option {
+        /// The flag.
+        option: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// A task cannot be serialized.
+    #[error("task {task_id} as JSON")]
+    Json {
+        /// The task.
+        task_id: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// The stream and consumer settings (`rsembed submit` and the worker flags).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    /// The stream holding every job's tasks.
+    pub stream: String,
+    /// The durable pull consumer every worker shares.
+    pub consumer: String,
+    /// Stream replicas (1 on a single server, 3 on a cluster).
+    pub replicas: usize,
+    /// How long a delivered task may go without an ack or progress before
+    /// JetStream redelivers it.
+    pub ack_wait: Duration,
+    /// Deliveries before a task is dead-lettered.
+    pub max_deliver: i64,
+    /// Redelivery delays after missed acks; empty for `ack_wait` each time.
+    pub backoff: Vec<Duration>,
+    /// Tasks delivered and not yet acked, over all workers.
+    pub max_ack_pending: i64,
+    /// How long JetStream remembers message ids for deduplication.
+    pub duplicate_window: Duration,
+    /// The KV bucket of job state (done, failed, running tasks; job records).
+    pub state_bucket: String,
+    /// The stream that keeps the consumer's dead-letter advisories.
+    pub deadletter_stream: String,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            stream: "RSEMBED_TASKS".into(),
+            consumer: "rsembed-workers".into(),
+            replicas: 1,
+            ack_wait: Duration::from_secs(60),
+            max_deliver: 5,
+            backoff: Vec::new(),
+            max_ack_pending: 1000,
+            // Resubmitting a job is deduplicated within this window; after it
+            // the completion record makes submit skip finished tasks.
+            duplicate_window: Duration::from_secs(24 * 3600),
+            state_bucket: "RSEMBED_STATE".into(),
+            deadletter_stream: "RSEMBED_DEADLETTERS".into(),
+        }
+    }
+}
+
+impl QueueConfig {
+    /// The stream's configuration.
+    pub fn stream_config(&self) -> stream::Config {
+        stream::Config {
+            name: self.stream.clone(),
+            subjects: vec![SUBJECTS.into()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            num_replicas: self.replicas,
+            duplicate_window: self.duplicate_window,
+            ..Default::default()
+        }
+    }
+
+    /// The dead-letter stream: JetStream publishes advisories as plain
+    /// messages that nobody hears when no coordinator is running, so a stream
+    /// keeps them (a week) until `status`, `finalize` or `submit` reads them.
+    pub fn deadletter_config(&self) -> stream::Config {
+        let tail = format!("{}.{}", self.stream, self.consumer);
+        stream::Config {
+            name: self.deadletter_stream.clone(),
+            subjects: vec![
+                format!("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{tail}"),
+                format!("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.{tail}"),
+            ],
+            retention: stream::RetentionPolicy::WorkQueue,
+            storage: stream::StorageType::File,
+            num_replicas: self.replicas,
+            max_age: Duration::from_secs(7 * 24 * 3600),
+            ..Default::default()
+        }
+    }
+
+    /// The shared consumer's configuration.
+    pub fn consumer_config(&self) -> consumer::pull::Config {
+        consumer::pull::Config {
+            durable_name: Some(self.consumer.clone()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            max_deliver: self.max_deliver,
+            backoff: self.backoff.clone(),
+            max_ack_pending: self.max_ack_pending,
+            ..Default::default()
+        }
+    }
+}
+
+/// What publishing a task did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PublishOutcome {
+    /// The task was already in the stream (same `Nats-Msg-Id` within the
+    /// duplicate window): nothing new was stored.
+    pub duplicate: bool,
+}
+
+/// Connects to NATS without authentication, reconnecting forever after a
+/// connection loss, and refuses a server older than [`MIN_SERVER`].
+pub async fn connect(url: &str) -> Result<async_nats::Client, QueueError> {
+    connect_with(url, async_nats::ConnectOptions::new().max_reconnects(None)).await
+}
+
+/// Connects with `options` and refuses a server older than [`MIN_SERVER`].
+pub async fn connect_with(
+    url: &str,
+    options: async_nats::ConnectOptions,
+) -> Result<async_nats::Client, QueueError> {
+    let client = options
+        .connect(url)
+        .await
+        .map_err(|source| QueueError::Connect {
+            url: url.into(),
+            source,
+        })?;
+    let version = client.server_info().version;
+    if !server_supported(&version) {
+        return Err(QueueError::OldServer {
+            url: url.into(),
+            version,
+        });
+    }
+    Ok(client)
+}
+
+/// Whether a nats-server version string (`2.10.3`, `v2.15.1`, `2.11.0-beta.1`)
+/// is at least [`MIN_SERVER`]. A version that does not parse is refused.
+pub fn server_supported(version: &str) -> bool {
+    let mut parts = version.trim().trim_start_matches('v').split(['.', '-']);
+    let mut num = || parts.next().and_then(|p| p.parse::<u64>().ok());
+    match (num(), num()) {
+        (Some(major), Some(minor)) => (major, minor) >= MIN_SERVER,
+        _ => false,
+    }
+}
+
+/// Creates the task stream and the shared consumer, or finds them when they
+/// exist (existing settings are left as they are), and returns the consumer.
+pub async fn ensure_stream_and_consumer(
+    js: &jetstream::Context,
+    cfg: &QueueConfig,
+) -> Result<consumer::Consumer<consumer::pull::Config>, QueueError> {
+    let stream = js
+        .get_or_create_stream(cfg.stream_config())
+        .await
+        .map_err(|source| QueueError::Stream {
+            stream: cfg.stream.clone(),
+            source,
+        })?;
+    stream
+        .get_or_create_consumer(&cfg.consumer, cfg.consumer_config())
+        .await
+        .map_err(|source| QueueError::Consumer {
+            stream: cfg.stream.clone(),
+            consumer: cfg.consumer.clone(),
+            source,
+        })
+}
+
+/// The subject of a job's tasks.
+pub fn task_subject(job_id: &str) -> String {
+    format!("rsembed.tasks.{job_id}")
+}
+
+/// Publishes a task with `Nats-Msg-Id: <msg_id>` and waits for JetStream's
+/// ack, which says whether the task was a duplicate. `msg_id` is the task id,
+/// or the task id with a retry suffix when `submit --retry-failed` requeues a
+/// task whose first message id is still in the duplicate window.
+pub async fn publish_task(
+    js: &jetstream::Context,
+    msg: &TaskMessage,
+    msg_id: &str,
+) -> Result<PublishOutcome, QueueError> {
+    let ack = send_task(js, msg, msg_id).await?;
+    let ack = ack.await.map_err(|source| QueueError::Publish {
+        task_id: msg.task.task_id.clone(),
+        source,
+    })?;
+    Ok(PublishOutcome {
+        duplicate: ack.duplicate,
+    })
+}
+
+/// Sends a task and returns the future of its ack without waiting, so a
+/// submitter can keep many publishes in flight.
+pub async fn send_task(
+    js: &jetstream::Context,
+    msg: &TaskMessage,
+    msg_id: &str,
+) -> Result<jetstream::context::PublishAckFuture, QueueError> {
+    let payload = serde_json::to_vec(msg).map_err(|source| QueueError::Json {
+        task_id: msg.task.task_id.clone(),
+        source,
+    })?;
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+    js.publish_with_headers(task_subject(&msg.task.job_id), headers, payload.into())
+        .await
+        .map_err(|source| QueueError::Publish {
+            task_id: msg.task.task_id.clone(),
+            source,
+        })
+}
+
+/// How to reach NATS: `--nats` and its authentication and TLS flags, shared by
+/// `rsembed submit | status | finalize` and `rsembed-worker`.
+///
+/// Secrets (password, token, NKey seed) are never printed: `Debug` hides them.
+#[derive(Clone, clap::Args)]
+pub struct NatsArgs {
+    /// NATS server URL(s), comma-separated (`nats://host:4222`, `tls://...`).
+    #[arg(long, env = "RSEMBED_NATS")]
+    pub nats: String,
+    /// User name (with `--nats-password`).
+    #[arg(long, env = "RSEMBED_NATS_USER")]
+    pub nats_user: Option<String>,
+    /// Password (with `--nats-user`); prefer the environment variable.
+    #[arg(long, env = "RSEMBED_NATS_PASSWORD", hide_env_values = true)]
+    pub nats_password: Option<String>,
+    /// Authentication token; prefer the environment variable.
+    #[arg(long, env = "RSEMBED_NATS_TOKEN", hide_env_values = true)]
+    pub nats_token: Option<String>,
+    /// File holding an NKey seed (`SU...`).
+    #[arg(long, env = "RSEMBED_NATS_NKEY")]
+    pub nats_nkey: Option<PathBuf>,
+    /// Credentials file (`.creds`: a user JWT and its NKey seed).
+    #[arg(long, env = "RSEMBED_NATS_CREDS")]
+    pub nats_creds: Option<PathBuf>,
+    /// CA certificate (PEM) to verify the server with; implies TLS.
+    #[arg(long, env = "RSEMBED_NATS_TLS_CA")]
+    pub nats_tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS, with `--nats-tls-key`.
+    #[arg(long, env = "RSEMBED_NATS_TLS_CERT")]
+    pub nats_tls_cert: Option<PathBuf>,
+    /// Client key (PEM) for mutual TLS, with `--nats-tls-cert`.
+    #[arg(long, env = "RSEMBED_NATS_TLS_KEY")]
+    pub nats_tls_key: Option<PathBuf>,
+    /// Require TLS even when the URL does not ask for it.
+    #[arg(long, env = "RSEMBED_NATS_TLS")]
+    pub nats_tls: bool,
+}
+
+impl std::fmt::Debug for NatsArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |o: &Option<String>| o.as_ref().map(|_| "<hidden>");
+        f.debug_struct("NatsArgs")
+            .field("nats", &self.nats)
+            .field("nats_user", &self.nats_user)
+            .field("nats_password", &hidden(&self.nats_password))
+            .field("nats_token", &hidden(&self.nats_token))
+            .field("nats_nkey", &self.nats_nkey)
+            .field("nats_creds", &self.nats_creds)
+            .field("nats_tls_ca", &self.nats_tls_ca)
+            .field("nats_tls_cert", &self.nats_tls_cert)
+            .field("nats_tls_key", &self.nats_tls_key)
+            .field("nats_tls", &self.nats_tls)
+            .finish()
+    }
+}
+
+impl NatsArgs {
+    /// Plain `--nats <url>` with no authentication (tests, local servers).
+    pub fn plain(url: &str) -> NatsArgs {
+        NatsArgs {
+            nats: url.into(),
+            nats_user: None,
+            nats_password: None,
+            nats_token: None,
+            nats_nkey: None,
+            nats_creds: None,
+            nats_tls_ca: None,
+            nats_tls_cert: None,
+            nats_tls_key: None,
+            nats_tls: false,
+        }
+    }
+
+    async fn options(&self, name: &str) -> Result<async_nats::ConnectOptions, QueueError> {
+        let mut o = async_nats::ConnectOptions::new()
+            .name(name)
+            // A worker outlives server restarts and network blips: reconnect
+            // forever, with the client's capped exponential backoff.
+            .max_reconnects(None)
+            .connection_timeout(Duration::from_secs(10));
+        match (&self.nats_user, &self.nats_password) {
+            (Some(u), Some(p)) => o = o.user_and_password(u.clone(), p.clone()),
+            (None, None) => {}
+            _ => {
+                return Err(QueueError::Option {
+                    option: "--nats-user/--nats-password",
+                    message: "give both or neither".into(),
+                })
+            }
+        }
+        if let Some(t) = &self.nats_token {
+            o = o.token(t.clone());
+        }
+        if let Some(path) = &self.nats_nkey {
+            let seed = std::fs::read_to_string(path).map_err(|e| QueueError::Option {
+                option: "--nats-nkey",
+                message: format!("{}: {e}", path.display()),
+            })?;
+            o = o.nkey(seed.trim().to_owned());
+        }
+        if let Some(path) = &self.nats_creds {
+            o = o
+                .credentials_file(path)
+                .await
+                .map_err(|e| QueueError::Option {
+                    option: "--nats-creds",
+                    message: format!("{}: {e}", path.display()),
+                })?;
+        }
+        if let Some(ca) = &self.nats_tls_ca {
+            o = o.add_root_certificates(ca.clone()).require_tls(true);
+        }
+        match (&self.nats_tls_cert, &self.nats_tls_key) {
+            (Some(c), Some(k)) => {
+                o = o
+                    .add_client_certificate(c.clone(), k.clone())
+                    .require_tls(true)
+            }
+            (None, None) => {}
+            _ => {
+                return Err(QueueError::Option {
+                    option: "--nats-tls-cert/--nats-tls-key",
+                    message: "give both or neither".into(),
+                })
+            }
+        }
+        if self.nats_tls {
+            o = o.require_tls(true);
+        }
+        Ok(o)
+    }
+
+    /// Connects (see [`connect_with`]).
+    pub async fn connect(&self, name: &str) -> Result<async_nats::Client, QueueError> {
+        connect_with(&self.nats, self.options(name).await?).await
+    }
+}
+
+/// The queue's JetStream objects, created when missing.
+pub struct Queue {
+    /// The JetStream context.
+    pub js: jetstream::Context,
+    /// The task stream.
+    pub stream: stream::Stream,
+    /// The shared consumer.
+    pub consumer: consumer::Consumer<consumer::pull::Config>,
+    /// Job state.
+    pub state: state::JobState,
+    /// The settings used.
+    pub config: QueueConfig,
+}
+
+impl Queue {
+    /// Finds or creates the stream, the consumer, the state bucket and the
+    /// dead-letter stream. With `update`, the consumer's settings are set to
+    /// `cfg`'s (submit's flags); without, existing settings are kept (workers).
+    pub async fn open(
+        client: async_nats::Client,
+        cfg: &QueueConfig,
+        update: bool,
+    ) -> Result<Queue, QueueError> {
+        let js = jetstream::new(client);
+        // Advisories are published from the consumer's creation on; the
+        // stream that keeps them must exist first.
+        js.get_or_create_stream(cfg.deadletter_config())
+            .await
+            .map_err(|source| QueueError::Stream {
+                stream: cfg.deadletter_stream.clone(),
+                source,
+            })?;
+        let consumer = if update {
+            let stream = js
+                .get_or_create_stream(cfg.stream_config())
+                .await
+                .map_err(|source| QueueError::Stream {
+                    stream: cfg.stream.clone(),
+                    source,
+                })?;
+            stream
+                .create_consumer(cfg.consumer_config())
+                .await
+                .map_err(|source| QueueError::Consumer {
+                    stream: cfg.stream.clone(),
+                    consumer: cfg.consumer.clone(),
+                    source,
+                })?
+        } else {
+            ensure_stream_and_consumer(&js, cfg).await?
+        };
+        let stream = js
+            .get_stream(&cfg.stream)
+            .await
+            .map_err(|e| QueueError::State {
+                bucket: cfg.stream.clone(),
+                message: e.to_string(),
+            })?;
+        let state = state::JobState::open(&js, cfg).await?;
+        Ok(Queue {
+            js,
+            stream,
+            consumer,
+            state,
+            config: cfg.clone(),
+        })
+    }
+}
+
+/// Parses a duration: `250ms`, `30s`, `5m`, `2h`, `1d`, or plain seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a duration (e.g. 30s, 5m, 250ms)"))?;
+    let secs = match unit.trim() {
+        "" | "s" => v,
+        "ms" => v / 1000.0,
+        "m" | "min" => v * 60.0,
+        "h" => v * 3600.0,
+        "d" => v * 86400.0,
+        u => return Err(format!("`{s}`: unknown unit `{u}` (ms, s, m, h, d)")),
+    };
+    if !(0.0..=1e9).contains(&secs) {
+        return Err(format!("`{s}` is out of range"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_versions() {
+        for ok in ["2.10.0", "v2.15.1", "2.11.0-beta.1", "3.0.0", "2.10"] {
+            assert!(server_supported(ok), "{ok}");
+        }
+        for old in ["2.9.25", "v2.9.0", "1.4.1", "", "dev", "2"] {
+            assert!(!server_supported(old), "{old}");
+        }
+    }
+
+    #[test]
+    fn old_server_error_names_the_version() {
+        let e = QueueError::OldServer {
+            url: "nats://h:4222".into(),
+            version: "2.9.25".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "nats-server 2.9.25 at nats://h:4222 is too old: rsembed needs nats-server >= 2.10"
+        );
+    }
+
+    #[test]
+    fn stream_and_consumer_settings() {
+        let cfg = QueueConfig {
+            backoff: vec![Duration::from_secs(1), Duration::from_secs(5)],
+            ..Default::default()
+        };
+        let s = cfg.stream_config();
+        assert_eq!(s.subjects, vec!["rsembed.tasks.>".to_string()]);
+        assert_eq!(s.retention, stream::RetentionPolicy::WorkQueue);
+        assert_eq!(s.storage, stream::StorageType::File);
+        let c = cfg.consumer_config();
+        assert_eq!(c.durable_name.as_deref(), Some("rsembed-workers"));
+        assert_eq!(c.backoff.len(), 2);
+        assert_eq!(task_subject("j1"), "rsembed.tasks.j1");
+        let d = cfg.deadletter_config();
+        assert_eq!(
+            d.subjects[0],
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.RSEMBED_TASKS.rsembed-workers"
+        );
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2"), Ok(Duration::from_secs(2)));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn secrets_are_not_printed() {
+        let mut a = NatsArgs::plain("nats://h:4222");
+        a.nats_password = Some("hunter2".into());
+        a.nats_user = Some("u".into());
+        a.nats_token = Some("tok-secret".into());
+        let s = format!("{a:?}");
+        assert!(!s.contains("hunter2") && !s.contains("tok-secret"), "{s}");
+        assert!(s.contains("<hidden>"));
+    }
+}

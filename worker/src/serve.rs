@@ -1,0 +1,530 @@
+//! The pull worker: takes tasks from the shared JetStream consumer, runs them
+//! with the same [`TaskRunner`] as embedded mode, and acknowledges each only
+//! after its files are written and its completion is recorded.
+//!
+//! Per message:
+//!
+//! 1. A message that does not parse, or of an unknown format, is terminated.
+//! 2. A task of another model is nak'd with a delay and its reason recorded;
+//!    on its last delivery it is recorded as failed and terminated, so a job no
+//!    worker can serve ends dead-lettered with that reason.
+//! 3. A task already recorded as done (its ack was lost) is acked again.
+//! 4. Otherwise it runs, with an in-progress ack every `ack_wait / 3`, so a
+//!    slow task is not redelivered while a dead worker's task is.
+//! 5. Success: files (conditional creates), then the `done` record, then the
+//!    double ack. Failure: nak with exponential delay and the error recorded,
+//!    or, on the last delivery, the `failed` record and a terminate.
+//!
+//! On shutdown it stops pulling, lets running tasks finish within the grace
+//! period, and naks what is left without delay, so another worker takes it at
+//! once instead of after `ack_wait`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, AckKind};
+use futures::StreamExt;
+use rsembed_schemas::job::ModelRef;
+use rsembed_schemas::meta::FileMeta;
+use rsembed_schemas::queue::{
+    TaskDone, TaskError, TaskFailed, TaskMessage, TaskRunning, MESSAGE_FORMAT,
+};
+use rsembed_schemas::{SCHEMA_VERSION, SOFTWARE_VERSION};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::error::{chain, Error};
+use crate::pipeline::{JobContext, TaskRunner};
+use crate::queue::{Queue, QueueError};
+use crate::raster::scale::ScaleSpec;
+
+/// How the worker pulls and gives up.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// This worker's name in job state and logs.
+    pub name: String,
+    /// Tasks held at once (also the prefetch: a task is pulled only when a
+    /// slot is free, so no task waits in this worker while another could run it).
+    pub tasks_in_flight: usize,
+    /// How long running tasks may take to finish after a shutdown signal.
+    pub shutdown_grace: Duration,
+    /// First redelivery delay after a failed try; doubles each try, up to 5 min.
+    pub retry_delay: Duration,
+    /// Redelivery delay for a task of another model.
+    pub mismatch_delay: Duration,
+    /// In-progress ack interval. Default: a third of the consumer's `ack_wait`.
+    pub progress_interval: Option<Duration>,
+    /// Stop after this many tasks (tests and one-shot jobs). Default: never.
+    pub max_tasks: Option<u64>,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            name: default_name(),
+            tasks_in_flight: 2,
+            shutdown_grace: Duration::from_secs(30),
+            retry_delay: Duration::from_secs(5),
+            mismatch_delay: Duration::from_secs(30),
+            progress_interval: None,
+            max_tasks: None,
+        }
+    }
+}
+
+/// `<hostname>-<pid>`: unique among live workers, readable in `status`.
+pub fn default_name() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "worker".into());
+    format!("{host}-{}", std::process::id())
+}
+
+/// What a worker did before it stopped.
+#[derive(Debug, Default)]
+pub struct ServeReport {
+    /// Tasks finished and acked.
+    pub done: u64,
+    /// Tries that failed and were nak'd for a retry.
+    pub retried: u64,
+    /// Tasks given up on (terminated).
+    pub failed: u64,
+    /// Tasks of another model, nak'd.
+    pub mismatched: u64,
+    /// Tasks handed back at shutdown.
+    pub handed_back: u64,
+}
+
+#[derive(Default)]
+struct Tally {
+    done: AtomicU64,
+    retried: AtomicU64,
+    failed: AtomicU64,
+    mismatched: AtomicU64,
+    handed_back: AtomicU64,
+    /// Tasks taken, for `max_tasks`.
+    taken: AtomicU64,
+}
+
+/// A pull worker for one model.
+pub struct Worker {
+    queue: Queue,
+    runner: Arc<TaskRunner>,
+    model: ModelRef,
+    fingerprint: String,
+    cfg: ServeConfig,
+    jobs: Mutex<HashMap<(String, String), Arc<JobContext>>>,
+    tally: Tally,
+    max_deliver: i64,
+    progress: Duration,
+}
+
+enum Outcome {
+    Done,
+    Retried,
+    Failed,
+    Mismatched,
+    HandedBack,
+}
+
+impl Worker {
+    /// A worker serving `model` (its fingerprint decides which tasks it runs).
+    pub fn new(queue: Queue, runner: Arc<TaskRunner>, model: ModelRef, cfg: ServeConfig) -> Worker {
+        let info = queue.consumer.cached_info();
+        let max_deliver = info.config.max_deliver;
+        let ack_wait = info.config.ack_wait;
+        let progress = cfg
+            .progress_interval
+            .unwrap_or(ack_wait / 3)
+            .max(Duration::from_millis(200));
+        Worker {
+            fingerprint: model.fingerprint(),
+            queue,
+            runner,
+            model,
+            cfg,
+            jobs: Mutex::new(HashMap::new()),
+            tally: Tally::default(),
+            max_deliver,
+            progress,
+        }
+    }
+
+    /// Pulls and runs tasks until `stop` is cancelled (or `max_tasks` are
+    /// taken), then drains as [`ServeConfig::shutdown_grace`] allows.
+    pub async fn serve(self: Arc<Self>, stop: CancellationToken) -> ServeReport {
+        tracing::info!(
+            worker = %self.cfg.name, model = %self.model.name, fingerprint = %self.fingerprint,
+            max_deliver = self.max_deliver, progress_ms = self.progress.as_millis() as u64,
+            "pulling tasks"
+        );
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.cfg.tasks_in_flight.max(1)));
+        // Cancelled when the grace period is over: running tasks hand back.
+        let abandon = CancellationToken::new();
+        let mut running = JoinSet::new();
+        while !stop.is_cancelled() {
+            if let Some(max) = self.cfg.max_tasks {
+                if self.tally.taken.load(Ordering::Relaxed) >= max {
+                    break;
+                }
+            }
+            while running.try_join_next().is_some() {}
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                _ = stop.cancelled() => break,
+            };
+            // A short expiry bounds how long a shutdown waits for the pull.
+            let batch = self
+                .queue
+                .consumer
+                .fetch()
+                .max_messages(1)
+                .expires(Duration::from_secs(2))
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    // Disconnected or JetStream not ready (a server restart):
+                    // the client reconnects by itself; try again shortly.
+                    tracing::warn!(error = %chain(&e), "pull failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {},
+                        _ = stop.cancelled() => break,
+                    }
+                    continue;
+                }
+            };
+            // One message per pull: the batch ends after it, or empty at expiry.
+            let m = match batch.next().await {
+                Some(Ok(m)) => m,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %chain(&*e), "pull ended");
+                    continue;
+                }
+                None => continue,
+            };
+            if stop.is_cancelled() {
+                // Pulled as the signal came: hand it back at once.
+                let _ = m.ack_with(AckKind::Nak(None)).await;
+                self.tally.handed_back.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+            self.tally.taken.fetch_add(1, Ordering::Relaxed);
+            let me = self.clone();
+            let abandon = abandon.clone();
+            running.spawn(async move {
+                let _permit = permit;
+                me.handle(m, abandon).await
+            });
+        }
+        if !running.is_empty() {
+            tracing::info!(
+                tasks = running.len(),
+                grace_s = self.cfg.shutdown_grace.as_secs_f64(),
+                "draining"
+            );
+            let deadline = tokio::time::sleep(self.cfg.shutdown_grace);
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    r = running.join_next() => if r.is_none() { break },
+                    _ = &mut deadline, if !abandon.is_cancelled() => abandon.cancel(),
+                }
+            }
+        }
+        let t = &self.tally;
+        ServeReport {
+            done: t.done.load(Ordering::Relaxed),
+            retried: t.retried.load(Ordering::Relaxed),
+            failed: t.failed.load(Ordering::Relaxed),
+            mismatched: t.mismatched.load(Ordering::Relaxed),
+            handed_back: t.handed_back.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn handle(self: Arc<Self>, m: jetstream::Message, abandon: CancellationToken) {
+        let (delivered, seq) = match m.info() {
+            Ok(i) => (i.delivered.max(1) as u64, i.stream_sequence),
+            Err(_) => (1, 0),
+        };
+        let outcome = match serde_json::from_slice::<TaskMessage>(&m.payload) {
+            Err(e) => {
+                tracing::error!(seq, error = %e, "not a task message; terminating it");
+                let _ = m.ack_with(AckKind::Term).await;
+                Outcome::Failed
+            }
+            Ok(msg) => {
+                let span = tracing::info_span!(
+                    "task", job_id = %msg.task.job_id, task_id = %msg.task.task_id, delivered
+                );
+                self.run_message(&m, msg, delivered, abandon)
+                    .instrument(span)
+                    .await
+            }
+        };
+        let t = &self.tally;
+        match outcome {
+            Outcome::Done => t.done.fetch_add(1, Ordering::Relaxed),
+            Outcome::Retried => t.retried.fetch_add(1, Ordering::Relaxed),
+            Outcome::Failed => t.failed.fetch_add(1, Ordering::Relaxed),
+            Outcome::Mismatched => t.mismatched.fetch_add(1, Ordering::Relaxed),
+            Outcome::HandedBack => t.handed_back.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    async fn run_message(
+        &self,
+        m: &jetstream::Message,
+        msg: TaskMessage,
+        delivered: u64,
+        abandon: CancellationToken,
+    ) -> Outcome {
+        let job = msg.task.job_id.clone();
+        let task = msg.task.task_id.clone();
+        let last = self.max_deliver > 0 && delivered >= self.max_deliver as u64;
+        if msg.format != MESSAGE_FORMAT {
+            let why = format!(
+                "task message format {} is not {MESSAGE_FORMAT}: this worker ({SOFTWARE_VERSION}) cannot read it",
+                msg.format
+            );
+            return self.give_up(m, &msg, delivered, why).await;
+        }
+        if msg.model_fingerprint != self.fingerprint {
+            let why = format!(
+                "task wants model {} (fingerprint {}); worker {} serves {} (fingerprint {})",
+                msg.model_name,
+                msg.model_fingerprint,
+                self.cfg.name,
+                self.model.name,
+                self.fingerprint
+            );
+            tracing::warn!(reason = %why, "not my model; handing the task back");
+            if last {
+                self.give_up(m, &msg, delivered, why).await;
+                return Outcome::Mismatched;
+            }
+            self.note_error(&job, &task, &why, delivered).await;
+            let _ = m
+                .ack_with(AckKind::Nak(Some(self.cfg.mismatch_delay)))
+                .await;
+            return Outcome::Mismatched;
+        }
+        match self.queue.state.done(&job, &task).await {
+            Ok(Some(_)) => {
+                tracing::info!("already done (an ack was lost); acking again");
+                return self.ack(m).await;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %chain(&e), "job state unreadable; retrying the task later");
+                let _ = m
+                    .ack_with(AckKind::Nak(Some(self.retry_delay(delivered))))
+                    .await;
+                return Outcome::Retried;
+            }
+        }
+        let ctx = match self.job_context(&msg) {
+            Ok(c) => c,
+            Err(why) => return self.give_up(m, &msg, delivered, why).await,
+        };
+        let running = TaskRunning {
+            worker: self.cfg.name.clone(),
+            started_at: now_rfc3339(),
+            delivery: delivered,
+        };
+        if let Err(e) = self.queue.state.put_running(&job, &task, &running).await {
+            tracing::debug!(error = %chain(&e), "cannot mark the task running");
+        }
+
+        let started = Instant::now();
+        let ticker = {
+            let every = self.progress;
+            let stop = CancellationToken::new();
+            let s = stop.clone();
+            let m = m.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = tokio::time::sleep(every) => {},
+                        _ = s.cancelled() => return,
+                    }
+                    // JetStream restarts the task's ack_wait clock.
+                    if let Err(e) = m.ack_with(AckKind::Progress).await {
+                        tracing::debug!(error = %e, "progress ack failed");
+                    }
+                }
+            });
+            stop.drop_guard()
+        };
+        let result = tokio::select! {
+            r = self.runner.run(&ctx, &msg.task) => Some(r),
+            _ = abandon.cancelled() => None,
+        };
+        drop(ticker);
+        let clear = self.queue.state.clear_running(&job, &task);
+        match result {
+            None => {
+                let _ = clear.await;
+                tracing::info!("shutdown grace is over; handing the task back");
+                let _ = m.ack_with(AckKind::Nak(None)).await;
+                Outcome::HandedBack
+            }
+            Some(Ok(report)) => {
+                let done = TaskDone {
+                    chips_file: report.chips_file,
+                    errors_file: report.errors_file,
+                    worker: self.cfg.name.clone(),
+                    finished_at: now_rfc3339(),
+                    seconds: started.elapsed().as_secs_f64(),
+                };
+                if let Err(e) = self.queue.state.put_done(&job, &task, &done).await {
+                    // The files are written; the next delivery finds them and
+                    // records completion then.
+                    tracing::warn!(error = %chain(&e), "cannot record completion; retrying");
+                    let _ = m
+                        .ack_with(AckKind::Nak(Some(self.retry_delay(delivered))))
+                        .await;
+                    return Outcome::Retried;
+                }
+                let _ = clear.await;
+                tracing::info!(
+                    rows = done.chips_file.rows,
+                    seconds = done.seconds,
+                    "task done"
+                );
+                self.ack(m).await
+            }
+            Some(Err(e)) => {
+                let _ = clear.await;
+                let why = chain(&e);
+                if last || !retryable(&e) {
+                    return self.give_up(m, &msg, delivered, why).await;
+                }
+                let delay = self.retry_delay(delivered);
+                tracing::warn!(error = %why, retry_in_s = delay.as_secs_f64(), "task failed; will be retried");
+                self.note_error(&job, &task, &why, delivered).await;
+                let _ = m.ack_with(AckKind::Nak(Some(delay))).await;
+                Outcome::Retried
+            }
+        }
+    }
+
+    async fn ack(&self, m: &jetstream::Message) -> Outcome {
+        if let Err(e) = m.double_ack().await {
+            // Redelivered later, then found done and acked.
+            tracing::warn!(error = %e, "ack not confirmed");
+        }
+        Outcome::Done
+    }
+
+    fn retry_delay(&self, delivered: u64) -> Duration {
+        let exp = delivered.saturating_sub(1).min(16) as u32;
+        (self.cfg.retry_delay * 2u32.pow(exp)).min(Duration::from_secs(300))
+    }
+
+    async fn note_error(&self, job: &str, task: &str, why: &str, delivered: u64) {
+        let v = TaskError {
+            error: why.to_owned(),
+            delivery: delivered,
+            worker: self.cfg.name.clone(),
+        };
+        if let Err(e) = self.queue.state.put_last_error(job, task, &v).await {
+            tracing::debug!(error = %chain(&e), "cannot record the error");
+        }
+    }
+
+    /// Records the task as failed, then terminates it.
+    async fn give_up(
+        &self,
+        m: &jetstream::Message,
+        msg: &TaskMessage,
+        delivered: u64,
+        why: String,
+    ) -> Outcome {
+        tracing::error!(error = %why, "giving up on the task");
+        let failed = TaskFailed {
+            task_id: msg.task.task_id.clone(),
+            error: why,
+            deliveries: delivered,
+            reason: "terminated".into(),
+            failed_at: now_rfc3339(),
+            message: String::from_utf8_lossy(&m.payload).into_owned(),
+        };
+        if let Err(e) = self.queue.state.put_failed(&msg.task.job_id, &failed).await {
+            // Not terminated: a later delivery (or the dead-letter advisory)
+            // records it.
+            tracing::warn!(error = %chain(&e), "cannot record the failure; handing the task back");
+            let _ = m
+                .ack_with(AckKind::Nak(Some(self.retry_delay(delivered))))
+                .await;
+            return Outcome::Retried;
+        }
+        let _ = m.ack_with(AckKind::Term).await;
+        Outcome::Failed
+    }
+
+    fn job_context(&self, msg: &TaskMessage) -> Result<Arc<JobContext>, String> {
+        let key = (msg.task.job_id.clone(), msg.output.clone());
+        if let Some(c) = self.jobs.lock().expect("job cache lock").get(&key) {
+            return Ok(c.clone());
+        }
+        let output = self
+            .runner
+            .stores
+            .location(&msg.output)
+            .map_err(|e| format!("output {}: {}", msg.output, chain(&e)))?;
+        let scale: ScaleSpec = msg
+            .tiling
+            .scale
+            .parse()
+            .map_err(|e| format!("tiling scale `{}`: {e}", msg.tiling.scale))?;
+        let ctx = Arc::new(JobContext {
+            output,
+            scale,
+            file_meta: FileMeta {
+                schema_version: SCHEMA_VERSION,
+                job_id: msg.task.job_id.clone(),
+                task_id: String::new(),
+                model_name: self.model.name.clone(),
+                model_sha256: self.model.sha256.clone(),
+                embed_dim: self.model.embed_dim,
+                tiling: msg.tiling.clone(),
+                software_version: SOFTWARE_VERSION.to_owned(),
+            },
+        });
+        let mut jobs = self.jobs.lock().expect("job cache lock");
+        // A worker serving for weeks sees many jobs; contexts are small, but
+        // bounded all the same.
+        if jobs.len() > 1024 {
+            jobs.clear();
+        }
+        jobs.insert(key, ctx.clone());
+        Ok(ctx)
+    }
+}
+
+/// Whether a later try can succeed. Every failure of a whole task is assumed
+/// transient (a store, the network, device memory) except a task that cannot
+/// be understood.
+fn retryable(e: &Error) -> bool {
+    !matches!(e, Error::Location { .. } | Error::Usage(_))
+}
+
+fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("formatting the current time cannot fail")
+}
+
+impl From<QueueError> for Error {
+    fn from(e: QueueError) -> Error {
+        Error::TaskRetry(chain(&e))
+    }
+}
