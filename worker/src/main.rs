@@ -65,6 +65,9 @@ struct Args {
     /// Serve Prometheus metrics at `http://<HOST:PORT>/metrics`.
     #[arg(long, env = "RSEMBED_METRICS_ADDR", value_name = "HOST:PORT")]
     metrics_addr: Option<String>,
+    /// Fault injection for tests: hold every task this long before running it.
+    #[arg(long, env = "RSEMBED_FAULT_TASK_DELAY", hide = true, value_parser = parse_duration)]
+    fault_task_delay: Option<Duration>,
     /// Log format: `text` or `json`.
     #[arg(long, env = "RSEMBED_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -76,7 +79,8 @@ fn main() -> ExitCode {
         .unwrap_or_else(|_| "info,ort=warn".into());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if args.log_format == "json" {
         b.json().init();
     } else {
@@ -147,6 +151,7 @@ async fn serve(args: Args) -> Result<(), String> {
         mismatch_delay: args.mismatch_delay,
         progress_interval: args.progress_interval,
         max_tasks: args.max_tasks,
+        hold: args.fault_task_delay,
     };
     let worker = Arc::new(Worker::new(queue, runner.clone(), model_ref, cfg));
     let report = worker.serve(stop).await;

@@ -59,6 +59,10 @@ pub struct ServeConfig {
     pub progress_interval: Option<Duration>,
     /// Stop after this many tasks (tests and one-shot jobs). Default: never.
     pub max_tasks: Option<u64>,
+    /// Fault injection for the process tests: hold every task this long
+    /// before running it (with progress acks, as a slow task), so a test can
+    /// kill or stop a worker in the middle of one.
+    pub hold: Option<Duration>,
 }
 
 impl Default for ServeConfig {
@@ -71,6 +75,7 @@ impl Default for ServeConfig {
             mismatch_delay: Duration::from_secs(30),
             progress_interval: None,
             max_tasks: None,
+            hold: None,
         }
     }
 }
@@ -239,6 +244,11 @@ impl Worker {
                 }
             }
         }
+        // Acks and naks are buffered by the client: a nak that never leaves
+        // the process hands nothing back.
+        if let Err(e) = self.queue.js.client().flush().await {
+            tracing::warn!(error = %e, "could not flush the last acks");
+        }
         let t = &self.tally;
         ServeReport {
             done: t.done.load(Ordering::Relaxed),
@@ -363,8 +373,18 @@ impl Worker {
             });
             stop.drop_guard()
         };
+        let work = async {
+            if let Some(d) = self.cfg.hold {
+                tracing::info!(
+                    hold_ms = d.as_millis() as u64,
+                    "holding the task (fault injection)"
+                );
+                tokio::time::sleep(d).await;
+            }
+            self.runner.run(&ctx, &msg.task).await
+        };
         let result = tokio::select! {
-            r = self.runner.run(&ctx, &msg.task) => Some(r),
+            r = work => Some(r),
             _ = abandon.cancelled() => None,
         };
         drop(ticker);
@@ -373,7 +393,9 @@ impl Worker {
             None => {
                 let _ = clear.await;
                 tracing::info!("shutdown grace is over; handing the task back");
-                let _ = m.ack_with(AckKind::Nak(None)).await;
+                if let Err(e) = m.double_ack_with(AckKind::Nak(None)).await {
+                    tracing::warn!(error = %e, "hand-back not confirmed; the task returns after ack_wait");
+                }
                 Outcome::HandedBack
             }
             Some(Ok(report)) => {

@@ -1,0 +1,321 @@
+//! Distributed mode with real processes: nats-server (SIGKILLed and restarted),
+//! `rsembed submit | status | finalize`, and `rsembed-worker`s that are
+//! killed or stopped in the middle of tasks. Every scenario checks the final
+//! dataset with DuckDB: every chip exactly once, none missing against the plan.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rsembed_integration_tests::cluster::{
+    chip_counts, finalize, make_images, status, submit_ok, wait_finished, Worker,
+};
+use rsembed_integration_tests::nats::NatsServer;
+use rsembed_integration_tests::{rsembed, run};
+
+const FINISH: Duration = Duration::from_secs(120);
+
+fn hold(d: &str) -> Vec<(&'static str, String)> {
+    vec![("RSEMBED_FAULT_TASK_DELAY", d.to_owned())]
+}
+
+fn plan_tasks(input: &Path) -> u64 {
+    let out =
+        run(rsembed()
+            .arg("plan")
+            .arg("--input")
+            .arg(input)
+            .args(["--task-size", "1", "--json"]));
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["tasks"].as_u64().unwrap()
+}
+
+fn assert_complete(nats: &str, input: &Path, output: &Path, images: u64) {
+    assert_eq!(plan_tasks(input), images, "one task per image");
+    assert_eq!(
+        chip_counts(output),
+        (images, images, images),
+        "every chip exactly once"
+    );
+    let (code, report) = finalize(nats, output);
+    assert_eq!(code, Some(0), "finalize: {report}");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["rows"], images);
+    assert_eq!(manifest["files"].as_array().unwrap().len() as u64, images);
+}
+
+#[test]
+fn three_workers_sixty_tasks_every_chip_once() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 60);
+    let s = submit_ok(&url, &input, &output, &["--task-size", "1"]);
+    assert_eq!(
+        (s["tasks"].as_u64(), s["published"].as_u64()),
+        (Some(60), Some(60))
+    );
+
+    let workers: Vec<Worker> = (0..3)
+        .map(|i| Worker::start(&url, &format!("w{i}"), &[], &[]))
+        .collect();
+    let st = wait_finished(&url, &output, FINISH);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(60), Some(0))
+    );
+    assert_eq!(st["chips"], 60);
+    drop(workers);
+    assert_complete(&url, &input, &output, 60);
+}
+
+#[test]
+fn a_killed_workers_task_is_redelivered_and_done_once() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 6);
+    submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-size", "1", "--ack-wait", "2s"],
+    );
+
+    let mut slow = Worker::start(&url, "slow", &["--tasks-in-flight", "1"], &hold("60s"));
+    slow.wait_for_log("holding the task", Duration::from_secs(60));
+    assert_eq!(status(&url, &output)["in_flight"], 1);
+    slow.kill();
+
+    let fast = Worker::start(&url, "fast", &[], &[]);
+    wait_finished(&url, &output, FINISH);
+    assert!(
+        fast.log().contains("delivered=2"),
+        "the killed worker's task came back:\n{}",
+        fast.log()
+    );
+    assert_complete(&url, &input, &output, 6);
+}
+
+#[test]
+fn a_nats_server_restart_mid_job_loses_nothing() {
+    let mut nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 24);
+    submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-size", "1", "--ack-wait", "3s"],
+    );
+    let workers: Vec<Worker> = (0..3)
+        .map(|i| Worker::start(&url, &format!("w{i}"), &[], &hold("300ms")))
+        .collect();
+    let started = Instant::now();
+    while status(&url, &output)["done"].as_u64().unwrap() < 3 {
+        assert!(started.elapsed() < FINISH, "no progress");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    nats.kill();
+    std::thread::sleep(Duration::from_secs(1));
+    nats.restart();
+    let st = wait_finished(&url, &output, FINISH);
+    assert_eq!(st["done"], 24, "{st}");
+    for w in &workers {
+        assert!(
+            w.log().contains("task done"),
+            "{} worked:\n{}",
+            w.name,
+            w.log()
+        );
+    }
+    drop(workers);
+    assert_complete(&url, &input, &output, 24);
+}
+
+#[test]
+fn a_poison_task_is_dead_lettered_and_retry_failed_completes_the_job() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    let images = make_images(&input, 6);
+    submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-size", "1", "--max-deliver", "3", "--ack-wait", "5s"],
+    );
+    // Deleted after submit: the task can never succeed until it is back.
+    let poison = images[2].clone();
+    let saved = std::fs::read(&poison).unwrap();
+    std::fs::remove_file(&poison).unwrap();
+
+    let w = Worker::start(&url, "w", &["--retry-delay", "100ms"], &[]);
+    let st = wait_finished(&url, &output, FINISH);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(5), Some(1)),
+        "{st}"
+    );
+    assert!(w.log().contains("giving up on the task"), "{}", w.log());
+
+    let (code, report) = finalize(&url, &output);
+    assert_eq!(
+        code,
+        Some(3),
+        "a job with a failed task finalizes with exit 3: {report}"
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
+    let failed = &manifest["failed_tasks"][0];
+    assert_eq!(failed["deliveries"], 3, "{manifest}");
+    assert!(
+        failed["inputs"][0]
+            .as_str()
+            .unwrap()
+            .ends_with("img_002.png"),
+        "{manifest}"
+    );
+    assert!(
+        failed["error"].as_str().unwrap().contains("img_002.png"),
+        "{manifest}"
+    );
+
+    // Back in place, but without --retry-failed a resubmit leaves it failed.
+    std::fs::write(&poison, saved).unwrap();
+    let again = submit_ok(&url, &input, &output, &["--task-size", "1"]);
+    assert_eq!(
+        (again["failed"].as_u64(), again["published"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let retry = submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-size", "1", "--retry-failed"],
+    );
+    assert_eq!(
+        (retry["requeued"].as_u64(), retry["published"].as_u64()),
+        (Some(1), Some(1))
+    );
+    let st = wait_finished(&url, &output, FINISH);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(6), Some(0)),
+        "{st}"
+    );
+    drop(w);
+    assert_complete(&url, &input, &output, 6);
+}
+
+#[test]
+fn submitting_twice_and_after_a_partial_run_does_no_work_twice() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 12);
+    let first = submit_ok(&url, &input, &output, &["--task-size", "1"]);
+    assert_eq!(first["published"], 12);
+    let second = submit_ok(&url, &input, &output, &["--task-size", "1"]);
+    assert_eq!(
+        (second["published"].as_u64(), second["duplicates"].as_u64()),
+        (Some(0), Some(12))
+    );
+
+    let mut partial = Worker::start(&url, "partial", &["--max-tasks", "5"], &[]);
+    assert!(partial.wait(FINISH).success(), "{}", partial.log());
+    assert_eq!(status(&url, &output)["done"], 5);
+
+    let third = submit_ok(&url, &input, &output, &["--task-size", "1"]);
+    assert_eq!(
+        (
+            third["done"].as_u64(),
+            third["duplicates"].as_u64(),
+            third["published"].as_u64()
+        ),
+        (Some(5), Some(7), Some(0)),
+        "{third}"
+    );
+    let rest = Worker::start(&url, "rest", &[], &[]);
+    wait_finished(&url, &output, FINISH);
+    assert!(!rest.log().contains("delivered=2"), "{}", rest.log());
+    assert_complete(&url, &input, &output, 12);
+}
+
+#[test]
+fn sigterm_during_a_task_drains_without_redelivery() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 4);
+    submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-size", "1", "--ack-wait", "30s"],
+    );
+
+    let mut w = Worker::start(
+        &url,
+        "draining",
+        &["--tasks-in-flight", "1", "--shutdown-grace", "20s"],
+        &hold("1500ms"),
+    );
+    w.wait_for_log("holding the task", Duration::from_secs(60));
+    let st = w.terminate(Duration::from_secs(30));
+    assert!(st.success(), "exit 0 after the drain: {st}\n{}", w.log());
+    let log = w.log();
+    assert_eq!(log.matches("task done").count(), 1, "{log}");
+    assert!(!log.contains("handing the task back"), "{log}");
+    assert_eq!(status(&url, &output)["done"], 1);
+
+    let rest = Worker::start(&url, "rest", &[], &[]);
+    wait_finished(&url, &output, FINISH);
+    assert!(
+        !rest.log().contains("delivered=2"),
+        "no redelivery:\n{}",
+        rest.log()
+    );
+    assert_complete(&url, &input, &output, 4);
+}
+
+#[test]
+fn sigterm_past_the_grace_period_hands_the_task_back_at_once() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 2);
+    // A long ack wait: the task can only come back this fast by a nak.
+    submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-size", "1", "--ack-wait", "60s"],
+    );
+    let mut w = Worker::start(
+        &url,
+        "stuck",
+        &["--tasks-in-flight", "1", "--shutdown-grace", "500ms"],
+        &hold("120s"),
+    );
+    w.wait_for_log("holding the task", Duration::from_secs(60));
+    let st = w.terminate(Duration::from_secs(10));
+    assert!(st.success(), "{st}\n{}", w.log());
+    assert!(w.log().contains("handing the task back"), "{}", w.log());
+
+    let started = Instant::now();
+    let rest = Worker::start(&url, "rest", &[], &[]);
+    wait_finished(&url, &output, Duration::from_secs(40));
+    assert!(started.elapsed() < Duration::from_secs(40));
+    assert!(rest.log().contains("delivered=2"), "{}", rest.log());
+    assert_complete(&url, &input, &output, 2);
+}
