@@ -11,14 +11,14 @@
 //! and failed tasks stay failed unless `--retry-failed` requeues them under a
 //! fresh message id.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use object_store::ObjectStoreExt;
-use rsembed_schemas::job::{JobSpec, JOB_FILE, MANIFEST_FILE};
-use rsembed_schemas::queue::{JobRecord, TaskMessage, MESSAGE_FORMAT};
+use rsembed_schemas::job::{JobSpec, ModelRef, TilingSpec, JOB_FILE, MANIFEST_FILE};
+use rsembed_schemas::queue::{JobRecord, TaskDone, TaskFailed, TaskMessage, MESSAGE_FORMAT};
 use rsembed_schemas::task::Task;
 use rsembed_schemas::SOFTWARE_VERSION;
 use rsembed_worker::model::ModelDir;
@@ -173,8 +173,6 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         ttx,
     ));
 
-    let mut tasks_file =
-        object_store::buffered::BufWriter::new(output.store.clone(), output.child(TASKS_FILE));
     let mut s = SubmitSummary {
         job_id: job_id.clone(),
         output: output.url.to_string(),
@@ -187,63 +185,27 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         requeued: 0,
         seconds: 0.0,
     };
-    let mut acks: VecDeque<(String, queue::PublishAckFuture)> = VecDeque::new();
-    let publish_result: Result<()> = async {
-        while let Some(task) = trx.recv().await {
-            s.tasks += 1;
-            tasks_file
-                .write_all(format!("{}\n", task.task_id).as_bytes())
-                .await
-                .map_err(|e| Error::Output(format!("{}: {e}", output.child(TASKS_FILE))))?;
-            if snap.done.contains_key(&task.task_id) {
-                s.done += 1;
-                continue;
-            }
-            let mut msg_id = task.task_id.clone();
-            if let Some(f) = snap.failed.get(&task.task_id) {
-                if !args.retry_failed {
-                    s.failed += 1;
-                    continue;
-                }
-                // The first id may still be in the duplicate window, where a
-                // republish would be dropped as a duplicate.
-                msg_id = format!("{}.retry.{}", task.task_id, f.failed_at);
-                q.state.clear_failed(&job_id, &task.task_id).await?;
-                s.requeued += 1;
-            }
-            let msg = TaskMessage {
-                format: MESSAGE_FORMAT,
-                model_fingerprint: model_ref.fingerprint(),
-                model_name: model_ref.name.clone(),
-                output: output.url.to_string(),
-                tiling: tiling.clone(),
-                task,
-            };
-            let ack = queue::send_task(&q.js, &msg, &msg_id).await?;
-            acks.push_back((msg.task.task_id, ack));
-            while acks.len() >= ACKS_IN_FLIGHT {
-                let (id, ack) = acks.pop_front().expect("not empty");
-                count(&mut s, &id, ack.await)?;
-            }
-        }
-        while let Some((id, ack)) = acks.pop_front() {
-            count(&mut s, &id, ack.await)?;
-        }
-        Ok(())
-    }
+    let published = publish_tasks(
+        &PublishJob {
+            queue: &q,
+            output: &output,
+            model: &model_ref,
+            tiling: &tiling,
+            done: &snap.done,
+            failed: &snap.failed,
+            retry_failed: args.retry_failed,
+        },
+        &mut trx,
+        &mut s,
+    )
     .await;
-    if let Err(e) = publish_result {
+    if let Err(e) = published {
         planner.abort();
-        let _ = tasks_file.abort().await;
         return Err(e);
     }
     planner
         .await
         .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
-    tasks_file
-        .shutdown()
-        .await
-        .map_err(|e| Error::Output(format!("{}: {e}", output.child(TASKS_FILE))))?;
     s.inputs = stats.inputs.load(Ordering::Relaxed);
     q.state
         .put_record(&JobRecord {
@@ -262,6 +224,93 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         done = s.done, failed = s.failed, "submitted"
     );
     Ok(s)
+}
+
+/// Everything the publishing stage needs besides the tasks.
+pub struct PublishJob<'a> {
+    /// The queue.
+    pub queue: &'a Queue,
+    /// The job's output (gets `tasks.txt`).
+    pub output: &'a Location,
+    /// The job's model.
+    pub model: &'a ModelRef,
+    /// The job's tiling.
+    pub tiling: &'a TilingSpec,
+    /// Tasks recorded done: skipped.
+    pub done: &'a HashMap<String, TaskDone>,
+    /// Tasks recorded failed: skipped, or requeued with `retry_failed`.
+    pub failed: &'a HashMap<String, TaskFailed>,
+    /// `--retry-failed`.
+    pub retry_failed: bool,
+}
+
+/// Publishes every task `tasks` yields, with up to [`ACKS_IN_FLIGHT`] acks
+/// awaited at once, and writes the plan's task ids to `tasks.txt`; counts go
+/// into `s`. The planner streams into `tasks`, so the plan is never held.
+pub async fn publish_tasks(
+    job: &PublishJob<'_>,
+    tasks: &mut mpsc::Receiver<Task>,
+    s: &mut SubmitSummary,
+) -> Result<()> {
+    let q = job.queue;
+    let path = job.output.child(TASKS_FILE);
+    let mut tasks_file =
+        object_store::buffered::BufWriter::new(job.output.store.clone(), path.clone());
+    let fingerprint = job.model.fingerprint();
+    let output = job.output.url.to_string();
+    let mut acks: VecDeque<(String, queue::PublishAckFuture)> = VecDeque::new();
+    let result: Result<()> = async {
+        while let Some(task) = tasks.recv().await {
+            s.tasks += 1;
+            tasks_file
+                .write_all(format!("{}\n", task.task_id).as_bytes())
+                .await
+                .map_err(|e| Error::Output(format!("{path}: {e}")))?;
+            if job.done.contains_key(&task.task_id) {
+                s.done += 1;
+                continue;
+            }
+            let mut msg_id = task.task_id.clone();
+            if let Some(f) = job.failed.get(&task.task_id) {
+                if !job.retry_failed {
+                    s.failed += 1;
+                    continue;
+                }
+                // The first id may still be in the duplicate window, where a
+                // republish would be dropped as a duplicate.
+                msg_id = format!("{}.retry.{}", task.task_id, f.failed_at);
+                q.state.clear_failed(&task.job_id, &task.task_id).await?;
+                s.requeued += 1;
+            }
+            let msg = TaskMessage {
+                format: MESSAGE_FORMAT,
+                model_fingerprint: fingerprint.clone(),
+                model_name: job.model.name.clone(),
+                output: output.clone(),
+                tiling: job.tiling.clone(),
+                task,
+            };
+            let ack = queue::send_task(&q.js, &msg, &msg_id).await?;
+            acks.push_back((msg.task.task_id, ack));
+            while acks.len() >= ACKS_IN_FLIGHT {
+                let (id, ack) = acks.pop_front().expect("not empty");
+                count(s, &id, ack.await)?;
+            }
+        }
+        while let Some((id, ack)) = acks.pop_front() {
+            count(s, &id, ack.await)?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        let _ = tasks_file.abort().await;
+        return Err(e);
+    }
+    tasks_file
+        .shutdown()
+        .await
+        .map_err(|e| Error::Output(format!("{path}: {e}")))
 }
 
 fn count(
