@@ -319,3 +319,117 @@ fn sigterm_past_the_grace_period_hands_the_task_back_at_once() {
     assert!(rest.log().contains("delivered=2"), "{}", rest.log());
     assert_complete(&url, &input, &output, 2);
 }
+
+#[test]
+fn a_task_whose_workers_all_die_is_dead_lettered_by_the_advisory() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 1);
+    submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-size", "1", "--ack-wait", "2s", "--max-deliver", "2"],
+    );
+    // Each delivery dies with its worker: no error is ever reported, so only
+    // JetStream's MAX_DELIVERIES advisory can tell that the task is dead.
+    for i in 0..2 {
+        let mut w = Worker::start(
+            &url,
+            &format!("doomed{i}"),
+            &["--tasks-in-flight", "1"],
+            &hold("60s"),
+        );
+        w.wait_for_log("holding the task", Duration::from_secs(60));
+        w.kill();
+    }
+    // JetStream notices the last delivery ran out when a pull asks for the
+    // task again; a healthy worker's pulls are what a fleet always has.
+    let _healthy = Worker::start(&url, "healthy", &[], &[]);
+    let st = wait_finished(&url, &output, FINISH);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(0), Some(1)),
+        "{st}"
+    );
+    assert_eq!(st["pending"], 0, "the dead task left the stream: {st}");
+    let (code, report) = finalize(&url, &output);
+    assert_eq!(code, Some(3), "{report}");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
+    let failed = &manifest["failed_tasks"][0];
+    assert_eq!(failed["deliveries"], 2, "{manifest}");
+    assert!(
+        failed["error"].as_str().unwrap().contains("without an ack"),
+        "{manifest}"
+    );
+
+    let retry = submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-size", "1", "--retry-failed"],
+    );
+    assert_eq!(retry["requeued"], 1);
+    wait_finished(&url, &output, FINISH);
+    assert_complete(&url, &input, &output, 1);
+}
+
+#[test]
+fn a_job_no_worker_serves_ends_dead_lettered_with_the_reason() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 2);
+    submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-size", "1", "--max-deliver", "2"],
+    );
+    // The same graphs under another name: another model fingerprint.
+    let other = dir.path().join("other-model");
+    rsembed_integration_tests::copy_dir(&rsembed_integration_tests::tiny_model(), &other);
+    let manifest = other.join("rsembed-model.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(
+        &manifest,
+        text.replace("\"tiny-siglip\"", "\"tiny-siglip-renamed\""),
+    )
+    .unwrap();
+
+    let w = Worker::start(
+        &url,
+        "other",
+        &[
+            "--model",
+            other.to_str().unwrap(),
+            "--mismatch-delay",
+            "200ms",
+        ],
+        &[],
+    );
+    let st = wait_finished(&url, &output, FINISH);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(0), Some(2)),
+        "{st}"
+    );
+    assert!(w.log().contains("not my model"), "{}", w.log());
+    assert!(
+        !output.join("chips").exists(),
+        "no file of another model's task"
+    );
+    let (code, report) = finalize(&url, &output);
+    assert_eq!(code, Some(3), "{report}");
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
+    let err = m["failed_tasks"][0]["error"].as_str().unwrap();
+    assert!(
+        err.contains("tiny-siglip-renamed") && err.contains("wants model tiny-siglip"),
+        "{err}"
+    );
+}
