@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod nats;
+pub mod proxy;
 pub mod s3;
 
 /// The workspace root.

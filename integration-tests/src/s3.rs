@@ -171,6 +171,11 @@ impl S3Server {
         std::fs::read_to_string(self.log.path()).unwrap_or_default()
     }
 
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `http://127.0.0.1:<port>`.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
