@@ -20,7 +20,7 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
-use rsembed_coordinator::plan::{plan, ListStats, Sharding};
+use rsembed_coordinator::plan::{plan, Grouping, ListStats, Sharding};
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::Task;
 use rsembed_worker::raster::tiff::TiffLimits;
@@ -180,7 +180,7 @@ async fn main() {
     let planner = tokio::spawn(plan(
         loc,
         "0123456789abcdef0123456789abcdef".into(),
-        task_size,
+        Grouping::files(task_size),
         Some(sharding),
         stats.clone(),
         tx,

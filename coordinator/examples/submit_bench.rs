@@ -322,6 +322,8 @@ async fn main() {
         scale: "auto".into(),
         min_valid: None,
         task_size: 1,
+        task_bytes: u64::MAX,
+        task_chips: None,
         band_files: None,
         shard_bytes: 16 << 20,
     };

@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 pub use rsembed_worker::engine::args::{BatchPolicy, EngineArgs};
+use rsembed_worker::engine::session::parse_byte_size;
+
+use crate::plan::Grouping;
 use rsembed_worker::queue::{parse_duration, NatsArgs, QueueConfig};
 
 /// rsembed: remote-sensing archives to searchable Git-RSCLIP embeddings.
@@ -182,20 +185,45 @@ pub struct TilingArgs {
     /// Drop chips whose valid fraction is below this. Default: drop only chips with no valid pixel.
     #[arg(long, env = "RSEMBED_MIN_VALID")]
     pub min_valid: Option<f32>,
-    /// Inputs per task, on average. Task boundaries are content-defined, so adding
-    /// a file to an archive changes one task, not all the tasks after it.
-    #[arg(long, env = "RSEMBED_TASK_SIZE", default_value_t = 64)]
+    /// Inputs per task, on average (`--task-size` is the old name). Task boundaries
+    /// are content-defined, so adding a file to an archive changes one task, not
+    /// all the tasks after it.
+    #[arg(
+        long = "task-files",
+        visible_alias = "task-size",
+        env = "RSEMBED_TASK_FILES",
+        default_value_t = 64
+    )]
     pub task_size: usize,
+    /// A task also ends once its inputs reach this many bytes (`1GiB`, `256MiB`,
+    /// bytes), so a run of large files does not make one huge task.
+    #[arg(long, env = "RSEMBED_TASK_BYTES", default_value = "1GiB", value_parser = parse_byte_size)]
+    pub task_bytes: u64,
+    /// Chips per task of a split scene, about (blocks follow the scene's internal
+    /// tiles). Default: `--task-files`.
+    #[arg(long, env = "RSEMBED_TASK_CHIPS")]
+    pub task_chips: Option<usize>,
     /// Scenes stored one file per band: group files whose names differ only in
     /// these suffixes, in R,G,B order (Landsat `B4,B3,B2`, Sentinel-2 `B04,B03,B02`).
     /// Other files are skipped. Bands on a coarser grid are resampled onto the finest.
     #[arg(long, env = "RSEMBED_BAND_FILES", value_delimiter = ',')]
     pub band_files: Option<Vec<String>>,
     /// GeoTIFFs at least this large (bytes) are split into tasks of chip blocks
-    /// of about `--task-size` chips each, so one scene spreads over many workers and
+    /// of about `--task-chips` chips each, so one scene spreads over many workers and
     /// a task reads only its region. Smaller TIFFs are one task input.
     #[arg(long, env = "RSEMBED_SHARD_BYTES", default_value_t = 16 << 20)]
     pub shard_bytes: u64,
+}
+
+impl TilingArgs {
+    /// How inputs are grouped into tasks.
+    pub fn grouping(&self) -> Grouping {
+        Grouping {
+            files: self.task_size,
+            bytes: self.task_bytes,
+            chips: self.task_chips.unwrap_or(self.task_size),
+        }
+    }
 }
 
 /// `rsembed run`.

@@ -147,7 +147,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let planner = tokio::spawn(plan(
         input.clone(),
         "plan".into(),
-        args.tiling.task_size,
+        args.tiling.grouping(),
         Some(sharding),
         stats.clone(),
         tx,

@@ -23,6 +23,28 @@ use crate::error::{Error, Result};
 /// archives (`.tar`, `.tar.gz`, `.tgz`) are inputs too.
 pub const IMAGE_EXTENSIONS: [&str; 5] = ["png", "jpg", "jpeg", "tif", "tiff"];
 
+/// How inputs are grouped into tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grouping {
+    /// Inputs per task, on average (content-defined boundaries).
+    pub files: usize,
+    /// A task also ends once its inputs reach this many bytes.
+    pub bytes: u64,
+    /// Chips per task of a split scene, about.
+    pub chips: usize,
+}
+
+impl Grouping {
+    /// `files` inputs (and chips) per task, no byte cap.
+    pub fn files(files: usize) -> Grouping {
+        Grouping {
+            files,
+            bytes: u64::MAX,
+            chips: files,
+        }
+    }
+}
+
 /// How the planner splits large scenes into tasks of chip blocks.
 #[derive(Clone)]
 pub struct Sharding {
@@ -299,12 +321,13 @@ impl BandGrouper {
 /// Streams the tasks of a job into `tasks`. Returns when the listing is done.
 ///
 /// With `sharding`, a large georeferenced TIFF becomes tasks of its own, one per
-/// block of about `task_size` chips; every other input is grouped with its
-/// neighbours.
+/// block of about `grouping.chips` chips; every other input is grouped with its
+/// neighbours: about `grouping.files` a task, and never past `grouping.bytes`
+/// (after the input that reaches it).
 pub async fn plan(
     loc: Location,
     job_id: String,
-    task_size: usize,
+    grouping: Grouping,
     sharding: Option<Sharding>,
     stats: Arc<ListStats>,
     tasks: mpsc::Sender<Task>,
@@ -355,9 +378,10 @@ pub async fn plan(
     };
     let grouper = async {
         let mut group = Vec::new();
+        let mut group_bytes = 0u64;
         while let Some(input) = srx.recv().await {
             if let Some(blocks) = match &sharding {
-                Some(sh) => shard(sh, &input, task_size).await,
+                Some(sh) => shard(sh, &input, grouping.chips.max(1)).await,
                 None => None,
             } {
                 stats.sharded_scenes.fetch_add(1, Ordering::Relaxed);
@@ -378,8 +402,12 @@ pub async fn plan(
                 continue;
             }
             let uri = input.uri.clone();
+            group_bytes = group_bytes
+                .saturating_add(input.size)
+                .saturating_add(input.parts.iter().map(|p| p.size).sum());
             group.push(input);
-            if ends_group(&uri, group.len(), task_size) {
+            if ends_group(&uri, group.len(), grouping.files) || group_bytes >= grouping.bytes {
+                group_bytes = 0;
                 stats.tasks.fetch_add(1, Ordering::Relaxed);
                 let t = Task::new(&job_id, std::mem::take(&mut group));
                 tasks.send(t).await.map_err(|_| Error::Cancelled)?;

@@ -62,8 +62,10 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
             )));
         }
     }
-    if t.task_size == 0 {
-        return Err(Error::Usage("--task-size must be positive".into()));
+    if t.task_size == 0 || t.task_chips == Some(0) || t.task_bytes == 0 {
+        return Err(Error::Usage(
+            "--task-files, --task-chips and --task-bytes must be positive".into(),
+        ));
     }
     Ok(TilingSpec {
         chip_size,
@@ -270,7 +272,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let planner = tokio::spawn(plan(
         input.clone(),
         job_id.clone(),
-        args.tiling.task_size,
+        args.tiling.grouping(),
         Some(sharding),
         stats.clone(),
         ttx,

@@ -40,7 +40,7 @@ pub const TASKS_FILE: &str = "tasks.txt";
 
 /// Publish acks awaited at once: enough to keep the connection busy, few
 /// enough that a failed publish is noticed within a fraction of a second.
-const ACKS_IN_FLIGHT: usize = 512;
+pub const ACKS_IN_FLIGHT: usize = 512;
 
 /// What a submit did.
 #[derive(Debug, Clone, Serialize)]
@@ -167,7 +167,7 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let planner = tokio::spawn(plan(
         input.clone(),
         job_id.clone(),
-        args.tiling.task_size,
+        args.tiling.grouping(),
         Some(sharding),
         stats.clone(),
         ttx,

@@ -30,3 +30,24 @@ fn plan_counts_inputs_and_tasks_without_writing() {
     );
     assert_eq!(std::fs::read_dir(&input).unwrap().count(), before.len());
 }
+
+#[test]
+fn task_bytes_caps_a_group_and_task_files_is_the_count() {
+    let images = std::fs::read_dir(fixture_images()).unwrap().count() as u64;
+    let plan = |extra: &[&str]| -> Value {
+        let o = run(rsembed()
+            .args(["plan", "--json", "--input"])
+            .arg(fixture_images())
+            .args(extra));
+        assert!(o.status.success());
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    // Every fixture is at least a byte: a one-byte cap ends every group.
+    let one_byte = plan(&["--task-files", "1000000", "--task-bytes", "1"]);
+    assert_eq!(one_byte["tasks"], images);
+    assert_eq!(one_byte["largest_task"], 1);
+    let unbounded = plan(&["--task-files", "1000000", "--task-bytes", "1GiB"]);
+    assert_eq!(unbounded["tasks"], 1, "all inputs in one group");
+    // The old name still works.
+    assert_eq!(plan(&["--task-size", "1000000"])["tasks"], 1);
+}
