@@ -3,16 +3,17 @@
 //!
 //! Cases: a 256×256 PNG (the model's size: no resize) and a 512×384 JPEG
 //! (bicubic downscale to 256×256), each with and without the decode (the
-//! decode-free 256×256 case is a GeoTIFF chip's). Run with
-//! `cargo bench -p rsembed-worker --bench preprocess`; `bench/compare.py` and
-//! `bench/preprocess.py` time Hugging Face's SiglipImageProcessor on the same
-//! images for the ratios in docs/benchmarks.md.
+//! decode-free 256×256 case is a GeoTIFF chip's), and that resize alone. Run
+//! with `cargo bench -p rsembed-worker --bench preprocess`; `bench/compare.py`
+//! and `bench/preprocess.py` time Hugging Face's SiglipImageProcessor on the
+//! same images for the ratios in docs/benchmarks.md.
 
 use std::io::Cursor;
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use rsembed_worker::model::ModelDir;
+use rsembed_worker::preprocess::resize::{resize_u8, Filter};
 use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::raster::image::{decode_rgb8, DecodeLimits};
 
@@ -58,6 +59,20 @@ fn bench(c: &mut Criterion) {
     let decoded = decode_rgb8(&jpg, limits).unwrap();
     c.bench_function("resize_normalize_only_512x384", |b| {
         b.iter(|| pre.run_into(&decoded, &mut out).unwrap())
+    });
+    // The resize alone, for the split between it and the rescale/normalize.
+    c.bench_function("resize_only_512x384", |b| {
+        b.iter(|| {
+            resize_u8(
+                &decoded.data,
+                decoded.width as usize,
+                decoded.height as usize,
+                3,
+                pre.width() as usize,
+                pre.height() as usize,
+                Filter::Bicubic,
+            )
+        })
     });
     // A GeoTIFF chip: already decoded and at the model's size (bench/preprocess.py).
     let chip = decode_rgb8(&png, limits).unwrap();

@@ -26,6 +26,21 @@
 //! coefficient, and so a pixel, by one. Hamming and Lanczos call `sin`/`cos`;
 //! Rust's `f64::sin`/`cos` go to the platform libm, the same one Pillow's
 //! wheels use on Linux.
+//!
+//! Past the coefficients everything is integer arithmetic with exact sums, so
+//! it can be vectorised without changing a byte: on x86_64 CPUs with AVX2 the
+//! passes run in the `x86` module (picked at run time), elsewhere in the
+//! scalar loops here, and tests hold the two to the same output. The
+//! coefficient tables depend only on the sizes, so the last ones are kept per
+//! thread.
+
+mod plan;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::cell::RefCell;
+
+use plan::{Plan, PlanKey};
 
 /// Pillow resampling filters, numbered as PIL's codes (the `resample` field of preprocessor_config.json).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,20 +224,52 @@ fn precompute_coeffs(in_size: usize, out_size: usize, filter: Filter) -> Coeffs 
     Coeffs { bounds, k, ksize }
 }
 
-/// Horizontal pass over source rows `y0..y0 + rows`, into a `dw`-wide image.
+/// Horizontal pass over source rows `y0..y0 + rows`, into a `dw`-wide image
+/// at the start of `out`, which has at least [`Plan::horizontal_len`] bytes.
 fn horizontal<const CH: usize>(
     src: &[u8],
     sw: usize,
     y0: usize,
     rows: usize,
-    c: &Coeffs,
+    plan: &Plan,
+    dw: usize,
+    out: &mut [u8],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = &plan.fast.horiz {
+        return x86::horizontal(src, sw * CH, y0, rows, t, dw * CH, out);
+    }
+    horizontal_scalar::<CH>(src, sw, y0, &plan.horiz, dw, &mut out[..rows * dw * CH]);
+}
+
+/// [`horizontal`] into a new buffer.
+fn horizontal_vec<const CH: usize>(
+    src: &[u8],
+    sw: usize,
+    y0: usize,
+    rows: usize,
+    plan: &Plan,
     dw: usize,
 ) -> Vec<u8> {
+    let mut out = vec![0u8; plan.horizontal_len(rows, dw * CH)];
+    horizontal::<CH>(src, sw, y0, rows, plan, dw, &mut out);
+    out.truncate(rows * dw * CH);
+    out
+}
+
+/// Fills `out`, `out.len() / (dw * CH)` rows, from source rows `y0..`.
+fn horizontal_scalar<const CH: usize>(
+    src: &[u8],
+    sw: usize,
+    y0: usize,
+    c: &Coeffs,
+    dw: usize,
+    out: &mut [u8],
+) {
     let in_stride = sw * CH;
     let out_stride = dw * CH;
-    let mut out = vec![0u8; out_stride * rows];
     if out_stride == 0 {
-        return out;
+        return;
     }
     for (y, line_out) in out.chunks_exact_mut(out_stride).enumerate() {
         let line = &src[(y0 + y) * in_stride..(y0 + y + 1) * in_stride];
@@ -240,16 +287,30 @@ fn horizontal<const CH: usize>(
             }
         }
     }
+}
+
+/// Vertical pass over a `row_len`-byte-wide image, filling `out` (`dh` rows).
+fn vertical(src: &[u8], row_len: usize, plan: &Plan, out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(t) = &plan.fast.vert {
+        return x86::vertical(src, row_len, t, out);
+    }
+    vertical_scalar(src, row_len, &plan.vert, out);
+}
+
+/// [`vertical`] into a new buffer.
+fn vertical_vec(src: &[u8], row_len: usize, plan: &Plan, dh: usize) -> Vec<u8> {
+    let mut out = vec![0u8; row_len * dh];
+    vertical(src, row_len, plan, &mut out);
     out
 }
 
-/// Vertical pass over a `row_len`-byte-wide image. Pillow sums per pixel; here
-/// whole rows are accumulated at a time, which gives the same integers because
-/// the sums are exact i32 arithmetic that cannot overflow.
-fn vertical(src: &[u8], row_len: usize, c: &Coeffs, dh: usize) -> Vec<u8> {
-    let mut out = vec![0u8; row_len * dh];
+/// Pillow sums per pixel; here whole rows are accumulated at a time, which
+/// gives the same integers because the sums are exact i32 arithmetic that
+/// cannot overflow.
+fn vertical_scalar(src: &[u8], row_len: usize, c: &Coeffs, out: &mut [u8]) {
     if row_len == 0 {
-        return out;
+        return;
     }
     let mut acc = vec![0i32; row_len];
     for (yy, line_out) in out.chunks_exact_mut(row_len).enumerate() {
@@ -265,56 +326,60 @@ fn vertical(src: &[u8], row_len: usize, c: &Coeffs, dh: usize) -> Vec<u8> {
             *o = clip8(a);
         }
     }
-    out
+}
+
+/// Runs `f` on `len` bytes that this thread reuses from call to call, so that
+/// the image between the two passes is neither allocated nor zeroed each
+/// time. They hold what the last call left; the passes write every byte.
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    /// Larger images get a buffer of their own, rather than one that stays
+    /// allocated for the life of the thread.
+    const KEEP: usize = 16 << 20;
+    thread_local! {
+        static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+    if len > KEEP {
+        return f(&mut vec![0u8; len]);
+    }
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < len {
+            s.resize(len, 0);
+        }
+        f(&mut s[..len])
+    })
 }
 
 /// `ImagingResampleInner` with a full-image box.
-fn resample<const CH: usize>(
-    src: &[u8],
-    sw: usize,
-    sh: usize,
-    dw: usize,
-    dh: usize,
-    filter: Filter,
-) -> Vec<u8> {
+fn resample<const CH: usize>(src: &[u8], plan: &Plan) -> Vec<u8> {
+    let PlanKey { sw, sh, dw, dh, .. } = plan.key;
     let need_horizontal = dw != sw;
     let need_vertical = dh != sh;
-    let (sw_i, sh_i, dw_i, dh_i) = (sw as i64, sh as i64, dw as i64, dh as i64);
-    // Pillow 13: shrinking the height a lot makes the vertical pass first
-    // cheaper. It also changes which intermediate gets rounded to 8 bits.
-    let horizontal_first = !(sh_i - dh_i > 0 && sh_i - dh_i > (sw_i - dw_i) * 2);
-
     if !need_horizontal && !need_vertical {
         return src.to_vec();
     }
-    let mut vert = precompute_coeffs(sh, dh, filter);
-    if horizontal_first {
-        let mut img = src;
-        let tmp;
-        if need_horizontal {
-            // Only the source rows the vertical pass reads get resampled.
-            let first = vert.bounds[0].0;
-            let (last_min, last_n) = vert.bounds[dh - 1];
-            let last = last_min + last_n;
-            for b in &mut vert.bounds {
-                b.0 -= first;
-            }
-            let horiz = precompute_coeffs(sw, dw, filter);
-            tmp = horizontal::<CH>(src, sw, first, last - first, &horiz, dw);
-            if !need_vertical {
-                return tmp;
-            }
-            img = &tmp;
+    if plan.horizontal_first {
+        if !need_horizontal {
+            return vertical_vec(src, sw * CH, plan, dh);
         }
-        vertical(img, dw * CH, &vert, dh)
+        let (first, last) = plan.rows;
+        let rows = last - first;
+        if !need_vertical {
+            return horizontal_vec::<CH>(src, sw, first, rows, plan, dw);
+        }
+        with_scratch(plan.horizontal_len(rows, dw * CH), |tmp| {
+            horizontal::<CH>(src, sw, first, rows, plan, dw, tmp);
+            vertical_vec(&tmp[..rows * dw * CH], dw * CH, plan, dh)
+        })
     } else {
         // Reached only when the height shrinks, so the vertical pass runs.
-        let tmp = vertical(src, sw * CH, &vert, dh);
         if !need_horizontal {
-            return tmp;
+            return vertical_vec(src, sw * CH, plan, dh);
         }
-        let horiz = precompute_coeffs(sw, dw, filter);
-        horizontal::<CH>(&tmp, sw, 0, dh, &horiz, dw)
+        with_scratch(sw * CH * dh, |tmp| {
+            vertical(src, sw * CH, plan, tmp);
+            horizontal_vec::<CH>(tmp, sw, 0, dh, plan, dw)
+        })
     }
 }
 
@@ -408,6 +473,22 @@ pub fn resize_u8(
     dh: usize,
     filter: Filter,
 ) -> Vec<u8> {
+    resize_with(src, sw, sh, channels, dw, dh, filter, true)
+}
+
+/// [`resize_u8`], with the vectorised passes allowed (where the CPU has them)
+/// or not, so that tests can hold the two against each other.
+#[allow(clippy::too_many_arguments)]
+fn resize_with(
+    src: &[u8],
+    sw: usize,
+    sh: usize,
+    channels: usize,
+    dw: usize,
+    dh: usize,
+    filter: Filter,
+    simd: bool,
+) -> Vec<u8> {
     assert!(
         (1..=4).contains(&channels),
         "resize_u8: {channels} channels, want 1..=4"
@@ -436,11 +517,20 @@ pub fn resize_u8(
     } else {
         src
     };
+    let plan = Plan::get(PlanKey {
+        sw,
+        sh,
+        dw,
+        dh,
+        channels,
+        filter,
+        simd,
+    });
     let mut out = match channels {
-        1 => resample::<1>(input, sw, sh, dw, dh, filter),
-        2 => resample::<2>(input, sw, sh, dw, dh, filter),
-        3 => resample::<3>(input, sw, sh, dw, dh, filter),
-        _ => resample::<4>(input, sw, sh, dw, dh, filter),
+        1 => resample::<1>(input, &plan),
+        2 => resample::<2>(input, &plan),
+        3 => resample::<3>(input, &plan),
+        _ => resample::<4>(input, &plan),
     };
     if has_alpha {
         unpremultiply(&mut out, channels);
@@ -477,15 +567,116 @@ mod tests {
             let src = read(f[7]);
             let want = read(f[8]);
             assert_eq!(want.len(), dw * dh * ch, "{}: fixture size", f[0]);
-            let got = resize_u8(&src, sw, sh, ch, dw, dh, filter);
-            if got != want {
-                let diffs = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-                failures.push(format!("{} ({diffs} bytes differ)", f[0]));
+            // Both the scalar and (where the CPU has them) the vector passes.
+            for simd in [false, true] {
+                let got = resize_with(&src, sw, sh, ch, dw, dh, filter, simd);
+                if got != want {
+                    let diffs = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+                    failures.push(format!("{} simd={simd} ({diffs} bytes differ)", f[0]));
+                }
             }
             cases += 1;
         }
         assert!(cases >= 100, "only {cases} cases in the index");
         assert!(failures.is_empty(), "differs from Pillow: {failures:?}");
+    }
+
+    /// Deterministic bytes (xorshift), so that a failure reproduces.
+    pub(super) struct Rng(pub(super) u64);
+
+    impl Rng {
+        pub(super) fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        pub(super) fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        /// Random bytes, or in a third of the images only 0 and 255, which
+        /// make the negative lobes overshoot and the sums clip.
+        pub(super) fn image(&mut self, len: usize) -> Vec<u8> {
+            let extremes = self.below(3) == 0;
+            (0..len)
+                .map(|_| match self.next() as u8 {
+                    v if !extremes => v,
+                    v if v & 1 == 0 => 0,
+                    _ => 255,
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn vector_paths_match_scalar() {
+        let mut rng = Rng(0x853c_49e6_748f_ea9b);
+        let sizes = [1, 2, 3, 5, 8, 11, 16, 17, 33, 64, 97];
+        let mut cases: Vec<(usize, usize, usize, usize, usize, Filter)> = Vec::new();
+        for i in 0..400 {
+            let mut pick = || sizes[rng.below(sizes.len())] + rng.below(3);
+            let (sw, sh) = (pick(), pick());
+            // Same size on one axis, downscales (vertical first where the
+            // height shrinks the most) and upscales.
+            let mut target = |s: usize| match rng.below(4) {
+                0 => s,
+                1 => 1 + rng.below(s),
+                _ => sizes[rng.below(sizes.len())] + rng.below(3),
+            };
+            let (dw, dh) = (target(sw), target(sh));
+            let filter = Filter::from_pil_code(rng.below(6) as u32).unwrap();
+            cases.push((1 + i % 4, sw, sh, dw, dh, filter));
+        }
+        for ch in 1..=4 {
+            cases.push((ch, 512, 384, 256, 256, Filter::Bicubic));
+            cases.push((ch, 300, 900, 224, 224, Filter::Lanczos));
+            cases.push((ch, 77, 53, 640, 480, Filter::Hamming));
+        }
+        for (ch, sw, sh, dw, dh, filter) in cases {
+            let src = rng.image(sw * sh * ch);
+            let want = resize_with(&src, sw, sh, ch, dw, dh, filter, false);
+            let got = resize_with(&src, sw, sh, ch, dw, dh, filter, true);
+            assert!(got == want, "{ch}ch {sw}x{sh} -> {dw}x{dh} {filter:?}");
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_tables_cover_the_benchmark_case() {
+        if x86::level().is_none() {
+            eprintln!("no AVX2 here: only the scalar passes run");
+            return;
+        }
+        let plan = Plan::new(PlanKey {
+            sw: 512,
+            sh: 384,
+            dw: 256,
+            dh: 256,
+            channels: 3,
+            filter: Filter::Bicubic,
+            simd: true,
+        });
+        assert!(plan.fast.horiz.is_some() && plan.fast.vert.is_some());
+    }
+
+    #[test]
+    fn plan_cache_follows_the_sizes() {
+        // One plan is kept: a repeat finds it, another size replaces it.
+        let mut rng = Rng(7);
+        let (a, b) = (rng.image(40 * 30 * 3), rng.image(64 * 64 * 3));
+        let resize_a = || resize_u8(&a, 40, 30, 3, 17, 23, Filter::Bicubic);
+        let fresh = resize_a();
+        assert_eq!(resize_a(), fresh);
+        let scalar_b = resize_with(&b, 64, 64, 3, 17, 23, Filter::Bicubic, false);
+        assert_eq!(resize_u8(&b, 64, 64, 3, 17, 23, Filter::Bicubic), scalar_b);
+        assert_eq!(resize_a(), fresh);
+        let other_channels = resize_u8(&a, 40, 30 * 3, 1, 17, 23, Filter::Bicubic);
+        assert_eq!(
+            other_channels,
+            resize_with(&a, 40, 30 * 3, 1, 17, 23, Filter::Bicubic, false)
+        );
     }
 
     #[test]
