@@ -115,7 +115,12 @@ fn worker_binary_exits_1_when_cuda_cannot_register() {
     if cuda_in_library() {
         return; // covered by the device check in bench/gpu
     }
+    // The worker connects to NATS first, so it needs a real server to get as
+    // far as loading the model.
+    let nats = rsembed_integration_tests::nats::NatsServer::start();
     let out = Command::new(env!("CARGO_BIN_EXE_rsembed-worker"))
+        .arg("--nats")
+        .arg(nats.url())
         .arg("--model")
         .arg(model_dir())
         .args(["--device", "cuda:0"])
