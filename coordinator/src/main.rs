@@ -2,14 +2,12 @@
 
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use clap::Parser;
 use rsembed_coordinator::cli::{Cli, Command, PlanArgs};
-use rsembed_coordinator::plan::{plan, ListStats, Sharding};
+use rsembed_coordinator::plan;
 use rsembed_coordinator::{finalize, run, status, submit, text};
 use rsembed_schemas::job::TilingSpec;
-use rsembed_worker::raster::tiff::TiffLimits;
 use tracing_subscriber::EnvFilter;
 
 /// Exit code of a run that finished with some inputs recorded as failed.
@@ -126,37 +124,31 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
 async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let stores = rsembed_worker::store::StoreCache::default();
     let input = stores.location(&args.input)?;
-    let stats = Arc::new(ListStats::default());
-    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
     // Without a model there is no input size to default the chip size to; 256 is
     // Git-RSCLIP's.
     let chip_size = args.tiling.chip_size.unwrap_or(256);
-    let sharding = Sharding {
-        stores: stores.clone(),
-        tiling: TilingSpec {
-            chip_size,
-            stride: args.tiling.stride.unwrap_or(chip_size),
-            bands: args.tiling.bands.clone().unwrap_or_else(|| vec![1, 2, 3]),
-            scale: args.tiling.scale.clone(),
-            min_valid: args.tiling.min_valid,
-            band_files: args.tiling.band_files.clone(),
-        },
-        min_bytes: args.tiling.shard_bytes,
-        limits: TiffLimits::default(),
+    let tiling = TilingSpec {
+        chip_size,
+        stride: args.tiling.stride.unwrap_or(chip_size),
+        bands: args.tiling.bands.clone().unwrap_or_else(|| vec![1, 2, 3]),
+        scale: args.tiling.scale.clone(),
+        min_valid: args.tiling.min_valid,
+        band_files: args.tiling.band_files.clone(),
     };
-    let planner = tokio::spawn(plan(
+    let mut planner = plan::start(
+        &stores,
         input.clone(),
         "plan".into(),
-        args.tiling.grouping(),
-        Some(sharding),
-        stats.clone(),
-        tx,
-    ));
+        tiling,
+        &args.tiling,
+        64,
+    );
+    let stats = planner.stats.clone();
     let mut largest = 0usize;
-    while let Some(t) = rx.recv().await {
+    while let Some(t) = planner.tasks.recv().await {
         largest = largest.max(t.inputs.len());
     }
-    planner.await??;
+    planner.done.await??;
     let v = serde_json::json!({
         "input": input.url.as_str(),
         "inputs": stats.inputs.load(Ordering::Relaxed),

@@ -318,6 +318,46 @@ impl BandGrouper {
     }
 }
 
+/// A running planner: its tasks arrive on `tasks`; `done` ends with its result.
+pub struct Planner {
+    /// The tasks, in plan order.
+    pub tasks: mpsc::Receiver<Task>,
+    /// What the listing saw so far.
+    pub stats: Arc<ListStats>,
+    /// The planner's end.
+    pub done: tokio::task::JoinHandle<Result<()>>,
+}
+
+/// Starts planning `input` for job `job_id` as the tiling flags ask, with
+/// large scenes split (headers read through `stores`), `capacity` tasks ahead
+/// of the reader.
+pub fn start(
+    stores: &StoreCache,
+    input: Location,
+    job_id: String,
+    tiling: TilingSpec,
+    flags: &crate::cli::TilingArgs,
+    capacity: usize,
+) -> Planner {
+    let stats = Arc::new(ListStats::default());
+    let (tx, tasks) = mpsc::channel(capacity);
+    let sharding = Sharding {
+        stores: stores.clone(),
+        tiling,
+        min_bytes: flags.shard_bytes,
+        limits: TiffLimits::default(),
+    };
+    let done = tokio::spawn(plan(
+        input,
+        job_id,
+        flags.grouping(),
+        Some(sharding),
+        stats.clone(),
+        tx,
+    ));
+    Planner { tasks, stats, done }
+}
+
 /// Streams the tasks of a job into `tasks`. Returns when the listing is done.
 ///
 /// With `sharding`, a large georeferenced TIFF becomes tasks of its own, one per

@@ -13,7 +13,7 @@ use rsembed_schemas::job::{
 };
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
-use rsembed_schemas::{SCHEMA_VERSION, SOFTWARE_VERSION};
+use rsembed_schemas::SOFTWARE_VERSION;
 use rsembed_worker::engine::args::start_engine;
 use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
@@ -22,13 +22,13 @@ use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::raster::image::DecodeLimits;
 use rsembed_worker::raster::scale::ScaleSpec;
 use rsembed_worker::raster::tiff::TiffLimits;
+use rsembed_worker::sink::parquet::describe_bytes;
 use rsembed_worker::store::{Location, StoreCache};
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
 use crate::cli::{RunArgs, TilingArgs};
 use crate::error::{Error, Result};
-use crate::plan::{plan, ListStats, Sharding};
+use crate::plan::{self, ListStats};
 use crate::summary::Summary;
 
 /// How many failures the manifest lists by name; the count is always exact.
@@ -132,31 +132,19 @@ async fn finished(out: &Location, task: &Task) -> Result<Option<TaskReport>> {
     }))
 }
 
-/// Digest and row count of an existing Parquet file.
+/// Digest and row count of an existing Parquet file; `None` when it is absent.
 async fn describe(out: &Location, rel: &str) -> Result<Option<ManifestFile>> {
     let bytes = match out.store.get(&out.child(rel)).await {
         Ok(g) => g.bytes().await?,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
-    let reader = parquet::file::serialized_reader::SerializedFileReader::new(bytes.clone())
-        .map_err(|e| Error::Output(format!("{rel} exists but is not readable Parquet: {e}")))?;
-    let rows = parquet::file::reader::FileReader::metadata(&reader)
-        .file_metadata()
-        .num_rows() as u64;
-    Ok(Some(ManifestFile {
-        path: rel.to_owned(),
-        rows,
-        sha256: hex::encode(Sha256::digest(&bytes)),
-        bytes: bytes.len() as u64,
-    }))
+    describe_bytes(rel, bytes)
+        .map(Some)
+        .map_err(|e| Error::Output(format!("{rel} exists but is not readable Parquet: {e}")))
 }
 
-pub(crate) fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .expect("formatting the current time cannot fail")
-}
+pub(crate) use rsembed_worker::now_rfc3339;
 
 /// Runs a whole job in this process and returns its summary.
 pub async fn run(args: RunArgs) -> Result<Summary> {
@@ -250,37 +238,21 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let job = Arc::new(JobContext {
         output: output.clone(),
         scale,
-        file_meta: FileMeta {
-            schema_version: SCHEMA_VERSION,
-            job_id: job_id.clone(),
-            task_id: String::new(),
-            model_name: model_ref.name.clone(),
-            model_sha256: model_ref.sha256.clone(),
-            embed_dim: model_ref.embed_dim,
-            tiling: tiling.clone(),
-            software_version: SOFTWARE_VERSION.to_owned(),
-        },
+        file_meta: FileMeta::of_job(&job_id, &model_ref, &tiling),
     });
-    let stats = Arc::new(ListStats::default());
-    let (ttx, trx) = mpsc::channel::<Task>(16);
-    let sharding = Sharding {
-        stores: stores.clone(),
-        tiling: tiling.clone(),
-        min_bytes: args.tiling.shard_bytes,
-        limits: TiffLimits::default(),
-    };
-    let planner = tokio::spawn(plan(
+    let planner = plan::start(
+        &stores,
         input.clone(),
         job_id.clone(),
-        args.tiling.grouping(),
-        Some(sharding),
-        stats.clone(),
-        ttx,
-    ));
+        tiling.clone(),
+        &args.tiling,
+        16,
+    );
+    let stats = planner.stats.clone();
 
     let progress = Progress::start(counters.clone(), stats.clone());
     let resumed = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut results = tokio_stream_of(trx)
+    let mut results = tokio_stream_of(planner.tasks)
         .map(|task| {
             let runner = runner.clone();
             let job = job.clone();
@@ -312,6 +284,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     }
     drop(results);
     planner
+        .done
         .await
         .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
     progress.finish();

@@ -13,7 +13,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Instant;
 
 use object_store::ObjectStoreExt;
@@ -23,7 +22,6 @@ use rsembed_schemas::task::Task;
 use rsembed_schemas::SOFTWARE_VERSION;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::queue::{self, Queue};
-use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
@@ -32,7 +30,7 @@ use tokio::sync::mpsc;
 use crate::cli::SubmitArgs;
 use crate::deadletter;
 use crate::error::{Error, Result};
-use crate::plan::{plan, ListStats, Sharding};
+use crate::plan;
 use crate::run::{check_output, now_rfc3339, put_json, read_json, tiling_spec};
 
 /// The plan's task ids, one per line, in plan order.
@@ -156,22 +154,14 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let snap = q.state.snapshot(&job_id).await?;
     let prior = q.state.record(&job_id).await?;
 
-    let stats = Arc::new(ListStats::default());
-    let (ttx, mut trx) = mpsc::channel::<Task>(256);
-    let sharding = Sharding {
-        stores: stores.clone(),
-        tiling: tiling.clone(),
-        min_bytes: args.tiling.shard_bytes,
-        limits: TiffLimits::default(),
-    };
-    let planner = tokio::spawn(plan(
+    let mut planner = plan::start(
+        &stores,
         input.clone(),
         job_id.clone(),
-        args.tiling.grouping(),
-        Some(sharding),
-        stats.clone(),
-        ttx,
-    ));
+        tiling.clone(),
+        &args.tiling,
+        256,
+    );
 
     let mut s = SubmitSummary {
         job_id: job_id.clone(),
@@ -195,18 +185,19 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
             failed: &snap.failed,
             retry_failed: args.retry_failed,
         },
-        &mut trx,
+        &mut planner.tasks,
         &mut s,
     )
     .await;
     if let Err(e) = published {
-        planner.abort();
+        planner.done.abort();
         return Err(e);
     }
     planner
+        .done
         .await
         .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
-    s.inputs = stats.inputs.load(Ordering::Relaxed);
+    s.inputs = planner.stats.inputs.load(Ordering::Relaxed);
     q.state
         .put_record(&JobRecord {
             job_id: job_id.clone(),

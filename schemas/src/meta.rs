@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::job::TilingSpec;
+use crate::job::{ModelRef, TilingSpec};
 
 /// Key of the GeoParquet metadata entry.
 pub const GEO_KEY: &str = "geo";
@@ -57,6 +57,23 @@ pub struct FileMeta {
     pub tiling: TilingSpec,
     /// Software that wrote the file.
     pub software_version: String,
+}
+
+impl FileMeta {
+    /// The metadata of every file of job `job_id` run with `model` (the task id
+    /// is filled in per file).
+    pub fn of_job(job_id: &str, model: &ModelRef, tiling: &TilingSpec) -> FileMeta {
+        FileMeta {
+            schema_version: crate::SCHEMA_VERSION,
+            job_id: job_id.to_owned(),
+            task_id: String::new(),
+            model_name: model.name.clone(),
+            model_sha256: model.sha256.clone(),
+            embed_dim: model.embed_dim,
+            tiling: tiling.clone(),
+            software_version: crate::SOFTWARE_VERSION.to_owned(),
+        }
+    }
 }
 
 #[cfg(test)]

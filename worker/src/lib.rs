@@ -18,3 +18,11 @@ pub mod sink;
 pub mod store;
 
 pub use error::{Error, Result};
+
+/// The current time as RFC 3339 UTC, as job state, `job.json` and the
+/// manifest record it.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("formatting the current time cannot fail")
+}

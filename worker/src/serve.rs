@@ -31,14 +31,15 @@ use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::queue::{
     TaskDone, TaskError, TaskFailed, TaskMessage, TaskRunning, MESSAGE_FORMAT,
 };
-use rsembed_schemas::{SCHEMA_VERSION, SOFTWARE_VERSION};
+use rsembed_schemas::SOFTWARE_VERSION;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::error::{chain, Error};
+use crate::now_rfc3339;
 use crate::pipeline::{JobContext, TaskRunner};
-use crate::queue::{Queue, QueueError};
+use crate::queue::Queue;
 use crate::raster::scale::ScaleSpec;
 
 /// How the worker pulls and gives up.
@@ -510,16 +511,7 @@ impl Worker {
         let ctx = Arc::new(JobContext {
             output,
             scale,
-            file_meta: FileMeta {
-                schema_version: SCHEMA_VERSION,
-                job_id: msg.task.job_id.clone(),
-                task_id: String::new(),
-                model_name: self.model.name.clone(),
-                model_sha256: self.model.sha256.clone(),
-                embed_dim: self.model.embed_dim,
-                tiling: msg.tiling.clone(),
-                software_version: SOFTWARE_VERSION.to_owned(),
-            },
+            file_meta: FileMeta::of_job(&msg.task.job_id, &self.model, &msg.tiling),
         });
         let mut jobs = self.jobs.lock().expect("job cache lock");
         // A worker serving for weeks sees many jobs; contexts are small, but
@@ -537,16 +529,4 @@ impl Worker {
 /// be understood.
 fn retryable(e: &Error) -> bool {
     !matches!(e, Error::Location { .. } | Error::Usage(_))
-}
-
-fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .expect("formatting the current time cannot fail")
-}
-
-impl From<QueueError> for Error {
-    fn from(e: QueueError) -> Error {
-        Error::TaskRetry(chain(&e))
-    }
 }

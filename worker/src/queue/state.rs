@@ -218,30 +218,18 @@ impl JobState {
             let Some((kind, task)) = key.split_once('.') else {
                 continue;
             };
-            let task = task.to_owned();
             // A value that does not parse (another version's) is left out
             // rather than failing the whole read.
+            fn insert<T: DeserializeOwned>(map: &mut HashMap<String, T>, task: &str, v: &[u8]) {
+                if let Ok(v) = serde_json::from_slice(v) {
+                    map.insert(task.to_owned(), v);
+                }
+            }
             match kind {
-                DONE => {
-                    if let Ok(v) = serde_json::from_slice(&m.payload) {
-                        snap.done.insert(task, v);
-                    }
-                }
-                RUN => {
-                    if let Ok(v) = serde_json::from_slice(&m.payload) {
-                        snap.running.insert(task, v);
-                    }
-                }
-                LASTERR => {
-                    if let Ok(v) = serde_json::from_slice(&m.payload) {
-                        snap.last_errors.insert(task, v);
-                    }
-                }
-                FAILED => {
-                    if let Ok(v) = serde_json::from_slice(&m.payload) {
-                        snap.failed.insert(task, v);
-                    }
-                }
+                DONE => insert(&mut snap.done, task, &m.payload),
+                RUN => insert(&mut snap.running, task, &m.payload),
+                LASTERR => insert(&mut snap.last_errors, task, &m.payload),
+                FAILED => insert(&mut snap.failed, task, &m.payload),
                 _ => {}
             }
         }

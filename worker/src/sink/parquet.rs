@@ -103,6 +103,11 @@ pub async fn put_once(
 /// Digest, size and row count of an existing Parquet file.
 pub async fn describe(root: &Location, rel: &str) -> Result<ManifestFile> {
     let bytes = root.store.get(&root.child(rel)).await?.bytes().await?;
+    describe_bytes(rel, bytes)
+}
+
+/// Digest, size and row count of the Parquet file `bytes`, stored at `rel`.
+pub fn describe_bytes(rel: &str, bytes: bytes::Bytes) -> Result<ManifestFile> {
     let reader = parquet::file::serialized_reader::SerializedFileReader::new(bytes.clone())?;
     let rows = parquet::file::reader::FileReader::metadata(&reader)
         .file_metadata()
