@@ -43,6 +43,13 @@ pub enum Command {
     Finalize(FinalizeArgs),
     /// Text embeddings, one JSON array per line.
     Text(TextArgs),
+    /// Query side: the chips of a dataset that best match texts (or an example chip).
+    Search(SearchArgs),
+    /// Query side: zero-shot labels for every chip of a dataset, as a Parquet file.
+    Classify(ClassifyArgs),
+    /// Query side: merge a finished job's per-task files into large,
+    /// Hilbert-sorted files with a new manifest.
+    Compact(CompactArgs),
 }
 
 /// The work queue's settings, applied by `submit` to the shared stream and consumer.
@@ -291,4 +298,119 @@ pub struct TextArgs {
     /// Texts to embed; each gets one output line.
     #[arg(required = true)]
     pub texts: Vec<String>,
+}
+
+/// Parses `W,S,E,N` (lon/lat degrees) for `--bbox`.
+pub fn parse_bbox(s: &str) -> Result<[f64; 4], String> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|p| p.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--bbox wants W,S,E,N in degrees: {e}"))?;
+    let b: [f64; 4] = v
+        .try_into()
+        .map_err(|_| "--bbox wants four numbers: W,S,E,N".to_owned())?;
+    if !b.iter().all(|x| x.is_finite()) || b[0] > b[2] || b[1] > b[3] {
+        return Err(format!(
+            "--bbox {s}: want W <= E and S <= N (a box across the antimeridian is two searches)"
+        ));
+    }
+    Ok(b)
+}
+
+/// `rsembed search`.
+#[derive(Debug, Clone, Args)]
+pub struct SearchArgs {
+    /// Model directory: embeds the texts, and its logit scale and bias turn
+    /// cosines into scores. Optional with `--like` or `--vector`.
+    #[arg(long, env = "RSEMBED_MODEL")]
+    pub model: Option<PathBuf>,
+    /// The dataset: an output of `run`/`finalize` or of `compact` (a folder with
+    /// `chips/`), or one Parquet file.
+    #[arg(long, env = "RSEMBED_INDEX")]
+    pub index: String,
+    /// Results to print.
+    #[arg(long, env = "RSEMBED_TOP_K", default_value_t = 10)]
+    pub top_k: usize,
+    /// Only chips whose footprint's bbox intersects W,S,E,N (lon/lat degrees).
+    #[arg(long, env = "RSEMBED_BBOX", value_parser = parse_bbox, allow_hyphen_values = true)]
+    pub bbox: Option<[f64; 4]>,
+    /// Search by the embedding of this chip of the index instead of a text
+    /// (the chip itself is left out of the results).
+    #[arg(
+        long,
+        env = "RSEMBED_LIKE",
+        value_name = "CHIP_ID",
+        conflicts_with = "vector"
+    )]
+    pub like: Option<String>,
+    /// Search by a query vector: a file holding one JSON array (as `rsembed text` prints).
+    #[arg(long, env = "RSEMBED_VECTOR", value_name = "FILE")]
+    pub vector: Option<PathBuf>,
+    /// Print one JSON object per result (JSON Lines).
+    #[arg(long, env = "RSEMBED_JSON", conflicts_with = "geojson")]
+    pub json: bool,
+    /// Print a GeoJSON FeatureCollection of the results' footprints.
+    #[arg(long, env = "RSEMBED_GEOJSON")]
+    pub geojson: bool,
+    /// Row groups scored at once. Default: twice the number of cores.
+    #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
+    pub concurrency: Option<usize>,
+    /// Inference for the text graph (device, threads, ORT library).
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// The query texts; several are averaged (prompt ensembling).
+    pub texts: Vec<String>,
+}
+
+/// `rsembed classify`.
+#[derive(Debug, Clone, Args)]
+pub struct ClassifyArgs {
+    /// Model directory.
+    #[arg(long, env = "RSEMBED_MODEL")]
+    pub model: PathBuf,
+    /// The dataset (as for `search`).
+    #[arg(long, env = "RSEMBED_INDEX")]
+    pub index: String,
+    /// Labels, one per line (blank lines and lines starting with `#` are skipped).
+    #[arg(long, env = "RSEMBED_LABELS")]
+    pub labels: PathBuf,
+    /// Prompt template; `{}` is replaced by the label (e.g. "a satellite image of {}").
+    #[arg(long, env = "RSEMBED_TEMPLATE", default_value = "{}")]
+    pub template: String,
+    /// Labels kept per chip, best first.
+    #[arg(long, env = "RSEMBED_TOP", default_value_t = 3)]
+    pub top: usize,
+    /// The output Parquet file (local path or object store URL).
+    #[arg(long, env = "RSEMBED_OUTPUT")]
+    pub output: String,
+    /// Row groups scored at once. Default: twice the number of cores.
+    #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
+    pub concurrency: Option<usize>,
+    /// Print the summary as JSON.
+    #[arg(long, env = "RSEMBED_JSON")]
+    pub json: bool,
+    /// Inference for the text graph.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// `rsembed compact`.
+#[derive(Debug, Clone, Args)]
+pub struct CompactArgs {
+    /// A finished job's output (it must have `manifest.json`).
+    #[arg(long, env = "RSEMBED_INDEX")]
+    pub index: String,
+    /// Where the compacted dataset goes: `chips/part-*.parquet`, `job.json`, `manifest.json`.
+    #[arg(long, env = "RSEMBED_OUTPUT")]
+    pub output: String,
+    /// Target size of one output file, e.g. `256MB`, `1GiB`.
+    #[arg(long, env = "RSEMBED_TARGET_SIZE", default_value = "256MB", value_parser = parse_byte_size)]
+    pub target_size: u64,
+    /// Local folder for the sort's spill files. Default: the system temp dir.
+    #[arg(long, env = "RSEMBED_SPILL_DIR")]
+    pub spill_dir: Option<PathBuf>,
+    /// Print the summary as JSON.
+    #[arg(long, env = "RSEMBED_JSON")]
+    pub json: bool,
 }

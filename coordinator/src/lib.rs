@@ -1,14 +1,20 @@
 //! The rsembed control plane and CLI: planning, the embedded `run`, the
-//! distributed `submit`, `status` and `finalize`, and `text`.
+//! distributed `submit`, `status` and `finalize`, `text`, and the query side:
+//! `search`, `classify` and `compact`.
 #![warn(missing_docs)]
 
+pub mod classify;
 pub mod cli;
+pub mod compact;
 pub mod deadletter;
 pub mod error;
 pub mod finalize;
+pub mod index;
 pub mod plan;
 pub use rsembed_worker::queue;
 pub mod run;
+pub mod scan;
+pub mod search;
 pub mod status;
 pub mod submit;
 pub mod summary;

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use clap::Parser;
 use rsembed_coordinator::cli::{Cli, Command, PlanArgs};
 use rsembed_coordinator::plan;
-use rsembed_coordinator::{finalize, run, status, submit, text};
+use rsembed_coordinator::{classify, compact, finalize, run, search, status, submit, text};
 use rsembed_schemas::job::TilingSpec;
 use tracing_subscriber::EnvFilter;
 
@@ -116,6 +116,31 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Text(args) => {
             let mut out = std::io::stdout().lock();
             text::run(&args, &mut out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Search(args) => {
+            let mut out = std::io::stdout().lock();
+            search::run(args, &mut out).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Classify(args) => {
+            let json = args.json;
+            let s = classify::classify(args).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", s.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Compact(args) => {
+            let json = args.json;
+            let s = compact::compact(args).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", s.render());
+            }
             Ok(ExitCode::SUCCESS)
         }
     }

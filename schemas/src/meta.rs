@@ -45,6 +45,12 @@ pub struct FileMeta {
     pub schema_version: u32,
     /// The job.
     pub job_id: String,
+    /// The job fingerprint ([`crate::job::JobSpec::fingerprint_of`]): files
+    /// with equal fingerprints hold comparable rows (same model, tiling and
+    /// schema), whatever job wrote them. Empty in files written before it was
+    /// recorded.
+    #[serde(default)]
+    pub job_fingerprint: String,
     /// The task this file is the output of.
     pub task_id: String,
     /// Model name.
@@ -66,6 +72,7 @@ impl FileMeta {
         FileMeta {
             schema_version: crate::SCHEMA_VERSION,
             job_id: job_id.to_owned(),
+            job_fingerprint: crate::job::JobSpec::fingerprint_of(model, tiling),
             task_id: String::new(),
             model_name: model.name.clone(),
             model_sha256: model.sha256.clone(),

@@ -49,7 +49,9 @@ use crate::preprocess::Preprocessor;
 use crate::raster::image::{decode_rgb8, DecodeLimits};
 use crate::raster::scale::ScaleSpec;
 use crate::raster::tiff::TiffLimits;
-use crate::sink::parquet::{chip_file_metadata, encode, error_file_metadata, put, put_once};
+use crate::sink::parquet::{
+    chip_file_metadata, encode, encode_chips, error_file_metadata, put, put_once,
+};
 use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow, Footprint};
 use crate::store::{Location, StoreCache};
 
@@ -315,7 +317,7 @@ impl TaskRunner {
             .put(
                 &job.output,
                 &task.chips_path(),
-                encode(&b, kv)?,
+                encode_chips(&b, kv)?,
                 rows.len() as u64,
             )
             .await?;

@@ -102,6 +102,7 @@ fn runner(out: &Path, backend: Slow, batch_size: usize) -> (TaskRunner, JobConte
         file_meta: FileMeta {
             schema_version: 1,
             job_id: "job".into(),
+            job_fingerprint: "f".repeat(32),
             task_id: String::new(),
             model_name: "slow".into(),
             model_sha256: "0".repeat(64),

@@ -3,9 +3,11 @@
 use arrow_array::RecordBatch;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+use rsembed_schemas::chip::col as chip_col;
 use rsembed_schemas::job::ManifestFile;
 use rsembed_schemas::meta::{geo_metadata, FileMeta, GEO_KEY, RSEMBED_KEY};
 use sha2::{Digest, Sha256};
@@ -13,12 +15,54 @@ use sha2::{Digest, Sha256};
 use crate::error::Result;
 use crate::store::Location;
 
+/// Rows per row group of a chip file. A row group is the unit that readers
+/// prune with the `bbox` and `centre_*` statistics and that a scan decodes at
+/// once: 8192 rows is 32 MiB of embeddings at D = 1024, large enough for
+/// sequential reads, small enough that a bbox filter on a Hilbert-sorted
+/// (compacted) file skips most of it.
+pub const CHIP_ROW_GROUP_ROWS: usize = 8192;
+
+/// Writer settings for chip files (see [`CHIP_ROW_GROUP_ROWS`]).
+///
+/// Statistics are kept where a filter can use them (ids, windows, `bbox`,
+/// `centre_*`) and dropped where min/max mean nothing: the WKB bytes and the
+/// embedding, whose floats are also stored plain (no dictionary attempt,
+/// which always fails on them and costs a copy of every page).
+pub fn chip_writer_properties(kv: Vec<KeyValue>) -> Result<WriterProperties> {
+    let embedding = ColumnPath::new(vec![
+        chip_col::EMBEDDING.to_owned(),
+        "list".to_owned(),
+        "item".to_owned(),
+    ]);
+    let geometry = ColumnPath::new(vec![chip_col::GEOMETRY.to_owned()]);
+    Ok(WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
+        .set_max_row_group_row_count(Some(CHIP_ROW_GROUP_ROWS))
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_column_statistics_enabled(embedding.clone(), EnabledStatistics::None)
+        .set_column_dictionary_enabled(embedding.clone(), false)
+        .set_column_encoding(embedding, Encoding::PLAIN)
+        .set_column_statistics_enabled(geometry.clone(), EnabledStatistics::None)
+        .set_column_dictionary_enabled(geometry, false)
+        .set_key_value_metadata(Some(kv))
+        .build())
+}
+
+/// Encodes one record batch of chip rows as a chip file.
+pub fn encode_chips(batch: &RecordBatch, kv: Vec<KeyValue>) -> Result<Vec<u8>> {
+    encode_with(batch, chip_writer_properties(kv)?)
+}
+
 /// Encodes one record batch as a Parquet file with the given key-value metadata.
 pub fn encode(batch: &RecordBatch, kv: Vec<KeyValue>) -> Result<Vec<u8>> {
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
         .set_key_value_metadata(Some(kv))
         .build();
+    encode_with(batch, props)
+}
+
+fn encode_with(batch: &RecordBatch, props: WriterProperties) -> Result<Vec<u8>> {
     let mut buf = Vec::new();
     let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props))?;
     w.write(batch)?;

@@ -1,0 +1,510 @@
+//! Reading a dataset as an index: its chip files, their footers, row-group
+//! pruning by the `bbox` statistics, and streams of selected columns.
+//!
+//! An index is a job's output or a compacted dataset (a folder with `chips/`
+//! and, once finished, `manifest.json`), or a single Parquet file. The
+//! manifest, when there is one, names the files: a reader then sees exactly
+//! the finished dataset, never a half-written compaction or a stray file.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+
+use arrow_array::{Array, FixedSizeListArray, Float32Array, RecordBatch};
+use arrow_schema::DataType;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection};
+use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStream};
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData};
+use parquet::file::statistics::Statistics;
+use rsembed_schemas::chip::col;
+use rsembed_schemas::job::{Manifest, MANIFEST_FILE};
+use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
+use rsembed_worker::store::{Location, StoreCache};
+
+use crate::error::{Error, Result};
+
+/// Footers read at once when an index opens.
+const FOOTER_CONCURRENCY: usize = 16;
+
+/// Rows decoded per batch: bounds the memory of one row group's stream
+/// whatever row-group size a foreign writer chose.
+pub const SCAN_BATCH_ROWS: usize = 4096;
+
+/// One chip file of an index.
+#[derive(Debug, Clone)]
+pub struct Part {
+    /// Object path in the index's store.
+    pub path: Path,
+    /// Its URI, for messages.
+    pub uri: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Its footer, with the Arrow schema.
+    pub meta: ArrowReaderMetadata,
+    /// Its `rsembed` metadata, when it has one.
+    pub file_meta: Option<FileMeta>,
+}
+
+/// A row group of a part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GroupRef {
+    /// Index into [`Index::parts`].
+    pub part: usize,
+    /// Row group within the part.
+    pub row_group: usize,
+}
+
+/// What pruning kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Pruning {
+    /// Row groups in the index.
+    pub groups_total: usize,
+    /// Row groups that may hold matching rows (read).
+    pub groups_kept: usize,
+    /// Rows in the index.
+    pub rows_total: u64,
+    /// Rows in the kept row groups.
+    pub rows_kept: u64,
+}
+
+/// An opened index.
+#[derive(Debug, Clone)]
+pub struct Index {
+    /// Where it is; part paths are in this location's store.
+    pub root: Location,
+    /// Its chip files, in a stable order (the manifest's, else by path).
+    pub parts: Vec<Part>,
+    /// `manifest.json`, when the index has one.
+    pub manifest: Option<Manifest>,
+    /// Embedding dimension, equal in every part.
+    pub embed_dim: usize,
+    /// Bytes fetched from the store so far, footers included.
+    read: Arc<AtomicU64>,
+}
+
+impl Index {
+    /// Opens the index at `url` and reads every part's footer.
+    pub async fn open(stores: &StoreCache, url: &str) -> Result<Index> {
+        let loc = stores.location(url)?;
+        let (root, listed, manifest) = if url.trim_end_matches('/').ends_with(".parquet") {
+            let head = loc.store.head(&loc.prefix).await?;
+            (loc.clone(), vec![(head.location, head.size)], None)
+        } else {
+            list_parts(&loc).await?
+        };
+        if listed.is_empty() {
+            return Err(Error::Input(format!(
+                "{}: no chip files (expected chips/*.parquet under it, or a .parquet file)",
+                loc.url
+            )));
+        }
+        let store = root.store.clone();
+        let read = Arc::new(AtomicU64::new(0));
+        let parts: Vec<Part> = futures::stream::iter(listed)
+            .map(|(path, size)| {
+                let store = store.clone();
+                let uri = root.uri_of(&path);
+                let read = read.clone();
+                async move { open_part(store, path, uri, size, read).await }
+            })
+            .buffered(FOOTER_CONCURRENCY)
+            .try_collect()
+            .await?;
+        let embed_dim = parts[0].embed_dim()?;
+        for p in &parts[1..] {
+            let d = p.embed_dim()?;
+            if d != embed_dim {
+                return Err(Error::Input(format!(
+                    "{}: embedding dimension {d}, but {} has {embed_dim}: an index holds one model's embeddings",
+                    p.uri, parts[0].uri
+                )));
+            }
+        }
+        let models: std::collections::BTreeSet<&str> = parts
+            .iter()
+            .filter_map(|p| p.file_meta.as_ref())
+            .map(|m| m.model_sha256.as_str())
+            .collect();
+        if models.len() > 1 {
+            return Err(Error::Input(format!(
+                "{}: its files were embedded by {} different models (vision graph sha256 {}); \
+                 their embeddings are not comparable",
+                root.url,
+                models.len(),
+                models.into_iter().collect::<Vec<_>>().join(", ")
+            )));
+        }
+        Ok(Index {
+            root,
+            parts,
+            manifest,
+            embed_dim,
+            read,
+        })
+    }
+
+    /// The model name and sha256 recorded in the files, when they say.
+    pub fn model(&self) -> Option<(&str, &str)> {
+        self.parts
+            .iter()
+            .find_map(|p| p.file_meta.as_ref())
+            .map(|m| (m.model_name.as_str(), m.model_sha256.as_str()))
+    }
+
+    /// Bytes fetched from the store so far, footers included.
+    pub fn bytes_read(&self) -> u64 {
+        self.read.load(Ordering::Relaxed)
+    }
+
+    /// Total rows.
+    pub fn rows(&self) -> u64 {
+        self.parts.iter().map(|p| p.rows()).sum()
+    }
+
+    /// The row groups that may hold a chip whose bbox intersects `bbox`
+    /// (all of them without one), judged from the `bbox` column statistics
+    /// only: nothing but the footers is read.
+    pub fn row_groups(&self, bbox: Option<[f64; 4]>) -> (Vec<GroupRef>, Pruning) {
+        let mut kept = Vec::new();
+        let mut p = Pruning::default();
+        for (pi, part) in self.parts.iter().enumerate() {
+            let md = part.meta.metadata();
+            let cols = bbox.map(|_| BboxColumns::find(md.file_metadata().schema_descr()));
+            for (gi, rg) in md.row_groups().iter().enumerate() {
+                let rows = rg.num_rows().max(0) as u64;
+                p.groups_total += 1;
+                p.rows_total += rows;
+                let keep = match (bbox, &cols) {
+                    (Some(b), Some(c)) => c.may_intersect(rg, b),
+                    _ => true,
+                };
+                if keep {
+                    p.groups_kept += 1;
+                    p.rows_kept += rows;
+                    kept.push(GroupRef {
+                        part: pi,
+                        row_group: gi,
+                    });
+                }
+            }
+        }
+        (kept, p)
+    }
+
+    /// A stream of the columns `columns` (top-level names) of one row group,
+    /// in batches of at most [`SCAN_BATCH_ROWS`] rows, optionally only the
+    /// rows `selection` picks.
+    pub fn stream(
+        &self,
+        g: GroupRef,
+        columns: &[&str],
+        selection: Option<RowSelection>,
+    ) -> Result<ParquetRecordBatchStream<StoreReader>> {
+        let part = &self.parts[g.part];
+        let reader = StoreReader {
+            store: self.root.store.clone(),
+            path: part.path.clone(),
+            size: part.size,
+            read: self.read.clone(),
+        };
+        let schema = part.meta.schema();
+        let roots: Vec<usize> = columns
+            .iter()
+            .map(|c| {
+                schema.index_of(c).map_err(|_| {
+                    Error::Input(format!("{}: no column `{c}` in this chip file", part.uri))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let mask = ProjectionMask::roots(part.meta.parquet_schema(), roots);
+        let mut b = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, part.meta.clone())
+            .with_projection(mask)
+            .with_row_groups(vec![g.row_group])
+            .with_batch_size(SCAN_BATCH_ROWS);
+        if let Some(s) = selection {
+            b = b.with_row_selection(s);
+        }
+        b.build()
+            .map_err(|e| Error::Input(format!("{}: {e}", part.uri)))
+    }
+}
+
+impl Part {
+    /// Rows in the file.
+    pub fn rows(&self) -> u64 {
+        self.meta.metadata().file_metadata().num_rows().max(0) as u64
+    }
+
+    /// Rows of row group `g`.
+    pub fn group_rows(&self, g: usize) -> usize {
+        self.meta.metadata().row_group(g).num_rows().max(0) as usize
+    }
+
+    /// D of the `embedding` column, FixedSizeList<Float32, D>.
+    pub fn embed_dim(&self) -> Result<usize> {
+        let schema = self.meta.schema();
+        let f = schema.field_with_name(col::EMBEDDING).map_err(|_| {
+            Error::Input(format!(
+                "{}: no `embedding` column: not an rsembed chip file",
+                self.uri
+            ))
+        })?;
+        match f.data_type() {
+            DataType::FixedSizeList(item, d)
+                if *item.data_type() == DataType::Float32 && *d > 0 =>
+            {
+                Ok(*d as usize)
+            }
+            t => Err(Error::Input(format!(
+                "{}: `embedding` is {t}, not FixedSizeList<Float32, D>",
+                self.uri
+            ))),
+        }
+    }
+}
+
+/// Chip files of a dataset root: the manifest's when it has one (with the
+/// manifest), else what `chips/` lists now, sorted by path.
+async fn list_parts(loc: &Location) -> Result<(Location, Vec<(Path, u64)>, Option<Manifest>)> {
+    match loc.store.get(&loc.child(MANIFEST_FILE)).await {
+        Ok(r) => {
+            let bytes = r.bytes().await?;
+            let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
+                Error::Input(format!("{}/{MANIFEST_FILE}: not a manifest: {e}", loc.url))
+            })?;
+            let files = m
+                .files
+                .iter()
+                .map(|f| (loc.child(&f.path), f.bytes))
+                .collect();
+            Ok((loc.clone(), files, Some(m)))
+        }
+        Err(object_store::Error::NotFound { .. }) => {
+            let prefix = loc.child("chips");
+            let mut files: Vec<(Path, u64)> = loc
+                .store
+                .list(Some(&prefix))
+                .try_filter(|m| futures::future::ready(m.location.as_ref().ends_with(".parquet")))
+                .map_ok(|m| (m.location, m.size))
+                .try_collect()
+                .await?;
+            files.sort();
+            if !files.is_empty() {
+                tracing::warn!(
+                    index = %loc.url,
+                    files = files.len(),
+                    "no manifest.json (a job still running, or not finalized): reading the chip files listed now"
+                );
+            }
+            Ok((loc.clone(), files, None))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn open_part(
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    uri: String,
+    size: u64,
+    read: Arc<AtomicU64>,
+) -> Result<Part> {
+    let mut reader = StoreReader {
+        store,
+        path: path.clone(),
+        size,
+        read,
+    };
+    let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default())
+        .await
+        .map_err(|e| Error::Input(format!("{uri}: not a readable Parquet file: {e}")))?;
+    let file_meta = meta
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == RSEMBED_KEY))
+        .and_then(|k| k.value.as_deref())
+        .and_then(|v| serde_json::from_str::<FileMeta>(v).ok());
+    Ok(Part {
+        path,
+        uri,
+        size,
+        meta,
+        file_meta,
+    })
+}
+
+/// Reads a part through object_store ranged gets (the size is known, so a
+/// footer costs one or two requests), counting the bytes fetched.
+pub struct StoreReader {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    size: u64,
+    read: Arc<AtomicU64>,
+}
+
+fn parquet_err(e: object_store::Error) -> parquet::errors::ParquetError {
+    parquet::errors::ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for StoreReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        async move {
+            let b = self
+                .store
+                .get_range(&self.path, range)
+                .await
+                .map_err(parquet_err)?;
+            self.read.fetch_add(b.len() as u64, Ordering::Relaxed);
+            Ok(b)
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move {
+            let v = self
+                .store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(parquet_err)?;
+            let n: usize = v.iter().map(Bytes::len).sum();
+            self.read.fetch_add(n as u64, Ordering::Relaxed);
+            Ok(v)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.size;
+            let md = ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                // Most footers of chip files are a few KiB: one request.
+                .with_prefetch_hint(Some(64 * 1024))
+                .load_and_finish(self, size)
+                .await?;
+            Ok(Arc::new(md))
+        }
+        .boxed()
+    }
+}
+
+/// Leaf indexes of `bbox.{xmin,ymin,xmax,ymax}`.
+struct BboxColumns {
+    leaves: Option<[usize; 4]>,
+}
+
+impl BboxColumns {
+    fn find(schema: &parquet::schema::types::SchemaDescriptor) -> BboxColumns {
+        let mut leaves = [usize::MAX; 4];
+        for (i, c) in schema.columns().iter().enumerate() {
+            let parts = c.path().parts();
+            if parts.len() == 2 && parts[0] == col::BBOX {
+                if let Some(k) = ["xmin", "ymin", "xmax", "ymax"]
+                    .iter()
+                    .position(|n| *n == parts[1])
+                {
+                    leaves[k] = i;
+                }
+            }
+        }
+        BboxColumns {
+            leaves: (!leaves.contains(&usize::MAX)).then_some(leaves),
+        }
+    }
+
+    /// False only when the statistics prove that no row's bbox meets `b`
+    /// (or that every row's bbox is null).
+    fn may_intersect(&self, rg: &RowGroupMetaData, b: [f64; 4]) -> bool {
+        let Some([xmin, ymin, xmax, ymax]) = self.leaves else {
+            return true;
+        };
+        let [w, s, e, n] = b;
+        let stat = |leaf: usize| match rg.column(leaf).statistics() {
+            Some(Statistics::Double(st)) => Some(st.clone()),
+            _ => None,
+        };
+        let (Some(sx0), Some(sy0), Some(sx1), Some(sy1)) =
+            (stat(xmin), stat(ymin), stat(xmax), stat(ymax))
+        else {
+            return true;
+        };
+        if sx0.null_count_opt() == Some(rg.num_rows().max(0) as u64) {
+            return false;
+        }
+        // A group is out when every row lies wholly west, east, south or north of the box.
+        let out = matches!(sx1.max_opt(), Some(v) if *v < w)
+            || matches!(sx0.min_opt(), Some(v) if *v > e)
+            || matches!(sy1.max_opt(), Some(v) if *v < s)
+            || matches!(sy0.min_opt(), Some(v) if *v > n);
+        !out
+    }
+}
+
+/// The embeddings of a batch as one contiguous row-major slice of
+/// `rows × dim` floats, or an error naming the file when the column is not
+/// FixedSizeList<Float32, dim> or has nulls.
+pub fn embeddings<'a>(batch: &'a RecordBatch, dim: usize, uri: &str) -> Result<&'a [f32]> {
+    let c = batch
+        .column_by_name(col::EMBEDDING)
+        .ok_or_else(|| Error::Input(format!("{uri}: no embedding column in the batch")))?;
+    let list = c
+        .as_any()
+        .downcast_ref::<FixedSizeListArray>()
+        .ok_or_else(|| Error::Input(format!("{uri}: embedding is not a fixed-size list")))?;
+    if list.null_count() > 0 || list.value_length() as usize != dim {
+        return Err(Error::Input(format!(
+            "{uri}: embedding column has nulls or a dimension other than {dim}"
+        )));
+    }
+    let values = list
+        .values()
+        .as_any()
+        .downcast_ref::<Float32Array>()
+        .ok_or_else(|| Error::Input(format!("{uri}: embedding values are not float32")))?;
+    let start = list.offset() * dim;
+    let all = values.values();
+    all.get(start..start + list.len() * dim)
+        .ok_or_else(|| Error::Input(format!("{uri}: embedding values are short")))
+}
+
+/// Per row of `batch`: whether its bbox intersects `b` (false for a null bbox).
+pub fn bbox_mask(batch: &RecordBatch, b: [f64; 4]) -> Result<Vec<bool>> {
+    use arrow_array::{Float64Array, StructArray};
+    let s = batch
+        .column_by_name(col::BBOX)
+        .and_then(|c| c.as_any().downcast_ref::<StructArray>())
+        .ok_or_else(|| Error::Input("bbox column is not a struct".into()))?;
+    let f = |name: &str| -> Result<&Float64Array> {
+        s.column_by_name(name)
+            .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
+            .ok_or_else(|| Error::Input(format!("bbox has no float64 field {name}")))
+    };
+    let (x0, y0, x1, y1) = (f("xmin")?, f("ymin")?, f("xmax")?, f("ymax")?);
+    let [w, so, e, n] = b;
+    Ok((0..batch.num_rows())
+        .map(|i| {
+            s.is_valid(i)
+                && x0.is_valid(i)
+                && x1.value(i) >= w
+                && x0.value(i) <= e
+                && y1.value(i) >= so
+                && y0.value(i) <= n
+        })
+        .collect())
+}
