@@ -20,29 +20,34 @@ pub fn default_concurrency() -> usize {
 
 /// Scans `groups` of `index`, reading `columns`, with `concurrency` row
 /// groups in flight, each on its own tokio task (so decoding and scoring use
-/// every core). `fold` sees each batch with the row offset of its first row
-/// in the group and folds it into the group's accumulator. The stream yields
-/// the groups' accumulators in the order of `groups`; memory is bounded by
-/// `concurrency` groups' batches and accumulators.
-pub fn scan_groups<T, F>(
+/// every core). Each group starts from `init()`; `fold` sees each batch with
+/// the row offset of its first row in the group and folds it into the
+/// group's accumulator. The stream yields the groups' accumulators in the
+/// order of `groups`; memory is bounded by `concurrency` groups' batches and
+/// accumulators.
+pub fn scan_groups<T, I, F>(
     index: Arc<Index>,
     groups: Vec<GroupRef>,
     columns: Vec<&'static str>,
     concurrency: usize,
+    init: I,
     fold: F,
 ) -> impl Stream<Item = Result<(GroupRef, T)>>
 where
-    T: Default + Send + 'static,
+    T: Send + 'static,
+    I: Fn() -> T + Send + Sync + 'static,
     F: Fn(&mut T, GroupRef, usize, &RecordBatch) -> Result<()> + Send + Sync + 'static,
 {
     let fold = Arc::new(fold);
+    let init = Arc::new(init);
     futures::stream::iter(groups)
         .map(move |g| {
             let index = index.clone();
             let columns = columns.clone();
             let fold = fold.clone();
+            let init = init.clone();
             let task = tokio::spawn(async move {
-                let mut acc = T::default();
+                let mut acc = init();
                 let mut stream = index.stream(g, &columns, None)?;
                 let mut offset = 0usize;
                 while let Some(batch) = stream.next().await {

@@ -1,11 +1,617 @@
-//! `rsembed search`.
+//! `rsembed search`: the chips of an index that best match a query.
+//!
+//! Two passes. The scan reads only the `embedding` column (and `bbox` under
+//! `--bbox`) of the row groups the `bbox` statistics keep, scores every row
+//! with one dot product against the unit query vector, and keeps a bounded
+//! top-K per row group, merged at the end. Then only the winners' other
+//! columns are read, row by row, by row selection. Memory is a few row
+//! groups' batches plus K hits, whatever the index size.
+//!
+//! Decisions:
+//! - Several texts are prompt ensembling: the mean of their unit embeddings,
+//!   normalised again, so that `cosine` stays a cosine.
+//! - `--like` leaves the example chip out of its own results.
+//! - The model given must be the index's (same name and dimension): a text
+//!   embedding of another model is meaningless against these images. The
+//!   name, not the graph sha256, is compared, so a search does not hash a
+//!   gigabyte of ONNX on every query.
 
+use std::collections::BTreeMap;
 use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow_array::{
+    Array, BinaryArray, Float32Array, Float64Array, Int32Array, RecordBatch, StringArray,
+};
+use futures::StreamExt;
+use parquet::file::statistics::Statistics;
+use rsembed_schemas::chip::col;
+use rsembed_worker::engine::text::TextEncoder;
+use rsembed_worker::model::ModelDir;
+use rsembed_worker::store::StoreCache;
+use serde_json::{json, Value};
 
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
+use crate::index::{bbox_mask, embeddings, GroupRef, Index, Pruning};
+use crate::scan::{default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK};
 
-/// Runs a search and prints its results to `out`.
-pub async fn run(_args: SearchArgs, _out: &mut dyn Write) -> Result<()> {
-    Err(Error::Usage("rsembed search: not built yet".into()))
+/// Texts embedded per run of the text graph.
+const TEXT_BATCH: usize = 64;
+
+/// One result, with what the output shows of its chip.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SearchResult {
+    /// 1 for the best.
+    pub rank: usize,
+    /// `sigmoid(exp(logit_scale)·cos + logit_bias)`; absent without a model.
+    pub score: Option<f64>,
+    /// Cosine between the chip's and the query's embedding.
+    pub cosine: f32,
+    /// The chip's id.
+    pub chip_id: String,
+    /// Its source.
+    pub source_uri: String,
+    /// Window origin and size in source pixels.
+    pub x: i32,
+    /// Window origin.
+    pub y: i32,
+    /// Window size.
+    pub width: i32,
+    /// Window size.
+    pub height: i32,
+    /// Share of real pixels.
+    pub valid_fraction: f32,
+    /// Source CRS.
+    pub crs: Option<String>,
+    /// Centre, lon/lat.
+    pub centre_lon: Option<f64>,
+    /// Centre, lon/lat.
+    pub centre_lat: Option<f64>,
+    /// Footprint as GeoJSON geometry.
+    #[serde(skip)]
+    pub geometry: Option<Value>,
+}
+
+/// What the scan did, for the closing line on stderr.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct SearchStats {
+    /// Row-group pruning by `--bbox`.
+    pub pruning: Pruning,
+    /// Rows scored (after the row-level bbox test).
+    pub rows_scored: u64,
+    /// Bytes fetched from the store, footers included.
+    pub bytes_read: u64,
+    /// Seconds from opening the index to the results.
+    pub seconds: f64,
+}
+
+/// Runs a search and prints its results to `out` (and one line of scan
+/// statistics to stderr).
+pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
+    let (results, stats) = search(&args).await?;
+    let w = |e: std::io::Error| Error::Worker(rsembed_worker::Error::Io(e));
+    if args.geojson {
+        let features: Vec<Value> = results
+            .iter()
+            .map(|r| {
+                json!({
+                    "type": "Feature",
+                    "geometry": r.geometry,
+                    "properties": serde_json::to_value(r).unwrap_or(Value::Null),
+                })
+            })
+            .collect();
+        serde_json::to_writer(
+            &mut *out,
+            &json!({"type": "FeatureCollection", "features": features}),
+        )?;
+        writeln!(out).map_err(w)?;
+    } else if args.json {
+        for r in &results {
+            serde_json::to_writer(&mut *out, r)?;
+            writeln!(out).map_err(w)?;
+        }
+    } else {
+        writeln!(
+            out,
+            "{:>4}  {:>9}  {:>8}  {:<32}  {:<24}  {:<22}  source_uri",
+            "rank", "score", "cosine", "chip_id", "window (x,y w×h)", "centre (lon,lat)"
+        )
+        .map_err(w)?;
+        for r in &results {
+            let score = r.score.map_or("-".to_owned(), |s| format!("{s:.3e}"));
+            let centre = match (r.centre_lon, r.centre_lat) {
+                (Some(lon), Some(lat)) => format!("{lon:.5},{lat:.5}"),
+                _ => "-".to_owned(),
+            };
+            let window = format!("{},{} {}×{}", r.x, r.y, r.width, r.height);
+            writeln!(
+                out,
+                "{:>4}  {:>9}  {:>8.5}  {:<32}  {:<24}  {:<22}  {}",
+                r.rank, score, r.cosine, r.chip_id, window, centre, r.source_uri
+            )
+            .map_err(w)?;
+        }
+    }
+    let p = &stats.pruning;
+    eprintln!(
+        "rsembed search: scored {} of {} rows; read {} of {} row groups{}; {:.1} MiB fetched; {:.3} s",
+        stats.rows_scored,
+        p.rows_total,
+        p.groups_kept,
+        p.groups_total,
+        if args.bbox.is_some() {
+            format!(" ({} pruned by --bbox statistics)", p.groups_total - p.groups_kept)
+        } else {
+            String::new()
+        },
+        stats.bytes_read as f64 / (1024.0 * 1024.0),
+        stats.seconds
+    );
+    Ok(())
+}
+
+/// The top-K results of a search, best first, and what the scan did.
+pub async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats)> {
+    let t0 = Instant::now();
+    let sources = usize::from(!args.texts.is_empty())
+        + usize::from(args.like.is_some())
+        + usize::from(args.vector.is_some());
+    if sources != 1 {
+        return Err(Error::Usage(
+            "rsembed search: give the query as texts, or --like CHIP_ID, or --vector FILE (one of them)"
+                .into(),
+        ));
+    }
+    let model = args.model.as_ref().map(ModelDir::open).transpose()?;
+    let stores = StoreCache::default();
+    let index = Arc::new(Index::open(&stores, &args.index).await?);
+    if let Some(m) = &model {
+        check_model(&index, m)?;
+    }
+    let dim = index.embed_dim;
+    let (query, exclude) = if !args.texts.is_empty() {
+        let Some(m) = &model else {
+            return Err(Error::Usage(
+                "rsembed search: a text query needs --model (the model the index was embedded with)"
+                    .into(),
+            ));
+        };
+        (text_query(m, args, &args.texts)?, None)
+    } else if let Some(id) = &args.like {
+        let (g, row, v) = find_chip(&index, id).await?;
+        (v, Some((g, row)))
+    } else {
+        let path = args.vector.as_ref().expect("one query source");
+        (vector_query(path, dim)?, None)
+    };
+
+    let (groups, pruning) = index.row_groups(args.bbox);
+    let bbox = args.bbox;
+    let mut columns = vec![col::EMBEDDING];
+    if bbox.is_some() {
+        columns.push(col::BBOX);
+    }
+    let k = args.top_k;
+    let query = Arc::new(query);
+    let scored = Arc::new(AtomicU64::new(0));
+    let counter = scored.clone();
+    let uris: Arc<Vec<String>> = Arc::new(index.parts.iter().map(|p| p.uri.clone()).collect());
+    let mut scan = Box::pin(scan_groups(
+        index.clone(),
+        groups,
+        columns,
+        args.concurrency.unwrap_or_else(default_concurrency),
+        move || (TopK::new(k), Vec::<f32>::new()),
+        move |(top, cos): &mut (TopK, Vec<f32>), g: GroupRef, offset, batch: &RecordBatch| {
+            let rows = embeddings(batch, dim, &uris[g.part])?;
+            let n = batch.num_rows();
+            cos.resize(n, 0.0);
+            dots(rows, dim, &query, cos);
+            let mask = bbox.map(|b| bbox_mask(batch, b)).transpose()?;
+            let mut kept = 0u64;
+            for (i, &c) in cos.iter().enumerate() {
+                if mask.as_ref().is_some_and(|m| !m[i]) {
+                    continue;
+                }
+                kept += 1;
+                let row = offset + i;
+                if c < top.threshold() || exclude == Some((g, row)) {
+                    continue;
+                }
+                top.push(Hit {
+                    group: g,
+                    row,
+                    cosine: c,
+                });
+            }
+            counter.fetch_add(kept, Ordering::Relaxed);
+            Ok(())
+        },
+    ));
+    let mut top = TopK::new(k);
+    while let Some(r) = scan.next().await {
+        let (_, (t, _)) = r?;
+        top.merge(t);
+    }
+    let hits = top.into_sorted();
+    let scale_bias = model
+        .as_ref()
+        .map(|m| (m.manifest.logit_scale, m.manifest.logit_bias));
+    let results = details(&index, &hits, scale_bias).await?;
+    let stats = SearchStats {
+        pruning,
+        rows_scored: scored.load(Ordering::Relaxed),
+        bytes_read: index.bytes_read(),
+        seconds: t0.elapsed().as_secs_f64(),
+    };
+    Ok((results, stats))
+}
+
+/// The model must be the one the index was embedded with.
+pub fn check_model(index: &Index, m: &ModelDir) -> Result<()> {
+    if m.manifest.embed_dim != index.embed_dim {
+        return Err(Error::Usage(format!(
+            "--model {} has embedding dimension {}, the index {}: not the model it was embedded with",
+            m.manifest.name, m.manifest.embed_dim, index.embed_dim
+        )));
+    }
+    if let Some((name, sha)) = index.model() {
+        if name != m.manifest.name {
+            return Err(Error::Usage(format!(
+                "the index was embedded with model `{name}` (vision graph sha256 {sha}), but --model is `{}`: \
+                 text and image embeddings of different models are not comparable",
+                m.manifest.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Unit embeddings of `texts` (as many runs of the text graph as it takes).
+pub fn embed_texts(m: &ModelDir, args: &SearchArgs, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+    embed_texts_with(m, &args.engine, texts)
+}
+
+/// Unit embeddings of `texts` with the given inference flags.
+pub fn embed_texts_with(
+    m: &ModelDir,
+    engine: &crate::cli::EngineArgs,
+    texts: &[String],
+) -> Result<Vec<Vec<f32>>> {
+    let mut enc = TextEncoder::open(m, &engine.session_config())?;
+    let mut out = Vec::with_capacity(texts.len());
+    for chunk in texts.chunks(TEXT_BATCH) {
+        out.extend(enc.embed(chunk)?);
+    }
+    Ok(out)
+}
+
+/// The prompt-ensembled query of `texts`.
+fn text_query(m: &ModelDir, args: &SearchArgs, texts: &[String]) -> Result<Vec<f32>> {
+    let rows = embed_texts(m, args, texts)?;
+    let dim = m.manifest.embed_dim;
+    let mut mean = vec![0f64; dim];
+    for r in &rows {
+        for (a, x) in mean.iter_mut().zip(r) {
+            *a += f64::from(*x);
+        }
+    }
+    let mut q: Vec<f32> = mean
+        .iter()
+        .map(|a| (a / rows.len() as f64) as f32)
+        .collect();
+    normalize(&mut q)?;
+    Ok(q)
+}
+
+/// A query vector from a file holding one JSON array.
+fn vector_query(path: &std::path::Path, dim: usize) -> Result<Vec<f32>> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Error::Usage(format!("--vector {}: {e}", path.display())))?;
+    let mut v: Vec<f32> = serde_json::from_slice(&bytes).map_err(|e| {
+        Error::Usage(format!(
+            "--vector {}: want one JSON array of numbers (as `rsembed text` prints): {e}",
+            path.display()
+        ))
+    })?;
+    if v.len() != dim {
+        return Err(Error::Usage(format!(
+            "--vector {}: {} numbers, but the index's embeddings have {dim}",
+            path.display(),
+            v.len()
+        )));
+    }
+    normalize(&mut v)?;
+    Ok(v)
+}
+
+/// The row and embedding of chip `id`. Row groups whose `chip_id`
+/// statistics exclude it are not read.
+async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec<f32>)> {
+    let mut groups = Vec::new();
+    for (pi, part) in index.parts.iter().enumerate() {
+        let md = part.meta.metadata();
+        let leaf = md
+            .file_metadata()
+            .schema_descr()
+            .columns()
+            .iter()
+            .position(|c| c.path().parts() == [col::CHIP_ID]);
+        for (gi, rg) in md.row_groups().iter().enumerate() {
+            let out = leaf
+                .and_then(|l| match rg.column(l).statistics() {
+                    Some(Statistics::ByteArray(s)) => Some(
+                        s.min_opt().is_some_and(|m| m.data() > id.as_bytes())
+                            || s.max_opt().is_some_and(|m| m.data() < id.as_bytes()),
+                    ),
+                    _ => None,
+                })
+                .unwrap_or(false);
+            if !out {
+                groups.push(GroupRef {
+                    part: pi,
+                    row_group: gi,
+                });
+            }
+        }
+    }
+    let want = Arc::new(id.to_owned());
+    let mut scan = Box::pin(scan_groups(
+        index.clone(),
+        groups,
+        vec![col::CHIP_ID],
+        default_concurrency(),
+        || None::<usize>,
+        move |found: &mut Option<usize>, _g, offset, batch: &RecordBatch| {
+            if found.is_none() {
+                let ids = string_col(batch, col::CHIP_ID)?;
+                *found = (0..ids.len())
+                    .find(|&i| ids.is_valid(i) && ids.value(i) == want.as_str())
+                    .map(|i| offset + i);
+            }
+            Ok(())
+        },
+    ));
+    let mut hit = None;
+    while let Some(r) = scan.next().await {
+        if let (g, Some(row)) = r? {
+            hit = Some((g, row));
+            break;
+        }
+    }
+    let Some((g, row)) = hit else {
+        return Err(Error::Usage(format!(
+            "--like {id}: no chip with this id in the index"
+        )));
+    };
+    let sel = selection_of(&[row], index.parts[g.part].group_rows(g.row_group));
+    let mut s = index.stream(g, &[col::EMBEDDING], Some(sel))?;
+    let batch = s
+        .next()
+        .await
+        .ok_or_else(|| Error::Input(format!("--like {id}: its row vanished")))?
+        .map_err(|e| Error::Input(format!("{}: {e}", index.parts[g.part].uri)))?;
+    let mut v =
+        embeddings(&batch, index.embed_dim, &index.parts[g.part].uri)?[..index.embed_dim].to_vec();
+    normalize(&mut v)?;
+    Ok((g, row, v))
+}
+
+/// Reads the winners' columns (only their rows) and builds the results.
+async fn details(
+    index: &Index,
+    hits: &[Hit],
+    scale_bias: Option<(f64, f64)>,
+) -> Result<Vec<SearchResult>> {
+    let mut by_group: BTreeMap<GroupRef, Vec<usize>> = BTreeMap::new();
+    for h in hits {
+        by_group.entry(h.group).or_default().push(h.row);
+    }
+    let columns = [
+        col::CHIP_ID,
+        col::SOURCE_URI,
+        col::X,
+        col::Y,
+        col::WIDTH,
+        col::HEIGHT,
+        col::VALID_FRACTION,
+        col::CRS,
+        col::CENTRE_LON,
+        col::CENTRE_LAT,
+        col::GEOMETRY,
+    ];
+    let mut rows: BTreeMap<(GroupRef, usize), SearchResult> = BTreeMap::new();
+    for (g, mut wanted) in by_group {
+        wanted.sort_unstable();
+        wanted.dedup();
+        let sel = selection_of(&wanted, index.parts[g.part].group_rows(g.row_group));
+        let mut s = index.stream(g, &columns, Some(sel))?;
+        let mut next = wanted.iter();
+        while let Some(batch) = s.next().await {
+            let batch =
+                batch.map_err(|e| Error::Input(format!("{}: {e}", index.parts[g.part].uri)))?;
+            let ids = string_col(&batch, col::CHIP_ID)?;
+            let uris = string_col(&batch, col::SOURCE_URI)?;
+            let crs = string_col(&batch, col::CRS)?;
+            let ints = |name: &str| -> Result<&Int32Array> {
+                batch
+                    .column_by_name(name)
+                    .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
+                    .ok_or_else(|| Error::Input(format!("column `{name}` is not int32")))
+            };
+            let (x, y, w, h) = (
+                ints(col::X)?,
+                ints(col::Y)?,
+                ints(col::WIDTH)?,
+                ints(col::HEIGHT)?,
+            );
+            let valid = batch
+                .column_by_name(col::VALID_FRACTION)
+                .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
+                .ok_or_else(|| Error::Input("valid_fraction is not float32".into()))?;
+            let f64s = |name: &str| -> Result<&Float64Array> {
+                batch
+                    .column_by_name(name)
+                    .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
+                    .ok_or_else(|| Error::Input(format!("column `{name}` is not float64")))
+            };
+            let (lon, lat) = (f64s(col::CENTRE_LON)?, f64s(col::CENTRE_LAT)?);
+            let geom = batch
+                .column_by_name(col::GEOMETRY)
+                .and_then(|c| c.as_any().downcast_ref::<BinaryArray>())
+                .ok_or_else(|| Error::Input("geometry is not binary".into()))?;
+            for i in 0..batch.num_rows() {
+                let Some(&row) = next.next() else { break };
+                let opt_f = |a: &Float64Array| a.is_valid(i).then(|| a.value(i));
+                rows.insert(
+                    (g, row),
+                    SearchResult {
+                        rank: 0,
+                        score: None,
+                        cosine: 0.0,
+                        chip_id: ids.value(i).to_owned(),
+                        source_uri: uris.value(i).to_owned(),
+                        x: x.value(i),
+                        y: y.value(i),
+                        width: w.value(i),
+                        height: h.value(i),
+                        valid_fraction: valid.value(i),
+                        crs: crs.is_valid(i).then(|| crs.value(i).to_owned()),
+                        centre_lon: opt_f(lon),
+                        centre_lat: opt_f(lat),
+                        geometry: geom
+                            .is_valid(i)
+                            .then(|| wkb_to_geojson(geom.value(i)))
+                            .flatten(),
+                    },
+                );
+            }
+        }
+    }
+    hits.iter()
+        .enumerate()
+        .map(|(rank, h)| {
+            let mut r = rows.remove(&(h.group, h.row)).ok_or_else(|| {
+                Error::Input(format!(
+                    "{}: row {} of row group {} could not be read back",
+                    index.parts[h.group.part].uri, h.row, h.group.row_group
+                ))
+            })?;
+            r.rank = rank + 1;
+            r.cosine = h.cosine;
+            r.score = scale_bias.map(|(s, b)| crate::scan::sigmoid_score(h.cosine, s, b));
+            Ok(r)
+        })
+        .collect()
+}
+
+fn string_col<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a StringArray> {
+    batch
+        .column_by_name(name)
+        .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+        .ok_or_else(|| Error::Input(format!("column `{name}` is not a string column")))
+}
+
+/// A WKB polygon (either byte order, 2D) as a GeoJSON geometry; `None` for
+/// anything else or for bytes that do not parse (a footprint is only shown,
+/// never trusted, here).
+pub fn wkb_to_geojson(b: &[u8]) -> Option<Value> {
+    let mut r = Wkb {
+        b,
+        pos: 0,
+        le: true,
+    };
+    r.le = match r.u8()? {
+        0 => false,
+        1 => true,
+        _ => return None,
+    };
+    if r.u32()? != 3 {
+        return None;
+    }
+    let nrings = r.u32()? as usize;
+    // Every ring needs at least its count: bounds the allocation by the input.
+    if nrings > r.remaining() / 4 {
+        return None;
+    }
+    let mut rings = Vec::with_capacity(nrings);
+    for _ in 0..nrings {
+        let n = r.u32()? as usize;
+        if n > r.remaining() / 16 {
+            return None;
+        }
+        let mut ring = Vec::with_capacity(n);
+        for _ in 0..n {
+            ring.push(json!([r.f64()?, r.f64()?]));
+        }
+        rings.push(Value::Array(ring));
+    }
+    Some(json!({"type": "Polygon", "coordinates": rings}))
+}
+
+struct Wkb<'a> {
+    b: &'a [u8],
+    pos: usize,
+    le: bool,
+}
+
+impl Wkb<'_> {
+    fn remaining(&self) -> usize {
+        self.b.len() - self.pos
+    }
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let s = self.b.get(self.pos..self.pos + N)?;
+        self.pos += N;
+        s.try_into().ok()
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take::<1>()?[0])
+    }
+    fn u32(&mut self) -> Option<u32> {
+        let a = self.take::<4>()?;
+        Some(if self.le {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        })
+    }
+    fn f64(&mut self) -> Option<f64> {
+        let a = self.take::<8>()?;
+        Some(if self.le {
+            f64::from_le_bytes(a)
+        } else {
+            f64::from_be_bytes(a)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wkb_polygons_become_geojson_and_garbage_does_not() {
+        let mut b = vec![1u8];
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u32.to_le_bytes());
+        b.extend(4u32.to_le_bytes());
+        for (x, y) in [(0.0f64, 0.0f64), (1.0, 0.0), (1.0, 1.0), (0.0, 0.0)] {
+            b.extend(x.to_le_bytes());
+            b.extend(y.to_le_bytes());
+        }
+        let g = wkb_to_geojson(&b).unwrap();
+        assert_eq!(g["type"], "Polygon");
+        assert_eq!(g["coordinates"][0][2], json!([1.0, 1.0]));
+        // A ring count that the bytes cannot hold is refused before allocating.
+        let mut bad = vec![1u8];
+        bad.extend(3u32.to_le_bytes());
+        bad.extend(u32::MAX.to_le_bytes());
+        assert!(wkb_to_geojson(&bad).is_none());
+        assert!(wkb_to_geojson(&b[..b.len() - 1]).is_none());
+        assert!(wkb_to_geojson(&[]).is_none());
+    }
 }
