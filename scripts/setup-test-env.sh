@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs what the tests need: Python packages into .cache/venv (duckdb, and
-# moto's S3 server for the object-storage tests; see integration-tests/requirements.txt)
-# and the ONNX Runtime library into .cache/ort/. Safe to run again; it skips what
+# Installs what the tests need: Python packages into .cache/venv (the readers the
+# dataset is documented for: duckdb, pyarrow, polars, geopandas with shapely and
+# pyproj; moto's S3 server for the object-storage tests; nats-server for the
+# distributed ones; see integration-tests/requirements.txt) and the ONNX Runtime
+# library into .cache/ort/. Safe to run again; it skips what
 # is there, and reinstalls the venv when requirements.txt changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
