@@ -1,6 +1,9 @@
 //! GeoParquet files: encoding with file metadata, and committing through object_store.
 
+use std::sync::Arc;
+
 use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
@@ -63,11 +66,28 @@ pub fn encode(batch: &RecordBatch, kv: Vec<KeyValue>) -> Result<Vec<u8>> {
 }
 
 fn encode_with(batch: &RecordBatch, props: WriterProperties) -> Result<Vec<u8>> {
+    let schema = schema_with_file_metadata(&batch.schema(), &props);
+    let batch = batch.clone().with_schema(schema.clone())?;
     let mut buf = Vec::new();
-    let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props))?;
-    w.write(batch)?;
+    let mut w = ArrowWriter::try_new(&mut buf, schema, Some(props))?;
+    w.write(&batch)?;
     w.close()?;
     Ok(buf)
+}
+
+/// `schema` with the writer's key-value metadata (`geo`, `rsembed`) in its
+/// own metadata too. Arrow C++ (so PyArrow and GeoPandas) takes a file's
+/// schema metadata only from the embedded `ARROW:schema` when there is one
+/// and ignores the Parquet key-value list: without this, GeoPandas finds no
+/// `geo` and refuses the file. parquet-rs writes each key once either way.
+pub fn schema_with_file_metadata(schema: &SchemaRef, props: &WriterProperties) -> SchemaRef {
+    let mut md = schema.metadata().clone();
+    for kv in props.key_value_metadata().into_iter().flatten() {
+        if let Some(v) = &kv.value {
+            md.insert(kv.key.clone(), v.clone());
+        }
+    }
+    Arc::new(schema.as_ref().clone().with_metadata(md))
 }
 
 /// The key-value metadata of a chip file: `geo` and `rsembed`.
