@@ -184,7 +184,8 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         ))
         .set_key_value_metadata(Some(kv))
         .build();
-    let schema = output_schema();
+    // In the Arrow schema too, where PyArrow looks.
+    let schema = rsembed_worker::sink::parquet::schema_with_file_metadata(&output_schema(), &props);
     let sink = BufWriter::new(out_loc.store.clone(), out_loc.prefix.clone());
     let mut writer =
         AsyncArrowWriter::try_new(sink, schema.clone(), Some(props)).map_err(parquet_err)?;
