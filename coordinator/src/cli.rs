@@ -407,9 +407,20 @@ pub struct CompactArgs {
     /// Target size of one output file, e.g. `256MB`, `1GiB`.
     #[arg(long, env = "RSEMBED_TARGET_SIZE", default_value = "256MB", value_parser = parse_byte_size)]
     pub target_size: u64,
-    /// Local folder for the sort's spill files. Default: the system temp dir.
+    /// Local folder for the sort's spill files, which hold the whole dataset
+    /// (uncompressed) for a while. Default: the system temp dir.
     #[arg(long, env = "RSEMBED_SPILL_DIR")]
     pub spill_dir: Option<PathBuf>,
+    /// Replace a dataset already at `--output`: its manifest.json, job.json,
+    /// chips/ and errors/ are deleted first (the manifest first). Default:
+    /// refuse, so a typo cannot delete a job's output.
+    #[arg(long, env = "RSEMBED_OVERWRITE")]
+    pub overwrite: bool,
+    /// Rows per row group of the output files, the unit a `--bbox` filter
+    /// skips. Default: 8192, as in job files; smaller groups prune a
+    /// Hilbert-sorted file more finely, for more footer and more requests.
+    #[arg(long, env = "RSEMBED_ROW_GROUP_ROWS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
+    pub row_group_rows: u32,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,
