@@ -35,8 +35,11 @@ use crate::error::{Error, Result};
 const FOOTER_CONCURRENCY: usize = 16;
 
 /// Rows decoded per batch: bounds the memory of one row group's stream
-/// whatever row-group size a foreign writer chose.
-pub const SCAN_BATCH_ROWS: usize = 4096;
+/// whatever row-group size a foreign writer chose. Small enough (2 MiB of
+/// embeddings at D = 1024) that glibc serves the decode buffers from its
+/// heap: at 4096 rows each 16 MiB buffer was a fresh mmap, and page faults
+/// took 40 % of a search (docs/benchmarks.md).
+pub const SCAN_BATCH_ROWS: usize = 512;
 
 /// One chip file of an index.
 #[derive(Debug, Clone)]

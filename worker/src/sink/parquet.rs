@@ -29,8 +29,11 @@ pub const CHIP_ROW_GROUP_ROWS: usize = 8192;
 ///
 /// Statistics are kept where a filter can use them (ids, windows, `bbox`,
 /// `centre_*`) and dropped where min/max mean nothing: the WKB bytes and the
-/// embedding, whose floats are also stored plain (no dictionary attempt,
-/// which always fails on them and costs a copy of every page).
+/// embedding. The embedding's floats are stored plain and uncompressed: zstd
+/// saves only 7 % on unit float32 vectors, and decompressing them was half of
+/// a search's time, in rsembed and in DuckDB alike (docs/benchmarks.md); no
+/// dictionary attempt either, which always fails on them and costs a copy of
+/// every page.
 pub fn chip_writer_properties(kv: Vec<KeyValue>) -> Result<WriterProperties> {
     let embedding = ColumnPath::new(vec![
         chip_col::EMBEDDING.to_owned(),
@@ -43,6 +46,7 @@ pub fn chip_writer_properties(kv: Vec<KeyValue>) -> Result<WriterProperties> {
         .set_max_row_group_row_count(Some(CHIP_ROW_GROUP_ROWS))
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_column_statistics_enabled(embedding.clone(), EnabledStatistics::None)
+        .set_column_compression(embedding.clone(), Compression::UNCOMPRESSED)
         .set_column_dictionary_enabled(embedding.clone(), false)
         .set_column_encoding(embedding, Encoding::PLAIN)
         .set_column_statistics_enabled(geometry.clone(), EnabledStatistics::None)
