@@ -96,7 +96,7 @@ def measured(cmd: list[str], env: dict | None = None) -> dict:
         }
 
 
-def synth(args, rows: int, out: Path) -> dict:
+def synth(args, rows: int, out: Path, scenes_per_file: int = 1) -> dict:
     summary = out / "synth.json"
     if summary.exists() and not args.regen:
         return json.loads(summary.read_text())
@@ -110,6 +110,7 @@ def synth(args, rows: int, out: Path) -> dict:
     cmd += [
         "--output", str(out), "--rows", str(rows), "--dim", str(args.dim),
         "--rows-per-file", str(args.rows_per_file), "--seed", str(args.seed),
+        "--scenes-per-file", str(scenes_per_file),
     ]
     print("+", " ".join(cmd), file=sys.stderr)
     r = subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
@@ -253,6 +254,8 @@ def main() -> None:
     ap.add_argument("--synth-bin", help="a built synth_index example (default: cargo run it)")
     ap.add_argument("--duckdb-python", default=sys.executable)
     ap.add_argument("--no-compact", action="store_true")
+    ap.add_argument("--mixed-scenes", type=int, default=8,
+                    help="scenes per file of the mixed layout (1: skip it)")
     ap.add_argument("--tunables", action=argparse.BooleanOptionalAction, default=True,
                     help="also time rsembed under GLIBC_TUNABLES that keep freed memory")
     ap.add_argument("--regen", action="store_true", help="rebuild datasets even if present")
@@ -338,13 +341,26 @@ def main() -> None:
     box = bbox_of(s["planted"], args.bbox_frac)
     results["bbox"] = box
     layouts = {"task files": idx}
+    # Tasks of unrelated inputs: each file holds --mixed-scenes scenes at
+    # independent places, so its extent is wide and a bbox prunes little
+    # until compaction sorts the rows.
+    mixed = None
+    if args.mixed_scenes > 1:
+        mixed = args.work / f"idx-{args.rows}-d{args.dim}-f{args.rows_per_file}-s{args.mixed_scenes}"
+        synth(args, args.rows, mixed, args.mixed_scenes)
+        layouts["mixed task files"] = mixed
     if not args.no_compact:
-        c = compact(args, idx, args.work / (idx.name + "-compact"))
-        results["compact"] = c
-        if c["ok"]:
-            layouts["compacted"] = args.work / (idx.name + "-compact")
-        else:
-            print(f"\nrsembed compact did not work: {c['message']}", file=sys.stderr)
+        for src, name in [(idx, "compacted"), (mixed, "mixed compacted")]:
+            if src is None:
+                continue
+            c = compact(args, src, args.work / (src.name + "-compact"))
+            results.setdefault("compacts", {})[name] = c
+            if name == "compacted":
+                results["compact"] = c
+            if c["ok"]:
+                layouts[name] = args.work / (src.name + "-compact")
+            else:
+                print(f"\nrsembed compact did not work: {c['message']}", file=sys.stderr)
     table = []
     for lname, path in layouts.items():
         br = rounds(args.reps, {
@@ -371,10 +387,9 @@ def main() -> None:
             print(fmt_row([lname, name, files, scored, groups, f"{med(rs, 'mib'):.1f}",
                            f"{med(rs, 'wall'):.3f}", f"{med(rs, 'inner'):.3f}",
                            f"{med(rs, 'rss_mib'):.0f}"]))
-    if "compact" in results:
-        c = results["compact"]
+    for name, c in results.get("compacts", {}).items():
         if c.get("ok") and not c.get("reused"):
-            print(f"\nrsembed compact: {c['wall']:.1f} s, peak RSS {c['rss_mib']:.0f} MiB")
+            print(f"\nrsembed compact ({name}): {c['wall']:.1f} s, peak RSS {c['rss_mib']:.0f} MiB")
     print(f"\nagreement: {results['agreement']}")
     results["machine"]["loadavg_end"] = os.getloadavg()
     print(f"load average at start {results['machine']['loadavg_start']}, "

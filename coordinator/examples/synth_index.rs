@@ -51,9 +51,14 @@ struct Args {
     /// Embedding dimension.
     #[arg(long, default_value_t = 1024)]
     dim: usize,
-    /// Chips per file (one task, one scene each).
+    /// Chips per file (one task).
     #[arg(long, default_value_t = 2000)]
     rows_per_file: usize,
+    /// Scenes per file, each at its own random place: 1 is a spatially
+    /// compact task (a split scene); more is a task of unrelated inputs
+    /// (listing order), whose files have wide extents.
+    #[arg(long, default_value_t = 1)]
+    scenes_per_file: usize,
     /// Side of a chip's footprint in degrees (0.025° ≈ a 256-pixel chip at 10 m).
     #[arg(long, default_value_t = 0.025)]
     chip_deg: f64,
@@ -141,22 +146,37 @@ struct Job {
     planted: Vec<(usize, usize, f64)>,
 }
 
-/// Rows of file `f`: one scene, chips tiled row by row from its north-west corner.
+/// Rows of file `f`: `--scenes-per-file` scenes, each's chips tiled row by
+/// row from its north-west corner.
 fn scene_rows(job: &Job, f: usize) -> Vec<ChipRow> {
     let a = &job.args;
     let n = a.rows_per_file.min(a.rows - f * a.rows_per_file);
-    let cols = (a.rows_per_file as f64).sqrt().ceil() as usize;
+    let k = a.scenes_per_file.max(1);
+    let per = a.rows_per_file.div_ceil(k);
+    let cols = (per as f64).sqrt().ceil() as usize;
     let side = cols as f64 * a.chip_deg;
-    let mut place = Rng::new(a.seed, 2 * f as u64 + 1);
-    let west = REGION[0] + place.unit() * (REGION[2] - REGION[0] - side);
-    let north = REGION[1] + side + place.unit() * (REGION[3] - REGION[1] - side);
-    let uri = format!("s3://synthetic/scenes/{f:06}.tif");
-    let version = format!("\"{:032x}\"", place.next());
+    let scenes: Vec<(f64, f64, String, String)> = (0..k)
+        .map(|s| {
+            // Scene 0 of file f is placed as when every file was one scene.
+            let mut place = Rng::new(a.seed, 2 * (f * k + s) as u64 + 1);
+            let west = REGION[0] + place.unit() * (REGION[2] - REGION[0] - side);
+            let north = REGION[1] + side + place.unit() * (REGION[3] - REGION[1] - side);
+            let uri = if k == 1 {
+                format!("s3://synthetic/scenes/{f:06}.tif")
+            } else {
+                format!("s3://synthetic/scenes/{f:06}-{s:02}.tif")
+            };
+            (west, north, uri, format!("\"{:032x}\"", place.next()))
+        })
+        .collect();
     let tiling_fp = job.tiling.fingerprint();
     let mut emb = Rng::new(a.seed, 2 * f as u64 + 2);
     (0..n)
         .map(|i| {
-            let (r, c) = (i / cols, i % cols);
+            let (west, north, uri, version) = &scenes[i / per];
+            let (west, north, uri, version) = (*west, *north, uri.clone(), version.clone());
+            let j = i % per;
+            let (r, c) = (j / cols, j % cols);
             let x0 = west + c as f64 * a.chip_deg;
             let y1 = north - r as f64 * a.chip_deg;
             let (x1, y0) = (x0 + a.chip_deg, y1 - a.chip_deg);
