@@ -348,7 +348,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
 /// Starts the metrics endpoint on `addr`; it serves until the guard drops.
 async fn serve_metrics(addr: &str) -> Result<tokio_util::sync::DropGuard> {
     let stop = tokio_util::sync::CancellationToken::new();
-    let (bound, _task) = metrics::server::start(addr, metrics::global(), stop.clone())
+    let (bound, _task) = metrics::server::start(addr, metrics::global(), None, stop.clone())
         .await
         .map_err(|e| Error::Usage(format!("--metrics-addr {addr}: cannot listen: {e}")))?;
     tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");

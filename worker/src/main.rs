@@ -10,6 +10,7 @@ use clap::Parser;
 use rsembed_worker::engine::args::{start_engine, EngineArgs};
 use rsembed_worker::error::chain;
 use rsembed_worker::metrics;
+use rsembed_worker::metrics::server::Health;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::pipeline::{Commit, Counters, StoreErrors, TaskRunner};
 use rsembed_worker::preprocess::Preprocessor;
@@ -62,9 +63,17 @@ struct Args {
     /// Exit after taking this many tasks. Default: serve until SIGTERM.
     #[arg(long, env = "RSEMBED_MAX_TASKS")]
     max_tasks: Option<u64>,
-    /// Serve Prometheus metrics at `http://<HOST:PORT>/metrics`.
-    #[arg(long, env = "RSEMBED_METRICS_ADDR", value_name = "HOST:PORT")]
-    metrics_addr: Option<String>,
+    /// Serve `/healthz` (alive), `/readyz` (model loaded, warm-up probe done,
+    /// NATS connected, not draining) and Prometheus `/metrics` on
+    /// `http://<HOST:PORT>` (`--metrics-addr` is the old name). It listens
+    /// before the model loads, so a startup probe sees a slow load.
+    #[arg(
+        long,
+        alias = "metrics-addr",
+        env = "RSEMBED_HTTP_ADDR",
+        value_name = "HOST:PORT"
+    )]
+    http_addr: Option<String>,
     /// Fault injection for tests: hold every task this long before running it.
     #[arg(long, env = "RSEMBED_FAULT_TASK_DELAY", hide = true, value_parser = parse_duration)]
     fault_task_delay: Option<Duration>,
@@ -105,13 +114,29 @@ fn main() -> ExitCode {
 async fn serve(args: Args) -> Result<(), String> {
     let stop = CancellationToken::new();
     listen_for_signals(stop.clone());
-    let _metrics = match &args.metrics_addr {
+    let health = Health::new();
+    {
+        let (stop, health) = (stop.clone(), health.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            health.set_draining();
+        });
+    }
+    let _http = match &args.http_addr {
         Some(addr) => {
             let guard = CancellationToken::new();
-            let (bound, _task) = metrics::server::start(addr, metrics::global(), guard.clone())
-                .await
-                .map_err(|e| format!("--metrics-addr {addr}: cannot listen: {e}"))?;
-            tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");
+            let (bound, _task) = metrics::server::start(
+                addr,
+                metrics::global(),
+                Some(health.clone()),
+                guard.clone(),
+            )
+            .await
+            .map_err(|e| format!("--http-addr {addr}: cannot listen: {e}"))?;
+            tracing::info!(
+                addr = %bound,
+                "serving http://{bound}/healthz, /readyz and /metrics"
+            );
             Some(guard.drop_guard())
         }
         None => None,
@@ -122,10 +147,14 @@ async fn serve(args: Args) -> Result<(), String> {
     // after the warm-up probe.
     let name = args.name.clone().unwrap_or_else(default_name);
     let client = args.nats.connect(&name).await.map_err(|e| chain(&e))?;
+    health.set_nats(client.clone());
     let queue = Queue::open(client, &QueueConfig::default(), false)
         .await
         .map_err(|e| chain(&e))?;
     let (engine, policy) = start_engine(&model, &args.engine).map_err(|e| chain(&e))?;
+    // start_engine returns once the graph is loaded and the probe has run.
+    health.set_model_loaded();
+    health.set_probe_done();
     let runner = Arc::new(TaskRunner {
         stores: StoreCache::default(),
         preprocessor: Arc::new(Preprocessor::new(&model.preprocessor)),

@@ -1,5 +1,7 @@
-//! The metrics endpoint: `GET /metrics` answers the registry in the text
-//! format (`text/plain; version=0.0.4`); anything else is a 404.
+//! The worker's HTTP endpoint: `GET /metrics` answers the registry in the
+//! text format (`text/plain; version=0.0.4`), `/healthz` says the process is
+//! alive, `/readyz` whether it can take work ([`Health`]); anything else is a
+//! 404.
 //!
 //! One small task per connection, each with a deadline, so a slow or silent
 //! client holds nothing but its own socket; rendering is a few dozen atomic
@@ -7,6 +9,8 @@
 //! connection, closed after the answer.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -23,17 +27,79 @@ const MAX_HEAD: usize = 8 << 10;
 /// How long one connection may take, from accept to the last byte written.
 const DEADLINE: Duration = Duration::from_secs(10);
 
-/// Binds `addr` and serves `registry` on it until `shutdown` is cancelled.
-/// Returns the bound address (useful with port 0) once it listens, so a bind
-/// error comes back to the caller rather than to a log.
+/// What `/readyz` answers: a worker is ready once its model is loaded, the
+/// warm-up probe has picked the batch size and NATS is connected, and stops
+/// being ready when it starts draining (SIGTERM) or loses NATS. Liveness
+/// (`/healthz`) is only that the process answers: a worker reconnecting to
+/// NATS is not stuck, and restarting it would lose its warm-up.
+#[derive(Debug, Default)]
+pub struct Health {
+    model: AtomicBool,
+    probe: AtomicBool,
+    draining: AtomicBool,
+    nats: OnceLock<async_nats::Client>,
+}
+
+impl Health {
+    /// A process that is coming up: not ready.
+    pub fn new() -> Arc<Health> {
+        Arc::new(Health::default())
+    }
+
+    /// The model's graphs are loaded.
+    pub fn set_model_loaded(&self) {
+        self.model.store(true, Ordering::Release);
+    }
+
+    /// The warm-up probe is done (the batch size is chosen).
+    pub fn set_probe_done(&self) {
+        self.probe.store(true, Ordering::Release);
+    }
+
+    /// The NATS connection whose state readiness follows.
+    pub fn set_nats(&self, client: async_nats::Client) {
+        let _ = self.nats.set(client);
+    }
+
+    /// The process drains: it takes no new task.
+    pub fn set_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// What keeps the process from being ready; empty when it is.
+    pub fn not_ready(&self) -> Vec<&'static str> {
+        let mut why = Vec::new();
+        if !self.model.load(Ordering::Acquire) {
+            why.push("model not loaded");
+        }
+        if !self.probe.load(Ordering::Acquire) {
+            why.push("warm-up probe not done");
+        }
+        match self.nats.get().map(|c| c.connection_state()) {
+            None => why.push("NATS not connected yet"),
+            Some(async_nats::connection::State::Connected) => {}
+            Some(_) => why.push("NATS disconnected"),
+        }
+        if self.draining.load(Ordering::Acquire) {
+            why.push("draining");
+        }
+        why
+    }
+}
+
+/// Binds `addr` and serves `registry` (and, with `health`, `/readyz`) on it
+/// until `shutdown` is cancelled. Returns the bound address (useful with port
+/// 0) once it listens, so a bind error comes back to the caller rather than
+/// to a log.
 pub async fn start(
     addr: impl ToSocketAddrs,
     registry: &'static Registry,
+    health: Option<Arc<Health>>,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
-    let task = tokio::spawn(serve(listener, registry, shutdown));
+    let task = tokio::spawn(serve(listener, registry, health, shutdown));
     Ok((local, task))
 }
 
@@ -41,6 +107,7 @@ pub async fn start(
 pub async fn serve(
     listener: TcpListener,
     registry: &'static Registry,
+    health: Option<Arc<Health>>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -50,8 +117,9 @@ pub async fn serve(
         };
         match accepted {
             Ok((stream, peer)) => {
+                let health = health.clone();
                 tokio::spawn(async move {
-                    match tokio::time::timeout(DEADLINE, answer(stream, registry)).await {
+                    match tokio::time::timeout(DEADLINE, answer(stream, registry, health)).await {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, cause = %e, "metrics connection failed")
@@ -69,7 +137,11 @@ pub async fn serve(
     }
 }
 
-async fn answer(mut stream: TcpStream, registry: &'static Registry) -> std::io::Result<()> {
+async fn answer(
+    mut stream: TcpStream,
+    registry: &'static Registry,
+    health: Option<Arc<Health>>,
+) -> std::io::Result<()> {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
     let complete = loop {
@@ -92,7 +164,7 @@ async fn answer(mut stream: TcpStream, registry: &'static Registry) -> std::io::
             String::new(),
         )
     } else {
-        route(&head, registry)
+        route(&head, registry, health.as_deref())
     };
     let is_head = head.starts_with(b"HEAD ");
     let mut response = format!(
@@ -107,7 +179,11 @@ async fn answer(mut stream: TcpStream, registry: &'static Registry) -> std::io::
     stream.shutdown().await
 }
 
-fn route(head: &[u8], registry: &Registry) -> (&'static str, &'static str, String) {
+fn route(
+    head: &[u8],
+    registry: &Registry,
+    health: Option<&Health>,
+) -> (&'static str, &'static str, String) {
     let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
     let line = String::from_utf8_lossy(line);
     let mut parts = line.split_whitespace();
@@ -115,6 +191,19 @@ fn route(head: &[u8], registry: &Registry) -> (&'static str, &'static str, Strin
     let path = target.split('?').next().unwrap_or("");
     match (method, path) {
         ("GET" | "HEAD", "/metrics") => ("200 OK", CONTENT_TYPE, registry.render()),
+        ("GET" | "HEAD", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),
+        ("GET" | "HEAD", "/readyz") if health.is_some() => {
+            let why = health.map(Health::not_ready).unwrap_or_default();
+            if why.is_empty() {
+                ("200 OK", "text/plain", "ready\n".to_owned())
+            } else {
+                (
+                    "503 Service Unavailable",
+                    "text/plain",
+                    format!("not ready: {}\n", why.join(", ")),
+                )
+            }
+        }
         _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
     }
 }
@@ -174,7 +263,7 @@ mod tests {
     async fn serves_the_text_format_over_tcp_and_404s_the_rest() {
         let reg: &'static Registry = Box::leak(Box::new(Registry::new()));
         let stop = CancellationToken::new();
-        let (addr, task) = start("127.0.0.1:0", reg, stop.clone()).await.unwrap();
+        let (addr, task) = start("127.0.0.1:0", reg, None, stop.clone()).await.unwrap();
 
         reg.chips.inc_by(41);
         reg.chips.inc_by(1);
@@ -253,10 +342,51 @@ mod tests {
     async fn a_silent_client_does_not_hold_up_others() {
         let reg: &'static Registry = Box::leak(Box::new(Registry::new()));
         let stop = CancellationToken::new();
-        let (addr, _task) = start("127.0.0.1:0", reg, stop.clone()).await.unwrap();
+        let (addr, _task) = start("127.0.0.1:0", reg, None, stop.clone()).await.unwrap();
         let _silent = TcpStream::connect(addr).await.unwrap();
         let (status, _, _) = get(addr, "GET /metrics HTTP/1.1\r\n\r\n").await;
         assert_eq!(status, "HTTP/1.1 200 OK");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn readiness_follows_model_probe_and_draining() {
+        let reg: &'static Registry = Box::leak(Box::new(Registry::new()));
+        let stop = CancellationToken::new();
+        let health = Health::new();
+        let (addr, _task) = start("127.0.0.1:0", reg, Some(health.clone()), stop.clone())
+            .await
+            .unwrap();
+        let (status, _, body) = get(addr, "GET /healthz HTTP/1.1\r\n\r\n").await;
+        assert_eq!(
+            (status.as_str(), body.as_str()),
+            ("HTTP/1.1 200 OK", "ok\n")
+        );
+        let (status, _, body) = get(addr, "GET /readyz HTTP/1.1\r\n\r\n").await;
+        assert_eq!(status, "HTTP/1.1 503 Service Unavailable");
+        assert_eq!(
+            body,
+            "not ready: model not loaded, warm-up probe not done, NATS not connected yet\n"
+        );
+        health.set_model_loaded();
+        health.set_probe_done();
+        let (_, _, body) = get(addr, "GET /readyz HTTP/1.1\r\n\r\n").await;
+        assert_eq!(body, "not ready: NATS not connected yet\n");
+        health.set_draining();
+        assert_eq!(
+            health.not_ready(),
+            vec!["NATS not connected yet", "draining"]
+        );
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn without_health_readyz_is_not_served() {
+        let reg: &'static Registry = Box::leak(Box::new(Registry::new()));
+        let stop = CancellationToken::new();
+        let (addr, _task) = start("127.0.0.1:0", reg, None, stop.clone()).await.unwrap();
+        let (status, _, _) = get(addr, "GET /readyz HTTP/1.1\r\n\r\n").await;
+        assert_eq!(status, "HTTP/1.1 404 Not Found");
         stop.cancel();
     }
 }

@@ -1,0 +1,116 @@
+//! `rsembed-worker --http-addr`: `/healthz`, `/readyz` and `/metrics` of a
+//! real worker process against a real nats-server, as Kubernetes probes see
+//! them: ready once the model is loaded and probed and NATS is connected,
+//! not ready while NATS is down, ready again when it is back, and a SIGTERM
+//! drains and exits cleanly.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use rsembed_integration_tests::cluster::Worker;
+use rsembed_integration_tests::nats::NatsServer;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Status code and body of one GET; `None` while nothing listens.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    let (head, body) = raw.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
+/// Polls `path` until `want` says yes; panics with the worker's log after `limit`.
+fn wait_for(
+    w: &Worker,
+    port: u16,
+    path: &str,
+    limit: Duration,
+    want: impl Fn(u16, &str) -> bool,
+) -> String {
+    let started = Instant::now();
+    loop {
+        if let Some((code, body)) = get(port, path) {
+            if want(code, &body) {
+                return body;
+            }
+        }
+        if started.elapsed() > limit {
+            panic!(
+                "{path} never answered as expected (last: {:?})\n{}",
+                get(port, path),
+                w.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn probes_follow_the_model_nats_and_draining() {
+    let mut nats = NatsServer::start();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut w = Worker::start(&nats.url(), "probed", &["--http-addr", &addr], &[]);
+
+    // Alive first (the server listens before the model loads), then ready.
+    wait_for(&w, port, "/healthz", Duration::from_secs(60), |c, b| {
+        c == 200 && b == "ok\n"
+    });
+    wait_for(&w, port, "/readyz", Duration::from_secs(120), |c, b| {
+        c == 200 && b == "ready\n"
+    });
+    let (code, metrics) = get(port, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(
+        metrics.contains("# TYPE rsembed_worker_batch_ceiling gauge"),
+        "{metrics}"
+    );
+    assert_eq!(get(port, "/nothing").unwrap().0, 404);
+
+    // NATS down: alive, not ready, and saying why; back: ready again.
+    nats.kill();
+    let why = wait_for(&w, port, "/readyz", Duration::from_secs(30), |c, _| {
+        c == 503
+    });
+    assert!(why.contains("NATS disconnected"), "{why}");
+    assert_eq!(get(port, "/healthz").unwrap().0, 200, "still alive");
+    nats.restart();
+    wait_for(&w, port, "/readyz", Duration::from_secs(60), |c, _| {
+        c == 200
+    });
+
+    // SIGTERM drains (no task held here) and exits 0; the endpoint goes with it.
+    let st = w.terminate(Duration::from_secs(60));
+    assert!(st.success(), "clean exit: {st:?}\n{}", w.log());
+    assert!(
+        get(port, "/healthz").is_none(),
+        "nothing listens after exit"
+    );
+}
+
+#[test]
+fn a_port_in_use_is_a_clear_error() {
+    let nats = NatsServer::start();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let mut w = Worker::start(&nats.url(), "clash", &["--http-addr", &addr], &[]);
+    let st = w.wait(Duration::from_secs(60));
+    assert!(!st.success());
+    let log = w.log();
+    assert!(
+        log.contains(&format!("--http-addr {addr}: cannot listen")),
+        "{log}"
+    );
+}
