@@ -5,6 +5,7 @@
 //! `rsembed-worker` pull worker.
 #![warn(missing_docs)]
 
+pub mod check;
 pub mod engine;
 pub mod error;
 pub mod metrics;

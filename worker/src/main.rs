@@ -23,7 +23,14 @@ use tokio_util::sync::CancellationToken;
 
 /// rsembed pull worker: runs the tasks of every job submitted with this model.
 #[derive(Debug, Parser)]
-#[command(name = "rsembed-worker", version, about, args_override_self = true)]
+#[command(
+    name = "rsembed-worker",
+    version,
+    about,
+    args_override_self = true,
+    after_help = "Self-check (no NATS): rsembed-worker check --model <DIR> [--device cuda] [--json]\n\
+                  loads the model, runs one batch and prints the execution provider."
+)]
 struct Args {
     /// NATS connection.
     #[command(flatten)]
@@ -83,18 +90,18 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RSEMBED_LOG")
-        .unwrap_or_else(|_| "info,ort=warn".into());
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if args.log_format == "json" {
-        b.json().init();
-    } else {
-        b.init();
+    // `check` is the self-check of a container image; it needs no NATS, so
+    // it is parsed on its own rather than as a subcommand of the serve flags.
+    let mut argv = std::env::args_os();
+    let first = argv.nth(1);
+    if first.as_deref() == Some(std::ffi::OsStr::new("check")) {
+        init_logs("text");
+        return rsembed_worker::check::main(
+            std::iter::once(std::ffi::OsString::from("rsembed-worker check")).chain(argv),
+        );
     }
+    let args = Args::parse();
+    init_logs(&args.log_format);
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -108,6 +115,20 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+fn init_logs(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RSEMBED_LOG")
+        .unwrap_or_else(|_| "info,ort=warn".into());
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if format == "json" {
+        b.json().init();
+    } else {
+        b.init();
     }
 }
 
