@@ -113,6 +113,7 @@ use crate::error::{Error, Result};
 use crate::index::{GroupRef, Index};
 use crate::run::put_json;
 use crate::scan::{default_concurrency, scan_groups};
+use crate::summary::human_bytes;
 
 /// Hilbert curve order per axis: 2^32 cells of 8 mm of longitude at the equator.
 pub const HILBERT_ORDER: u32 = 32;
@@ -202,21 +203,6 @@ impl CompactSummary {
         s += &format!("  spilled     {}\n", human_bytes(self.spill_bytes));
         s += &format!("  time        {:.1} s\n", self.seconds);
         s
-    }
-}
-
-fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
     }
 }
 

@@ -99,7 +99,8 @@ impl Summary {
     }
 }
 
-fn human_bytes(b: u64) -> String {
+/// `b` bytes in binary units, one decimal (`1.5 KiB`), for summaries.
+pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
     let mut u = 0;
