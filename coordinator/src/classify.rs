@@ -34,7 +34,7 @@ use crate::cli::ClassifyArgs;
 use crate::error::{Error, Result};
 use crate::index::{embeddings, GroupRef, Index};
 use crate::scan::{default_concurrency, dots, scan_groups, sigmoid_score};
-use crate::search::{check_model, embed_texts_with};
+use crate::search::check_model;
 
 /// Labels one run may have: each is a text-graph input and a dot product per chip.
 const MAX_LABELS: usize = 100_000;
@@ -153,7 +153,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         .iter()
         .map(|l| apply_template(&args.template, l))
         .collect();
-    let label_rows: Vec<f32> = embed_texts_with(&model, &args.engine, &prompts)?
+    let label_rows: Vec<f32> = crate::text::embed(&model, &args.engine, &prompts)?
         .into_iter()
         .flatten()
         .collect();

@@ -28,7 +28,6 @@ use arrow_array::{
 use futures::StreamExt;
 use parquet::file::statistics::Statistics;
 use rsembed_schemas::chip::col;
-use rsembed_worker::engine::text::TextEncoder;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::store::StoreCache;
 use serde_json::{json, Value};
@@ -37,9 +36,6 @@ use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
 use crate::index::{bbox_mask, embeddings, GroupRef, Index, Pruning};
 use crate::scan::{default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK};
-
-/// Texts embedded per run of the text graph.
-const TEXT_BATCH: usize = 64;
 
 /// One result, with what the output shows of its chip.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -271,28 +267,9 @@ pub fn check_model(index: &Index, m: &ModelDir) -> Result<()> {
     Ok(())
 }
 
-/// Unit embeddings of `texts` (as many runs of the text graph as it takes).
-pub fn embed_texts(m: &ModelDir, args: &SearchArgs, texts: &[String]) -> Result<Vec<Vec<f32>>> {
-    embed_texts_with(m, &args.engine, texts)
-}
-
-/// Unit embeddings of `texts` with the given inference flags.
-pub fn embed_texts_with(
-    m: &ModelDir,
-    engine: &crate::cli::EngineArgs,
-    texts: &[String],
-) -> Result<Vec<Vec<f32>>> {
-    let mut enc = TextEncoder::open(m, &engine.session_config())?;
-    let mut out = Vec::with_capacity(texts.len());
-    for chunk in texts.chunks(TEXT_BATCH) {
-        out.extend(enc.embed(chunk)?);
-    }
-    Ok(out)
-}
-
 /// The prompt-ensembled query of `texts`.
 fn text_query(m: &ModelDir, args: &SearchArgs, texts: &[String]) -> Result<Vec<f32>> {
-    let rows = embed_texts(m, args, texts)?;
+    let rows = crate::text::embed(m, &args.engine, texts)?;
     let dim = m.manifest.embed_dim;
     let mut mean = vec![0f64; dim];
     for r in &rows {

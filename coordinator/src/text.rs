@@ -1,24 +1,34 @@
-//! `rsembed text`: text embeddings, one JSON array per line.
+//! `rsembed text`: text embeddings, one JSON array per line; and the text
+//! embedding that `search` and `classify` share.
 
 use std::io::Write;
 
 use rsembed_worker::engine::text::TextEncoder;
 use rsembed_worker::model::ModelDir;
 
-use crate::cli::TextArgs;
+use crate::cli::{EngineArgs, TextArgs};
 use crate::error::Result;
+
+/// Texts embedded per run of the text graph: batches bound memory for long
+/// lists while keeping one run per batch.
+const TEXT_BATCH: usize = 64;
+
+/// Unit embeddings of `texts`, in order, with the given inference flags.
+pub fn embed(model: &ModelDir, engine: &EngineArgs, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+    let mut enc = TextEncoder::open(model, &engine.session_config())?;
+    let mut out = Vec::with_capacity(texts.len());
+    for chunk in texts.chunks(TEXT_BATCH) {
+        out.extend(enc.embed(chunk)?);
+    }
+    Ok(out)
+}
 
 /// Embeds each text and writes one JSON array per line to `out`.
 pub fn run(args: &TextArgs, out: &mut dyn Write) -> Result<()> {
     let model = ModelDir::open(&args.model)?;
-    let cfg = args.engine.session_config();
-    let mut enc = TextEncoder::open(&model, &cfg)?;
-    // Batches bound memory for long lists while keeping one run per batch.
-    for chunk in args.texts.chunks(64) {
-        for row in enc.embed(chunk)? {
-            serde_json::to_writer(&mut *out, &row)?;
-            writeln!(out).map_err(rsembed_worker::Error::Io)?;
-        }
+    for row in embed(&model, &args.engine, &args.texts)? {
+        serde_json::to_writer(&mut *out, &row)?;
+        writeln!(out).map_err(rsembed_worker::Error::Io)?;
     }
     Ok(())
 }
