@@ -4,31 +4,17 @@
 //! not ready while NATS is down, ready again when it is back, and a SIGTERM
 //! drains and exits cleanly.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use rsembed_integration_tests::cluster::Worker;
 use rsembed_integration_tests::nats::NatsServer;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use rsembed_integration_tests::{free_port, http_get};
 
 /// Status code and body of one GET; `None` while nothing listens.
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let (head, body) = raw.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_owned()))
+    let (status, body) = http_get(port, path)?;
+    let code = status.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body))
 }
 
 /// Polls `path` until `want` says yes; panics with the worker's log after `limit`.
