@@ -45,6 +45,30 @@ fn search(index: &Path, args: &[&str]) -> (String, String) {
     )
 }
 
+/// `rsembed classify` of `index` with the test model, ready for more flags.
+fn classify_cmd(
+    index: &Path,
+    labels: &Path,
+    template: &str,
+    output: &Path,
+) -> std::process::Command {
+    let mut c = rsembed();
+    c.args([
+        "classify",
+        "--model",
+        &model_arg(),
+        "--template",
+        template,
+        "--labels",
+    ])
+    .arg(labels)
+    .arg("--index")
+    .arg(index)
+    .arg("--output")
+    .arg(output);
+    c
+}
+
 fn search_fails(index: &Path, args: &[&str]) -> String {
     let mut c = rsembed();
     c.arg("search").arg("--index").arg(index).args(args);
@@ -209,36 +233,16 @@ fn search_and_classify_agree_with_numpy_on_shared_geotiffs() {
     )
     .unwrap();
     let l1 = res.join("labels1.parquet");
-    let mut c = rsembed();
-    c.args(["classify", "--model", &model, "--labels"])
-        .arg(&lfile)
-        .arg("--index")
-        .arg(&out)
-        .arg("--output")
-        .arg(&l1);
-    assert!(run(&mut c).status.success());
+    assert!(run(&mut classify_cmd(&out, &lfile, "{}", &l1))
+        .status
+        .success());
     // A template: the label `river` becomes the first reference caption.
     let l2file = res.join("river.txt");
     std::fs::write(&l2file, "river\n").unwrap();
     let l2 = res.join("labels2.parquet");
     let template = "an aerial image of a {} next to farmland";
     assert_eq!(template.replace("{}", "river"), refs[0].0);
-    let mut c = rsembed();
-    c.args([
-        "classify",
-        "--model",
-        &model,
-        "--template",
-        template,
-        "--labels",
-    ])
-    .arg(&l2file)
-    .arg("--index")
-    .arg(&out)
-    .arg("--output")
-    .arg(&l2)
-    .arg("--json");
-    let o = run(&mut c);
+    let o = run(classify_cmd(&out, &l2file, template, &l2).arg("--json"));
     assert!(o.status.success());
     let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
     let rows = duckdb(&format!("SELECT count(*) FROM '{glob}'"))[0][0]
@@ -363,25 +367,15 @@ fn search_without_footprints_and_bad_queries() {
 fn classify_refuses_bad_labels_and_templates() {
     let tmp = tempfile::tempdir().unwrap();
     let out = fixture_index(tmp.path());
-    let model = model_arg();
     let classify = |labels: &str, template: &str| {
         let f = tmp.path().join("labels.txt");
         std::fs::write(&f, labels).unwrap();
-        let mut c = rsembed();
-        c.args([
-            "classify",
-            "--model",
-            &model,
-            "--template",
+        run(&mut classify_cmd(
+            &out,
+            &f,
             template,
-            "--labels",
-        ])
-        .arg(&f)
-        .arg("--index")
-        .arg(&out)
-        .arg("--output")
-        .arg(tmp.path().join("l.parquet"));
-        run(&mut c)
+            &tmp.path().join("l.parquet"),
+        ))
     };
     let o = classify("forest\nforest\n", "{}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("twice"));
