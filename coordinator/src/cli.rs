@@ -50,6 +50,9 @@ pub enum Command {
     /// Query side: merge a finished job's per-task files into large,
     /// Hilbert-sorted files with a new manifest.
     Compact(CompactArgs),
+    /// Deployment: copy a model directory from object storage to a local folder
+    /// (for init containers), resuming a partial copy, then check it.
+    FetchModel(FetchModelArgs),
 }
 
 /// The work queue's settings, applied by `submit` to the shared stream and consumer.
@@ -421,6 +424,23 @@ pub struct CompactArgs {
     /// Hilbert-sorted file more finely, for more footer and more requests.
     #[arg(long, env = "RSEMBED_ROW_GROUP_ROWS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     pub row_group_rows: u32,
+    /// Print the summary as JSON.
+    #[arg(long, env = "RSEMBED_JSON")]
+    pub json: bool,
+}
+
+/// `rsembed fetch-model`.
+#[derive(Debug, Clone, Args)]
+pub struct FetchModelArgs {
+    /// The model directory to copy: an object store prefix (s3://, gs://, az://,
+    /// http(s)://) or a local folder, holding `rsembed-model.json`. Credentials
+    /// come from the usual environment variables (`AWS_*`, ...).
+    #[arg(long, env = "RSEMBED_FETCH_FROM", value_name = "URL")]
+    pub from: String,
+    /// Local folder to copy it into (created if missing). Files already there
+    /// with the same size as their object are kept, so a restarted copy resumes.
+    #[arg(long, env = "RSEMBED_FETCH_TO", value_name = "DIR")]
+    pub to: PathBuf,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,

@@ -1,6 +1,6 @@
 //! The rsembed control plane and CLI: planning, the embedded `run`, the
 //! distributed `submit`, `status` and `finalize`, `text`, and the query side:
-//! `search`, `classify` and `compact`.
+//! `search`, `classify` and `compact`; and `fetch-model` for deployments.
 #![warn(missing_docs)]
 
 pub mod classify;
@@ -8,6 +8,7 @@ pub mod cli;
 pub mod compact;
 pub mod deadletter;
 pub mod error;
+pub mod fetch_model;
 pub mod finalize;
 pub mod index;
 pub mod plan;

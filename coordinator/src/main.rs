@@ -6,7 +6,9 @@ use std::sync::atomic::Ordering;
 use clap::Parser;
 use rsembed_coordinator::cli::{Cli, Command, PlanArgs};
 use rsembed_coordinator::plan;
-use rsembed_coordinator::{classify, compact, finalize, run, search, status, submit, text};
+use rsembed_coordinator::{
+    classify, compact, fetch_model, finalize, run, search, status, submit, text,
+};
 use rsembed_schemas::job::TilingSpec;
 use tracing_subscriber::EnvFilter;
 
@@ -159,6 +161,16 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         Command::Compact(args) => {
             let json = args.json;
             let s = compact::compact(args).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", s.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::FetchModel(args) => {
+            let json = args.json;
+            let s = fetch_model::fetch_model(args).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {

@@ -57,6 +57,9 @@ elif op == "put":
                 s3.upload_file(path, bucket, f"{k}/{rel}" if k else rel)
     else:
         s3.upload_file(src, bucket, k)
+elif op == "marker":
+    bucket, k = split(args[0])
+    s3.put_object(Bucket=bucket, Key=k + "/", Body=b"")
 elif op == "ls":
     print(json.dumps([[rel, size] for _, _, rel, size in keys(args[0])]))
 elif op == "get":
@@ -231,6 +234,11 @@ impl S3Server {
     pub fn upload(&self, local: &Path, url: &str) {
         let src = local.to_str().expect("test paths are UTF-8");
         self.ops(&["put", src, url]);
+    }
+
+    /// Puts the empty `<key>/` object that consoles create for a "folder" `url`.
+    pub fn put_folder_marker(&self, url: &str) {
+        self.ops(&["marker", url]);
     }
 
     /// The objects under the prefix `url`: key relative to the prefix, and size.

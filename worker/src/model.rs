@@ -62,6 +62,35 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64)> {
     Ok((hex::encode(h.finalize()), n))
 }
 
+/// Parses and checks the bytes of `rsembed-model.json`; `path` names it in
+/// errors (a local path, or the URL it was read from).
+pub fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<ModelManifest> {
+    let manifest: ModelManifest =
+        serde_json::from_slice(bytes).map_err(|e| invalid(path, format!("does not parse: {e}")))?;
+    if manifest.format != 1 {
+        return Err(invalid(
+            path,
+            format!("format {} is not supported (only 1)", manifest.format),
+        ));
+    }
+    if manifest.embed_dim == 0 || manifest.embed_dim > 65_536 {
+        return Err(invalid(
+            path,
+            format!("embed_dim {} is out of range", manifest.embed_dim),
+        ));
+    }
+    match manifest.text.max_length {
+        Some(l) if (1..=8192).contains(&l) => {}
+        other => {
+            return Err(invalid(
+                path,
+                format!("text.max_length must be 1..=8192, found {other:?}"),
+            ))
+        }
+    }
+    Ok(manifest)
+}
+
 impl ModelDir {
     /// Reads and checks a model directory. Every failure names the file at fault.
     pub fn open(dir: impl AsRef<Path>) -> Result<ModelDir> {
@@ -73,29 +102,7 @@ impl ModelDir {
             });
         }
         let mpath = dir.join(MODEL_MANIFEST);
-        let manifest: ModelManifest = serde_json::from_slice(&read_file(&mpath)?)
-            .map_err(|e| invalid(&mpath, format!("does not parse: {e}")))?;
-        if manifest.format != 1 {
-            return Err(invalid(
-                &mpath,
-                format!("format {} is not supported (only 1)", manifest.format),
-            ));
-        }
-        if manifest.embed_dim == 0 || manifest.embed_dim > 65_536 {
-            return Err(invalid(
-                &mpath,
-                format!("embed_dim {} is out of range", manifest.embed_dim),
-            ));
-        }
-        match manifest.text.max_length {
-            Some(l) if (1..=8192).contains(&l) => {}
-            other => {
-                return Err(invalid(
-                    &mpath,
-                    format!("text.max_length must be 1..=8192, found {other:?}"),
-                ))
-            }
-        }
+        let manifest = parse_manifest(&mpath, &read_file(&mpath)?)?;
         let ppath = dir.join(PREPROCESSOR_CONFIG);
         let preprocessor: PreprocessorConfig = serde_json::from_slice(&read_file(&ppath)?)
             .map_err(|e| invalid(&ppath, format!("does not parse: {e}")))?;
