@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod helm;
 pub mod nats;
 pub mod proxy;
 pub mod s3;
@@ -217,11 +218,40 @@ pub fn http_get(port: u16, path: &str) -> Option<(String, String)> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    // Servers that keep connections alive (nats-server's monitoring port)
+    // would otherwise hold the read open until the timeout.
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut raw = String::new();
     s.read_to_string(&mut raw).ok()?;
     let (head, body) = raw.split_once("\r\n\r\n")?;
-    Some((head.lines().next()?.to_owned(), body.to_owned()))
+    let chunked = head
+        .lines()
+        .any(|l| l.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_owned()
+    };
+    Some((head.lines().next()?.to_owned(), body))
+}
+
+/// The payload of a `Transfer-Encoding: chunked` body (Go's HTTP servers
+/// answer HTTP/1.1 requests this way).
+fn dechunk(mut rest: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let n = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if n == 0 {
+            return Some(out);
+        }
+        out.push_str(after.get(..n)?);
+        rest = after.get(n..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// Cosine similarity.
@@ -230,4 +260,31 @@ pub fn cosine(a: &[f64], b: &[f64]) -> f64 {
     let na: f64 = a.iter().map(|x| x * x).sum::<f64>().sqrt();
     let nb: f64 = b.iter().map(|x| x * x).sum::<f64>().sqrt();
     dot / (na * nb)
+}
+
+/// `<bin> <args> --help`, which must succeed.
+pub fn cli_help(bin: &Path, args: &[&str]) -> String {
+    let out = run(Command::new(bin).args(args).arg("--help"));
+    assert!(
+        out.status.success(),
+        "{} {args:?} --help failed",
+        bin.display()
+    );
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+/// `--flag` appears in a help text as a whole word.
+pub fn help_has_flag(help: &str, flag: &str) -> bool {
+    help.match_indices(flag).any(|(at, _)| {
+        help[at + flag.len()..]
+            .chars()
+            .next()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '-'))
+    })
+}
+
+/// A help text documents a flag read from the environment variable `var`
+/// (`[env: VAR=...]`, or `[env: VAR]` for hidden values such as passwords).
+pub fn help_reads_env(help: &str, var: &str) -> bool {
+    help.contains(&format!("[env: {var}=")) || help.contains(&format!("[env: {var}]"))
 }

@@ -34,6 +34,8 @@ pub fn nats_server_bin() -> PathBuf {
 pub struct NatsServer {
     child: Option<Child>,
     port: u16,
+    /// The HTTP monitoring port (`/varz`, `/jsz`: what KEDA's scaler reads).
+    monitor: u16,
     store: tempfile::TempDir,
     log: tempfile::NamedTempFile,
 }
@@ -44,13 +46,16 @@ impl NatsServer {
         // A free port can be taken between our probe and the server's bind: try again.
         let mut last = String::new();
         for _ in 0..3 {
-            let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-                .and_then(|l| l.local_addr())
-                .expect("a free loopback port")
-                .port();
+            let free = || {
+                TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+                    .and_then(|l| l.local_addr())
+                    .expect("a free loopback port")
+                    .port()
+            };
             let mut server = NatsServer {
                 child: None,
-                port,
+                port: free(),
+                monitor: free(),
                 store: tempfile::tempdir().expect("a temporary store directory"),
                 log: tempfile::NamedTempFile::new().expect("a temporary log file"),
             };
@@ -76,6 +81,8 @@ impl NatsServer {
         let child = Command::new(&bin)
             .args(["-js", "-a", "127.0.0.1", "-p"])
             .arg(self.port.to_string())
+            .arg("-m")
+            .arg(self.monitor.to_string())
             .arg("-sd")
             .arg(self.store.path())
             .stdin(Stdio::null())
@@ -156,6 +163,11 @@ impl NatsServer {
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The monitoring port (`http://127.0.0.1:<port>/jsz`).
+    pub fn monitor_port(&self) -> u16 {
+        self.monitor
     }
 
     /// The JetStream store directory.

@@ -6,10 +6,12 @@
 //! onnxruntime-gpu 1.31.1 for the worker, and only flags and `RSEMBED_*`
 //! variables the binaries really have.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
-use rsembed_integration_tests::{binary, python, root, run};
+use rsembed_integration_tests::{
+    binary, cli_help, help_has_flag, help_reads_env, python, root, run,
+};
 
 const WORKER: &str = "deploy/docker/worker.Dockerfile";
 const COORDINATOR: &str = "deploy/docker/coordinator.Dockerfile";
@@ -194,42 +196,19 @@ fn command_line(rel: &str, last: &Stage) -> Vec<String> {
     argv
 }
 
-fn help(bin: &Path, args: &[&str]) -> String {
-    let out = run(Command::new(bin).args(args).arg("--help"));
-    assert!(
-        out.status.success(),
-        "{} {args:?} --help failed",
-        bin.display()
-    );
-    String::from_utf8(out.stdout).expect("help is UTF-8")
-}
-
-/// `--flag` appears in the help as a whole word.
-fn has_flag(help: &str, flag: &str) -> bool {
-    help.match_indices(flag).any(|(at, _)| {
-        help[at + flag.len()..]
-            .chars()
-            .next()
-            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '-'))
-    })
-}
-
 /// Flags on the image's command line and `RSEMBED_*` defaults in its `ENV` are
 /// ones the binary has.
 fn flags_exist(rel: &str, bin: &str, last: &Stage) {
     let argv = command_line(rel, last);
     assert_eq!(argv[0], bin, "{rel}: the entrypoint is not {bin}");
     let path = binary(bin);
-    let text = help(&path, &[]);
+    let text = cli_help(&path, &[]);
     for flag in argv.iter().filter(|a| a.starts_with("--")) {
         let flag = flag.split('=').next().expect("split yields one part");
-        assert!(has_flag(&text, flag), "{rel}: {bin} has no {flag}");
+        assert!(help_has_flag(&text, flag), "{rel}: {bin} has no {flag}");
     }
     for (k, _) in last.env().iter().filter(|(k, _)| k.starts_with("RSEMBED_")) {
-        assert!(
-            text.contains(&format!("[env: {k}")),
-            "{rel}: {bin} reads no {k}"
-        );
+        assert!(help_reads_env(&text, k), "{rel}: {bin} reads no {k}");
     }
 }
 
@@ -284,9 +263,12 @@ fn worker_image() {
 
     flags_exist(WORKER, "rsembed-worker", last);
     // The documented self-check: `rsembed-worker check --model DIR --device cuda`.
-    let check = help(&binary("rsembed-worker"), &["check"]);
+    let check = cli_help(&binary("rsembed-worker"), &["check"]);
     for flag in ["--model", "--device"] {
-        assert!(has_flag(&check, flag), "rsembed-worker check has no {flag}");
+        assert!(
+            help_has_flag(&check, flag),
+            "rsembed-worker check has no {flag}"
+        );
     }
 }
 

@@ -22,6 +22,13 @@ use crate::metrics::Registry;
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// Liveness: the process answers. Probes and the Helm chart use these paths.
+pub const HEALTHZ_PATH: &str = "/healthz";
+/// Readiness: model loaded, probe done, NATS connected, not draining.
+pub const READYZ_PATH: &str = "/readyz";
+/// Prometheus text format.
+pub const METRICS_PATH: &str = "/metrics";
+
 /// The longest request head read; longer requests are answered 431.
 const MAX_HEAD: usize = 8 << 10;
 /// How long one connection may take, from accept to the last byte written.
@@ -190,9 +197,9 @@ fn route(
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     match (method, path) {
-        ("GET" | "HEAD", "/metrics") => ("200 OK", CONTENT_TYPE, registry.render()),
-        ("GET" | "HEAD", "/healthz") => ("200 OK", "text/plain", "ok\n".to_owned()),
-        ("GET" | "HEAD", "/readyz") if health.is_some() => {
+        ("GET" | "HEAD", METRICS_PATH) => ("200 OK", CONTENT_TYPE, registry.render()),
+        ("GET" | "HEAD", HEALTHZ_PATH) => ("200 OK", "text/plain", "ok\n".to_owned()),
+        ("GET" | "HEAD", READYZ_PATH) if health.is_some() => {
             let why = health.map(Health::not_ready).unwrap_or_default();
             if why.is_empty() {
                 ("200 OK", "text/plain", "ready\n".to_owned())
