@@ -17,6 +17,7 @@
 //! the external-NATS render also runs without the stub.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -102,9 +103,16 @@ fn flags_and_env_exist(r: &Render) {
 
 /// A variable of the job's shared environment is read by one of its steps.
 fn job_reads(var: &str) -> bool {
-    ["submit", "status", "finalize"]
+    static HELPS: OnceLock<Vec<String>> = OnceLock::new();
+    HELPS
+        .get_or_init(|| {
+            ["submit", "status", "finalize"]
+                .iter()
+                .map(|sub| cli_help(&binary("rsembed"), &[sub]))
+                .collect()
+        })
         .iter()
-        .any(|sub| help_reads_env(&cli_help(&binary("rsembed"), &[sub]), var))
+        .any(|help| help_reads_env(help, var))
 }
 
 /// Secret references resolve: to a Secret the chart renders (and then to one
