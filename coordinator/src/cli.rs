@@ -157,6 +157,10 @@ pub struct StatusArgs {
     /// Refresh interval of `--watch`.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub interval: Duration,
+    /// How long `--watch` keeps trying while NATS or the object store fails
+    /// (a NATS restart, a rolling upgrade) before it gives up with the error.
+    #[arg(long, env = "RSEMBED_OUTAGE_GRACE", default_value = "10m", value_parser = parse_duration)]
+    pub outage_grace: Duration,
     /// Print JSON (one object; one per line with `--watch`).
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,

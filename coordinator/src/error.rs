@@ -24,6 +24,9 @@ pub enum Error {
     /// The NATS queue or job state failed.
     #[error(transparent)]
     Queue(#[from] rsembed_worker::queue::QueueError),
+    /// A JetStream request failed (the server or the stream unreachable).
+    #[error("NATS: {0}")]
+    Nats(String),
     /// JSON that does not parse.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),

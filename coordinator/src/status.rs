@@ -92,12 +92,12 @@ pub async fn queued(q: &Queue, job: &str) -> Result<u64> {
         .stream
         .info_with_subjects(queue::task_subject(job))
         .await
-        .map_err(|e| Error::Output(format!("task stream info: {e}")))?;
+        .map_err(|e| Error::Nats(format!("task stream info: {e}")))?;
     let mut n = 0;
     while let Some((_, count)) = info
         .try_next()
         .await
-        .map_err(|e| Error::Output(format!("task stream info: {e}")))?
+        .map_err(|e| Error::Nats(format!("task stream info: {e}")))?
     {
         n += count as u64;
     }
@@ -178,6 +178,19 @@ fn rate(snap: &Snapshot) -> Option<f64> {
     Some(chips as f64 / span)
 }
 
+/// Errors a later try may not have: NATS or the object store unreachable.
+fn transient(e: &Error) -> bool {
+    use rsembed_worker::queue::QueueError;
+    match e {
+        Error::Store(_) | Error::Nats(_) => true,
+        Error::Queue(q) => !matches!(
+            q,
+            QueueError::Option { .. } | QueueError::Json { .. } | QueueError::OldServer { .. }
+        ),
+        _ => false,
+    }
+}
+
 /// Opens the queue for reading a job's state.
 pub async fn open(nats: &queue::NatsArgs, name: &str) -> Result<Queue> {
     let client = nats.connect(name).await?;
@@ -210,8 +223,29 @@ pub async fn status(args: StatusArgs) -> Result<JobStatus> {
         b
     });
     let started = Instant::now();
+    let mut failing_since: Option<Instant> = None;
     loop {
-        let s = status_once(&q, &output).await?;
+        let s = match status_once(&q, &output).await {
+            Ok(s) => {
+                failing_since = None;
+                s
+            }
+            // A watch drives a Kubernetes Job: a NATS restart must not fail it.
+            Err(e) if transient(&e) => {
+                let since = *failing_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= args.outage_grace {
+                    return Err(e);
+                }
+                tracing::warn!(cause = %e, "status failed; trying again");
+                eprintln!(
+                    "rsembed status: {e} (trying again for {} more)",
+                    fmt_secs((args.outage_grace - since.elapsed()).as_secs_f64())
+                );
+                tokio::time::sleep(args.interval.max(Duration::from_millis(100))).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         match &bar {
             Some(b) => {
                 b.set_length(s.tasks.unwrap_or(0));

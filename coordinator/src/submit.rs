@@ -329,7 +329,7 @@ async fn forget_job(q: &Queue, output: &Location, old_job: &str) -> Result<()> {
         .purge()
         .filter(queue::task_subject(old_job))
         .await
-        .map_err(|e| Error::Output(format!("purging job {old_job}'s tasks: {e}")))?;
+        .map_err(|e| Error::Nats(format!("purging job {old_job}'s tasks: {e}")))?;
     q.state.purge_job(old_job).await?;
     for dir in ["chips/", "errors/"] {
         let prefix = output.child(dir);

@@ -1,0 +1,113 @@
+//! `rsembed status --watch` is the middle step of the Kubernetes coordinator
+//! Job: it must ride out a NATS restart (and not fail the Job), finish when the
+//! job does, and give up with the error once an outage lasts longer than
+//! `--outage-grace`. A real nats-server is SIGKILLed and restarted under it.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rsembed_integration_tests::cluster::{submit_ok, Worker};
+use rsembed_integration_tests::nats::NatsServer;
+use rsembed_integration_tests::{binary, fixture_images};
+
+fn watch(nats: &str, output: &std::path::Path, grace: &str, log: &std::path::Path) -> Child {
+    Command::new(binary("rsembed"))
+        .args([
+            "status",
+            "--watch",
+            "--interval",
+            "200ms",
+            "--outage-grace",
+            grace,
+        ])
+        .arg("--nats")
+        .arg(nats)
+        .arg("--output")
+        .arg(output)
+        .env("RSEMBED_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("rsembed starts")
+}
+
+/// Waits for the child to exit; `None` past `limit`.
+fn wait(child: &mut Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    None
+}
+
+#[test]
+fn watch_rides_out_a_nats_restart() {
+    let mut nats = NatsServer::start();
+    let url = nats.url();
+    let out = tempfile::tempdir().unwrap();
+    let tasks = submit_ok(&url, &fixture_images(), out.path(), &["--task-files", "1"])["tasks"]
+        .as_u64()
+        .unwrap();
+    let log = out.path().join("watch.log");
+    let mut w = watch(&url, out.path(), "2m", &log);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        w.try_wait().unwrap().is_none(),
+        "watch ended before the job"
+    );
+
+    // Longer than a JetStream request's timeout (5 s), so requests fail.
+    nats.kill();
+    std::thread::sleep(Duration::from_secs(8));
+    assert!(
+        w.try_wait().unwrap().is_none(),
+        "watch gave up during the outage:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    nats.restart();
+
+    let worker = Worker::start(&url, "w0", &[], &[]);
+    let st = wait(&mut w, Duration::from_secs(120)).unwrap_or_else(|| {
+        let _ = w.kill();
+        panic!(
+            "watch did not end with the job; worker log:\n{}",
+            worker.log()
+        )
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(st.success(), "watch failed: {st}\n{text}");
+    assert!(text.contains("trying again"), "no outage seen:\n{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&format!("{tasks}/{tasks} done"))),
+        "watch did not see every task done:\n{text}"
+    );
+}
+
+#[test]
+fn watch_gives_up_after_the_outage_grace() {
+    let mut nats = NatsServer::start();
+    let url = nats.url();
+    let out = tempfile::tempdir().unwrap();
+    submit_ok(&url, &fixture_images(), out.path(), &[]);
+    let log = out.path().join("watch.log");
+    let mut w = watch(&url, out.path(), "2s", &log);
+    std::thread::sleep(Duration::from_secs(1));
+    nats.kill();
+    let started = Instant::now();
+    let st = wait(&mut w, Duration::from_secs(60)).unwrap_or_else(|| {
+        let _ = w.kill();
+        panic!("watch kept waiting past --outage-grace")
+    });
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!st.success(), "{text}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "gave up before the grace: {text}"
+    );
+    assert!(text.contains("trying again"), "{text}");
+}
