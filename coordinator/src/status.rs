@@ -191,6 +191,13 @@ fn transient(e: &Error) -> bool {
     }
 }
 
+/// Returns once the client has lost its connection to NATS.
+async fn disconnected(client: &async_nats::Client) {
+    while client.connection_state() == async_nats::connection::State::Connected {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Opens the queue for reading a job's state.
 pub async fn open(nats: &queue::NatsArgs, name: &str) -> Result<Queue> {
     let client = nats.connect(name).await?;
@@ -222,17 +229,36 @@ pub async fn status(args: StatusArgs) -> Result<JobStatus> {
         );
         b
     });
+    let client = q.js.client();
     let started = Instant::now();
     let mut failing_since: Option<Instant> = None;
     loop {
-        let s = match status_once(&q, &output).await {
+        // A JetStream request made while the client reconnects is buffered
+        // and waits for the server rather than timing out, so a poll stops
+        // when the connection drops, and the grace bounds every poll.
+        let limit = failing_since.map_or(args.outage_grace, |t| {
+            args.outage_grace.saturating_sub(t.elapsed())
+        });
+        let poll_start = Instant::now();
+        let poll = tokio::select! {
+            r = tokio::time::timeout(limit.max(Duration::from_secs(1)), status_once(&q, &output)) => {
+                r.unwrap_or_else(|_| {
+                    Err(Error::Nats(format!(
+                        "no answer from NATS for {}",
+                        fmt_secs(limit.as_secs_f64())
+                    )))
+                })
+            }
+            () = disconnected(&client) => Err(Error::Nats("not connected to NATS".into())),
+        };
+        let s = match poll {
             Ok(s) => {
                 failing_since = None;
                 s
             }
             // A watch drives a Kubernetes Job: a NATS restart must not fail it.
             Err(e) if transient(&e) => {
-                let since = *failing_since.get_or_insert_with(Instant::now);
+                let since = *failing_since.get_or_insert(poll_start);
                 if since.elapsed() >= args.outage_grace {
                     return Err(e);
                 }

@@ -55,7 +55,29 @@ pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let st = Command::new(cargo)
+        let mut build = Command::new(cargo);
+        // The variables cargo sets for this test would reach the build
+        // scripts: ring's reruns when CARGO_MANIFEST_DIR changes, which
+        // rebuilt the whole tree (minutes) on every alternating run.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k == "OUT_DIR"
+                || k.starts_with("CARGO_PKG_")
+                || k.starts_with("CARGO_BIN_")
+                || [
+                    "CARGO_MANIFEST_DIR",
+                    "CARGO_MANIFEST_PATH",
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                    "CARGO_RUSTC_CURRENT_DIR",
+                ]
+                .contains(&k.as_ref())
+            {
+                build.env_remove(k.as_ref());
+            }
+        }
+        let st = build
             .current_dir(root())
             .args([
                 "build",

@@ -30,6 +30,11 @@ const RUN: &str = "run";
 const LASTERR: &str = "lasterr";
 const FAILED: &str = "failed";
 
+/// How long a snapshot waits for its next record before it fails. An ordered
+/// consumer re-creates itself across a NATS restart and would otherwise wait
+/// for the server forever; a failed read can be retried, a hung one cannot.
+const SNAPSHOT_STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// One job's state, as the bucket holds it now.
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
@@ -197,8 +202,19 @@ impl JobState {
             return Ok(snap);
         }
         let mut msgs = c.messages().await.map_err(|e| self.error("snapshot", &e))?;
-        for _ in 0..pending {
-            let Some(m) = msgs.next().await else { break };
+        for read in 0..pending {
+            let next = tokio::time::timeout(SNAPSHOT_STALL, msgs.next()).await;
+            let Ok(next) = next else {
+                return Err(QueueError::State {
+                    bucket: self.bucket.clone(),
+                    message: format!(
+                        "snapshot: no record for {} s with {} still to read (is NATS reachable?)",
+                        SNAPSHOT_STALL.as_secs(),
+                        pending - read
+                    ),
+                });
+            };
+            let Some(m) = next else { break };
             let m = m.map_err(|e| self.error("snapshot", &e))?;
             let Some(key) = m.subject.as_str().strip_prefix(&prefix) else {
                 continue;
