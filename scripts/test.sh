@@ -17,7 +17,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 log=.cache/test-output.log
 set +e
-cargo test --workspace 2>&1 | tee "$log"
+# Every test target runs even after one fails, so one red run shows them all.
+cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 # Bounded fuzzing of the TIFF reader (about 60 s a target, after a long
