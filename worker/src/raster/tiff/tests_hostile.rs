@@ -260,3 +260,22 @@ fn webp_mask_cannot_allocate_past_its_block() {
         block_on(f.read_window(0, 0, 0, 64, 64, &bands)).expect_err("the mask block is refused");
     assert!(err.to_string().contains("8-bit"), "{err}");
 }
+
+/// Found by the `tiff_decode` fuzzer: a 1-bit image (not a mask) was copied
+/// as if its blocks held a byte a pixel, and indexed past their end.
+#[test]
+fn bilevel_image_is_an_error_not_a_panic() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fuzz/regressions/tiff_decode/bilevel_image.tif"
+    );
+    let data = std::fs::read(path).expect("the fuzz regression input is committed");
+    let f = open_with(data, TiffLimits::default()).expect("the header is valid");
+    let info = f.image().clone();
+    let bands: Vec<usize> = (0..info.bands).collect();
+    for (x, y) in [(0, 0), (info.width as i64 - 32, info.height as i64 - 32)] {
+        let err = block_on(f.read_window(0, x, y, 64, 64, &bands))
+            .expect_err("a bilevel image is refused");
+        assert!(err.to_string().contains("1-bit"), "{err}");
+    }
+}

@@ -52,7 +52,13 @@ pub(crate) async fn read(
     let npix = npix as usize;
     let out_type = match lv.kind {
         Kind::Sample(t) => t,
-        Kind::Bit => SampleType::U8,
+        // 1-bit blocks are unpacked only as masks; as pixels they would be
+        // indexed as bytes, past the block's end.
+        Kind::Bit => {
+            return Err(TiffError::UnsupportedSampleType(
+                "1-bit image (bilevel images are read only as masks)".into(),
+            ))
+        }
     };
     let mut values = Samples::zeroed(out_type, npix * reads.len());
     let mut valid = vec![false; npix];
