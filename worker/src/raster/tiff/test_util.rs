@@ -56,6 +56,16 @@ pub(crate) fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(format!("{FIXTURES}/{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// An input the `tiff_decode` fuzzer found, committed beside its target.
+pub(crate) fn fuzz_regression(name: &str) -> Vec<u8> {
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fuzz/regressions/tiff_decode"
+    );
+    std::fs::read(format!("{dir}/{name}"))
+        .unwrap_or_else(|e| panic!("the fuzz regression input {name} is committed: {e}"))
+}
+
 pub(crate) fn open_bytes(data: Vec<u8>) -> Result<TiffFile, TiffError> {
     open_with(data, TiffLimits::default())
 }

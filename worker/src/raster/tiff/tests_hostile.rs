@@ -242,11 +242,7 @@ fn random_corruption_never_panics() {
 /// size before the size check. 8-bit codecs now refuse such blocks first.
 #[test]
 fn webp_mask_cannot_allocate_past_its_block() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../fuzz/regressions/tiff_decode/webp_bitmask_amplification.tif"
-    );
-    let data = std::fs::read(path).expect("the fuzz regression input is committed");
+    let data = fuzz_regression("webp_bitmask_amplification.tif");
     let limits = TiffLimits {
         max_window_samples: 1 << 20,
         max_fetch_bytes: 8 << 20,
@@ -265,11 +261,7 @@ fn webp_mask_cannot_allocate_past_its_block() {
 /// as if its blocks held a byte a pixel, and indexed past their end.
 #[test]
 fn bilevel_image_is_an_error_not_a_panic() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../fuzz/regressions/tiff_decode/bilevel_image.tif"
-    );
-    let data = std::fs::read(path).expect("the fuzz regression input is committed");
+    let data = fuzz_regression("bilevel_image.tif");
     let f = open_with(data, TiffLimits::default()).expect("the header is valid");
     let info = f.image().clone();
     let bands: Vec<usize> = (0..info.bands).collect();
