@@ -187,7 +187,8 @@ async fn ours(bin: &Path, tasks: Vec<Task>, model: &ModelRef, tiling: &TilingSpe
         seconds: 0.0,
     };
     // The capacity `submit` gives the planner's channel.
-    let (tx, mut rx) = mpsc::channel::<Task>(256);
+    let (tx, rx) = mpsc::channel::<Task>(256);
+    let mut rx = std::pin::pin!(rsembed_coordinator::plan::receiver_stream(rx));
     let started = Instant::now();
     let producer = tokio::spawn(async move {
         for t in tasks {
@@ -199,7 +200,7 @@ async fn ours(bin: &Path, tasks: Vec<Task>, model: &ModelRef, tiling: &TilingSpe
     publish_tasks(
         &PublishJob {
             queue: &q,
-            output: &output,
+            output: &rsembed_coordinator::output::JobOutput::new(output.clone()),
             model,
             tiling,
             done: &done,

@@ -26,7 +26,7 @@ use futures::StreamExt;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use rsembed_schemas::ids::{chip_id, IdHasher, Window};
 use rsembed_schemas::job::{
-    JobSpec, Manifest, ManifestFile, ModelRef, TilingSpec, JOB_FILE, MANIFEST_FILE,
+    GroupingSpec, JobSpec, Manifest, ManifestFile, ModelRef, TilingSpec, JOB_FILE, MANIFEST_FILE,
 };
 use rsembed_schemas::meta::FileMeta;
 use rsembed_worker::raster::geo::polygon_wkb;
@@ -291,20 +291,20 @@ async fn main() -> anyhow::Result<()> {
         preprocessor_sha256: IdHasher::new("rsembed.synth.preprocessor").hex256(),
         fp16: false,
     };
-    let fingerprint = JobSpec::fingerprint_of(&model, &tiling);
-    let input = "s3://synthetic/scenes/".to_owned();
-    let job_id = JobSpec::job_id_of(&fingerprint, &input);
-    let spec = JobSpec {
-        format: 1,
-        job_id: job_id.clone(),
-        fingerprint: fingerprint.clone(),
-        input,
-        output: out.url.to_string(),
-        model: model.clone(),
-        tiling: tiling.clone(),
-        created_at: rsembed_worker::now_rfc3339(),
-        software_version: rsembed_schemas::SOFTWARE_VERSION.to_owned(),
-    };
+    let spec = JobSpec::new(
+        "s3://synthetic/scenes/".to_owned(),
+        out.url.to_string(),
+        model.clone(),
+        tiling.clone(),
+        GroupingSpec {
+            task_files: args.rows_per_file as u64,
+            task_bytes: u64::MAX,
+            task_chips: args.rows_per_file as u64,
+            shard_bytes: u64::MAX,
+        },
+        rsembed_worker::now_rfc3339(),
+    );
+    let (job_id, fingerprint) = (spec.job_id.clone(), spec.fingerprint.clone());
     put_json(&out, JOB_FILE, &spec).await?;
 
     let mut rng = Rng::new(args.seed, 0);

@@ -131,8 +131,10 @@ pub struct SubmitArgs {
     #[command(flatten)]
     pub queue: QueueArgs,
     /// Replace another job at this output: its queued tasks, job state and
-    /// files (chips/, errors/, manifest.json) are deleted first.
-    #[arg(long, env = "RSEMBED_FORCE_NEW_JOB")]
+    /// files (manifest.json first, then chips/, errors/, job.json) are deleted
+    /// once the plan has found an input. This same job is resumed, not
+    /// restarted, so a retried Kubernetes Job keeps its progress.
+    #[arg(long, visible_alias = "overwrite", env = "RSEMBED_FORCE_NEW_JOB")]
     pub force_new_job: bool,
     /// Requeue the tasks recorded as failed (dead-lettered).
     #[arg(long, env = "RSEMBED_RETRY_FAILED")]
@@ -238,6 +240,17 @@ impl TilingArgs {
             chips: self.task_chips.unwrap_or(self.task_size),
         }
     }
+
+    /// The grouping as the job spec records it (part of the job's identity).
+    pub fn grouping_spec(&self) -> rsembed_schemas::job::GroupingSpec {
+        let g = self.grouping();
+        rsembed_schemas::job::GroupingSpec {
+            task_files: g.files as u64,
+            task_bytes: g.bytes,
+            task_chips: g.chips as u64,
+            shard_bytes: self.shard_bytes,
+        }
+    }
 }
 
 /// `rsembed run`.
@@ -258,6 +271,12 @@ pub struct RunArgs {
     /// Inference.
     #[command(flatten)]
     pub engine: EngineArgs,
+    /// Start over: delete whatever job the output holds (its manifest.json
+    /// first, then chips/, errors/, stac/ and job.json), even this same job, once
+    /// the plan has found an input. Default: resume this job, and refuse
+    /// another one, naming the flags that differ.
+    #[arg(long, env = "RSEMBED_OVERWRITE")]
+    pub overwrite: bool,
     /// Tasks processed at once; two keep the model busy while one task is written.
     #[arg(long, env = "RSEMBED_TASKS_IN_FLIGHT", default_value_t = 2)]
     pub tasks_in_flight: usize,
@@ -274,6 +293,10 @@ pub struct RunArgs {
     /// time, queue depths, GPU memory). Default: off.
     #[arg(long, env = "RSEMBED_METRICS_ADDR", value_name = "HOST:PORT")]
     pub metrics_addr: Option<String>,
+    /// Without a terminal (logs, CI), a progress line (inputs, chips, chips/s,
+    /// ETA) goes to stderr this often; a terminal gets a progress bar instead.
+    #[arg(long, env = "RSEMBED_PROGRESS_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub progress_interval: Duration,
     /// Print the summary as JSON instead of text.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,

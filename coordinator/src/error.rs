@@ -15,6 +15,12 @@ pub enum Error {
     /// The output cannot be used.
     #[error("output: {0}")]
     Output(String),
+    /// The output holds another job.
+    #[error("output: {0}")]
+    OtherJob(Box<crate::output::OtherJob>),
+    /// The input holds nothing to embed.
+    #[error("input: {0}")]
+    NoInputs(String),
     /// A flag value that makes no sense.
     #[error("{0}")]
     Usage(String),

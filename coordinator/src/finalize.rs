@@ -4,19 +4,17 @@
 //! Complete means: `submit` finished planning, nothing of the job is queued
 //! or held, and every task of the plan (`tasks.txt`) is either done, with its
 //! chip file (and error file, when it has one) present in the output, or
-//! recorded as failed. Chip files of no planned task (left by an earlier plan
-//! of an input that changed since) are a gap too: a query of `chips/*.parquet`
-//! would read them.
+//! recorded as failed. Chip and error files of no planned task (left by an
+//! earlier plan of an input that changed since) are removed before the
+//! manifest is written: a query of `chips/*.parquet` would read them, and
+//! their chips may be in the plan's own files too.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
-use rsembed_schemas::job::{
-    Manifest, ManifestFailedTask, ManifestFailure, ManifestFile, MANIFEST_FILE,
-};
+use rsembed_schemas::job::{ManifestFailedTask, ManifestFailure, ManifestFile, MANIFEST_FILE};
 use rsembed_schemas::queue::TaskMessage;
-use rsembed_schemas::SOFTWARE_VERSION;
 use rsembed_worker::sink::parquet::{describe, read_error_rows};
 use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
@@ -24,9 +22,8 @@ use serde::Serialize;
 use crate::cli::FinalizeArgs;
 use crate::deadletter;
 use crate::error::Result;
-use crate::run::{now_rfc3339, put_json};
-use crate::status::{job_of, open, queued};
-use crate::submit::TASKS_FILE;
+use crate::output::{self, JobOutput, TASKS_FILE};
+use crate::status::{done_for, job_of, open, queued};
 
 /// How many failed inputs the manifest lists by name (the count is exact).
 const FAILURES_LISTED: usize = 1000;
@@ -50,6 +47,8 @@ pub struct FinalizeReport {
     pub rows: u64,
     /// Failed inputs.
     pub failed_inputs: u64,
+    /// Chip files of no task of the plan, removed (an earlier plan's).
+    pub superseded: u64,
     /// Where the manifest went, when it was written.
     pub manifest: Option<String>,
 }
@@ -61,6 +60,12 @@ impl FinalizeReport {
             "rsembed finalize: job {}\n  tasks      {}\n  done       {}\n  failed     {}\n  rows       {}\n  failed inputs {}\n",
             self.job_id, self.tasks, self.done, self.failed, self.rows, self.failed_inputs
         );
+        if self.superseded > 0 {
+            s.push_str(&format!(
+                "  superseded {} chip files of an earlier plan removed\n",
+                self.superseded
+            ));
+        }
         match &self.manifest {
             Some(m) => s.push_str(&format!("  manifest   {m}\n")),
             None => {
@@ -112,7 +117,8 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     let spec = job_of(&output).await?;
     let q = open(&args.nats, "rsembed-finalize").await?;
     deadletter::reconcile(&q).await?;
-    let snap = q.state.snapshot(&spec.job_id).await?;
+    let mut snap = q.state.snapshot(&spec.job_id).await?;
+    snap.done = done_for(&spec, std::mem::take(&mut snap.done));
     let in_stream = queued(&q, &spec.job_id).await?;
 
     let mut gaps = Vec::new();
@@ -207,23 +213,6 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
             names(&lost_files)
         ));
     }
-    let mut stale: Vec<String> = chips_on_disk
-        .keys()
-        .filter(|p| {
-            let id = p.trim_start_matches("chips/").trim_end_matches(".parquet");
-            !planned_ids.contains(id)
-        })
-        .cloned()
-        .collect();
-    stale.sort();
-    if !plan.is_empty() && !stale.is_empty() {
-        gaps.push(format!(
-            "{} chip files belong to no task of the plan (left by an earlier plan?): {}",
-            stale.len(),
-            names(&stale)
-        ));
-    }
-
     let rows = files.values().map(|f| f.rows).sum();
     let failed_inputs = error_files.values().map(|f| f.rows).sum();
     let mut report = FinalizeReport {
@@ -234,11 +223,16 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         failed: failed_tasks.len() as u64,
         rows,
         failed_inputs,
+        superseded: 0,
         manifest: None,
     };
     if !report.gaps.is_empty() {
         return Ok(report);
     }
+    let out = JobOutput::new(output.clone());
+    report.superseded = out
+        .remove_stale(&planned_ids.iter().map(|s| s.to_string()).collect())
+        .await?;
 
     let mut failures: Vec<ManifestFailure> = Vec::new();
     for f in error_files.values() {
@@ -253,22 +247,15 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
             .await?;
         failures.extend(read_error_rows(bytes, FAILURES_LISTED - failures.len())?);
     }
-    failed_tasks.sort_by(|a, b| a.task_id.cmp(&b.task_id));
-    let manifest = Manifest {
-        format: 1,
-        job_id: spec.job_id.clone(),
-        fingerprint: spec.fingerprint.clone(),
-        tasks: plan.len() as u64,
-        rows,
-        failed_inputs,
-        files: files.into_values().collect(),
-        error_files: error_files.into_values().collect(),
+    let manifest = output::manifest(
+        &spec,
+        plan.len() as u64,
+        files.into_values().collect(),
+        error_files.into_values().collect(),
         failures,
         failed_tasks,
-        finalized_at: now_rfc3339(),
-        software_version: SOFTWARE_VERSION.to_owned(),
-    };
-    put_json(&output, MANIFEST_FILE, &manifest).await?;
+    );
+    out.write_manifest(&manifest).await?;
     report.manifest = Some(format!(
         "{}/{MANIFEST_FILE}",
         output.url.as_str().trim_end_matches('/')

@@ -11,6 +11,7 @@ pub mod error;
 pub mod fetch_model;
 pub mod finalize;
 pub mod index;
+pub mod output;
 pub mod plan;
 pub use rsembed_worker::queue;
 pub mod run;

@@ -89,7 +89,18 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
     match cmd {
         Command::Run(args) => {
             let json = args.json;
-            let s = run::run(args).await?;
+            let s = tokio::select! {
+                r = run::run(args) => r?,
+                _ = tokio::signal::ctrl_c() => {
+                    eprintln!(
+                        "rsembed run: interrupted. Finished tasks are kept in the output; \
+                         run the same command again to resume (only unfinished tasks run)."
+                    );
+                    // Not a return: the runtime would wait for decoders and the
+                    // inference thread to finish their work first.
+                    std::process::exit(130);
+                }
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {

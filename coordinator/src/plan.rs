@@ -74,6 +74,8 @@ pub struct ListStats {
     pub sharded_scenes: AtomicU64,
     /// Grid chips of the split scenes (chips without a valid pixel are dropped later).
     pub sharded_chips: AtomicU64,
+    /// The listing has ended: `inputs` is the plan's total.
+    pub listed: std::sync::atomic::AtomicBool,
 }
 
 fn is_image_name(name: &str) -> bool {
@@ -318,6 +320,13 @@ impl BandGrouper {
     }
 }
 
+/// The tasks of a planner as a stream.
+pub fn receiver_stream<T: Send + 'static>(
+    mut rx: mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
 /// A running planner: its tasks arrive on `tasks`; `done` ends with its result.
 pub struct Planner {
     /// The tasks, in plan order.
@@ -463,6 +472,7 @@ pub async fn plan(
         Ok::<(), Error>(())
     };
     let (l, b, g) = tokio::join!(lister, scenes, grouper);
+    stats.listed.store(l.is_ok(), Ordering::Relaxed);
     l?;
     b?;
     g

@@ -8,12 +8,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
-use rsembed_schemas::job::{
-    JobSpec, Manifest, ManifestFailure, ManifestFile, TilingSpec, JOB_FILE, MANIFEST_FILE,
-};
+use rsembed_schemas::job::{JobSpec, ManifestFailure, ManifestFile, TilingSpec};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
-use rsembed_schemas::SOFTWARE_VERSION;
 use rsembed_worker::engine::args::start_engine;
 use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
@@ -24,15 +21,12 @@ use rsembed_worker::raster::scale::ScaleSpec;
 use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::sink::parquet::describe_bytes;
 use rsembed_worker::store::{Location, StoreCache};
-use tokio::sync::mpsc;
 
 use crate::cli::{RunArgs, TilingArgs};
 use crate::error::{Error, Result};
+use crate::output::{self, Claim, JobOutput, Replace, MANIFEST_FAILURES_LISTED};
 use crate::plan::{self, ListStats};
 use crate::summary::Summary;
-
-/// How many failures the manifest lists by name; the count is always exact.
-const MANIFEST_FAILURES_LISTED: usize = 1000;
 
 /// The tiling a job records, with defaults filled from the model.
 pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
@@ -77,15 +71,52 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
     })
 }
 
-/// Makes sure the output can be written, before any work starts.
-pub(crate) async fn check_output(out: &Location) -> Result<()> {
+/// A local output folder this command created, removed again (when still
+/// empty) unless [`CreatedDir::keep`] is called: a refused or failed command
+/// must not leave an empty folder behind.
+#[derive(Default)]
+pub(crate) struct CreatedDir(Option<std::path::PathBuf>);
+
+impl CreatedDir {
+    /// The folder stays.
+    pub(crate) fn keep(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CreatedDir {
+    fn drop(&mut self) {
+        if let Some(d) = &self.0 {
+            // Only an empty folder goes; anything in it is someone's.
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// Makes sure the output can be written, before any work starts. The folder
+/// it creates (locally) is removed on drop of the guard unless kept.
+pub(crate) async fn check_output(out: &Location) -> Result<CreatedDir> {
+    let mut created = CreatedDir::default();
     if let Some(dir) = out.local_dir() {
-        std::fs::create_dir_all(&dir).map_err(|e| {
-            Error::Output(format!(
-                "cannot create output folder {}: {e}",
-                dir.display()
-            ))
-        })?;
+        if !dir.exists() {
+            // The topmost missing ancestor is what this command creates.
+            let mut top = dir.clone();
+            while let Some(p) = top.parent() {
+                if p.exists() {
+                    break;
+                }
+                top = p.to_path_buf();
+            }
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                Error::Output(format!(
+                    "cannot create output folder {}: {e}",
+                    dir.display()
+                ))
+            })?;
+            if top == dir {
+                created.0 = Some(dir.clone());
+            }
+        }
     }
     let probe = out.child(".rsembed-write-probe");
     out.store
@@ -96,27 +127,10 @@ pub(crate) async fn check_output(out: &Location) -> Result<()> {
         .delete(&probe)
         .await
         .map_err(|e| Error::Output(format!("cannot delete in {}: {e}", out.url)))?;
-    Ok(())
+    Ok(created)
 }
 
-pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
-    out: &Location,
-    rel: &str,
-) -> Result<Option<T>> {
-    match out.store.get(&out.child(rel)).await {
-        Ok(got) => Ok(Some(serde_json::from_slice(&got.bytes().await?)?)),
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
-}
-
-pub(crate) async fn put_json<T: serde::Serialize>(out: &Location, rel: &str, v: &T) -> Result<()> {
-    let bytes = serde_json::to_vec_pretty(v)?;
-    out.store
-        .put(&out.child(rel), PutPayload::from(bytes))
-        .await?;
-    Ok(())
-}
+pub(crate) use crate::output::{put_json, read_json};
 
 /// Looks for a finished task's files, for resume. `None` when the task must run.
 async fn finished(out: &Location, task: &Task) -> Result<Option<TaskReport>> {
@@ -129,6 +143,7 @@ async fn finished(out: &Location, task: &Task) -> Result<Option<TaskReport>> {
         chips_file,
         errors_file,
         failures: vec![],
+        empty_inputs: vec![],
     }))
 }
 
@@ -152,38 +167,37 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let stores = StoreCache::default();
     let input = stores.location(&args.input)?;
     let output = stores.location(&args.output)?;
-    check_output(&output).await?;
+
+    // Every flag is checked, and the job compared with the one at the output,
+    // before anything is created or written.
+    let model = ModelDir::open(&args.model)?;
+    let tiling = tiling_spec(&args.tiling, &model)?;
+    let scale: ScaleSpec = tiling.scale.parse().map_err(Error::Usage)?;
+    let policy = args.engine.batch_policy().map_err(Error::Usage)?;
+    let model_ref = model.model_ref(args.engine.fp16)?;
+    let out = JobOutput::new(output.clone());
+    let mut spec = JobSpec::new(
+        input.url.to_string(),
+        output.url.to_string(),
+        model_ref.clone(),
+        tiling.clone(),
+        args.tiling.grouping_spec(),
+        now_rfc3339(),
+    );
+    let claim = out
+        .check(&spec, Replace::anything_if(args.overwrite), "--overwrite")
+        .await?;
+    if let Some(t) = claim.created_at() {
+        spec.created_at = t.to_owned();
+    }
+    let job_id = spec.job_id.clone();
+    let mut created_dir = check_output(&output).await?;
     // Before the model loads, so the warm-up probe can be watched too. The
     // server stops when the run returns (the guard cancels it).
     let _metrics = match &args.metrics_addr {
         Some(addr) => Some(serve_metrics(addr).await?),
         None => None,
     };
-
-    let model = ModelDir::open(&args.model)?;
-    let tiling = tiling_spec(&args.tiling, &model)?;
-    let scale: ScaleSpec = tiling.scale.parse().map_err(Error::Usage)?;
-    let policy = args.engine.batch_policy().map_err(Error::Usage)?;
-    let model_ref = model.model_ref(args.engine.fp16)?;
-    let fingerprint = JobSpec::fingerprint_of(&model_ref, &tiling);
-    let job_id = JobSpec::job_id_of(&fingerprint, input.url.as_str());
-
-    let existing: Option<JobSpec> = read_json(&output, JOB_FILE).await?;
-    if let Some(prev) = &existing {
-        if prev.fingerprint != fingerprint || prev.job_id != job_id {
-            return Err(Error::Output(format!(
-                "{} holds job {} (input {}, model {}); this run is job {} (input {}, model {}). \
-                 Rows of two jobs must not mix: choose another --output",
-                output.url,
-                prev.job_id,
-                prev.input,
-                prev.model.name,
-                job_id,
-                input.url,
-                model_ref.name
-            )));
-        }
-    }
 
     // Load the model before writing anything: a broken model directory must
     // leave no job behind.
@@ -192,29 +206,8 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     tracing::info!(
         job_id = %job_id, input = %input.url, output = %output.url, model = %model_ref.name,
         embed_dim = model_ref.embed_dim, batch_size, ?policy, device = %args.engine.device,
-        chip_size = tiling.chip_size, stride = tiling.stride, "starting job"
+        chip_size = tiling.chip_size, stride = tiling.stride, ?claim, "starting job"
     );
-
-    let spec = JobSpec {
-        format: 1,
-        job_id: job_id.clone(),
-        fingerprint: fingerprint.clone(),
-        input: input.url.to_string(),
-        output: output.url.to_string(),
-        model: model_ref.clone(),
-        tiling: tiling.clone(),
-        created_at: existing
-            .as_ref()
-            .map(|e| e.created_at.clone())
-            .unwrap_or_else(now_rfc3339),
-        software_version: SOFTWARE_VERSION.to_owned(),
-    };
-    put_json(&output, JOB_FILE, &spec).await?;
-    // A manifest from an earlier run must not claim success for this one.
-    match output.store.delete(&output.child(MANIFEST_FILE)).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
 
     let counters = Arc::new(Counters::default());
     let runner = Arc::new(TaskRunner {
@@ -240,7 +233,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         scale,
         file_meta: FileMeta::of_job(&job_id, &model_ref, &tiling),
     });
-    let planner = plan::start(
+    let mut planner = plan::start(
         &stores,
         input.clone(),
         job_id.clone(),
@@ -250,9 +243,24 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     );
     let stats = planner.stats.clone();
 
-    let progress = Progress::start(counters.clone(), stats.clone());
+    // The job exists once its plan has found an input: a mistyped --input
+    // must leave the output (and the job it holds) as it was.
+    let Some(first) = planner.tasks.recv().await else {
+        planner
+            .done
+            .await
+            .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
+        runner.engine.shutdown().await;
+        return Err(no_inputs(&input.url, &stats));
+    };
+    out.begin(&spec, &claim).await?;
+    created_dir.keep();
+
+    let progress = Progress::start(counters.clone(), stats.clone(), args.progress_interval);
     let resumed = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut results = tokio_stream_of(planner.tasks)
+    let tasks = futures::stream::once(std::future::ready(first))
+        .chain(plan::receiver_stream(planner.tasks));
+    let mut results = tasks
         .map(|task| {
             let runner = runner.clone();
             let job = job.clone();
@@ -292,15 +300,10 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     // Every task is done: drop the session now, so ORT writes its profile and
     // frees its memory before the process exits.
     runner.engine.shutdown().await;
-    // Deterministic manifest order, whatever order tasks finished in.
-    reports.sort_by(|a, b| a.task_id.cmp(&b.task_id));
-    let files: Vec<ManifestFile> = reports.iter().map(|r| r.chips_file.clone()).collect();
-    let error_files: Vec<ManifestFile> = reports
-        .iter()
-        .filter_map(|r| r.errors_file.clone())
-        .collect();
-    let rows: u64 = files.iter().map(|f| f.rows).sum();
-    let failed_inputs: u64 = error_files.iter().map(|f| f.rows).sum();
+    // Files of tasks an earlier plan had and this one has not (the input
+    // changed) would hold some chips twice: they go before the manifest.
+    let plan_ids = reports.iter().map(|r| r.task_id.clone()).collect();
+    let superseded = out.remove_stale(&plan_ids).await?;
     let failures: Vec<ManifestFailure> = reports
         .iter()
         .flat_map(|r| r.failures.iter())
@@ -311,21 +314,22 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
             error: f.error.clone(),
         })
         .collect();
-    let manifest = Manifest {
-        format: 1,
-        job_id: job_id.clone(),
-        fingerprint,
-        tasks: reports.len() as u64,
-        rows,
-        failed_inputs,
-        files,
-        error_files,
+    let empty_inputs: Vec<String> = reports
+        .iter()
+        .flat_map(|r| r.empty_inputs.iter().cloned())
+        .collect();
+    let manifest = output::manifest(
+        &spec,
+        reports.len() as u64,
+        reports.iter().map(|r| r.chips_file.clone()).collect(),
+        reports
+            .iter()
+            .filter_map(|r| r.errors_file.clone())
+            .collect(),
         failures,
-        failed_tasks: vec![],
-        finalized_at: now_rfc3339(),
-        software_version: SOFTWARE_VERSION.to_owned(),
-    };
-    put_json(&output, MANIFEST_FILE, &manifest).await?;
+        vec![],
+    );
+    out.write_manifest(&manifest).await?;
 
     let elapsed = started.elapsed();
     Ok(Summary {
@@ -336,13 +340,29 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         tasks_resumed: resumed.load(Ordering::Relaxed),
         inputs: stats.inputs.load(Ordering::Relaxed),
         skipped: stats.skipped.load(Ordering::Relaxed),
-        chips: rows,
+        chips: manifest.rows,
         chips_embedded: counters.chips.load(Ordering::Relaxed),
-        failed_inputs,
+        failed_inputs: manifest.failed_inputs,
+        empty_inputs,
+        superseded_files: superseded,
+        replaced_job: match claim {
+            Claim::Replace(id) => Some(id),
+            _ => None,
+        },
         bytes_read: counters.bytes_read.load(Ordering::Relaxed),
         seconds: elapsed.as_secs_f64(),
         embed_dim: model_ref.embed_dim,
     })
+}
+
+/// The error of a plan that found nothing to embed.
+pub(crate) fn no_inputs(input: &url::Url, stats: &ListStats) -> Error {
+    let skipped = stats.skipped.load(Ordering::Relaxed);
+    Error::NoInputs(format!(
+        "{input} holds no inputs: {skipped} files were skipped as not images \
+         (inputs are {} files and .tar, .tar.gz, .tgz archives); nothing was written",
+        plan::IMAGE_EXTENSIONS.map(|e| format!(".{e}")).join(" ")
+    ))
 }
 
 /// Starts the metrics endpoint on `addr`; it serves until the guard drops.
@@ -355,22 +375,64 @@ async fn serve_metrics(addr: &str) -> Result<tokio_util::sync::DropGuard> {
     Ok(stop.drop_guard())
 }
 
-fn tokio_stream_of<T: Send + 'static>(mut rx: mpsc::Receiver<T>) -> impl futures::Stream<Item = T> {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+/// One progress line: inputs done of listed, chips, rate and ETA (once the
+/// listing has ended, from the rate of inputs so far).
+fn progress_line(elapsed: Duration, counters: &Counters, stats: &ListStats) -> String {
+    let secs = elapsed.as_secs_f64().max(1e-3);
+    let done = counters.inputs.load(Ordering::Relaxed);
+    let total = stats.inputs.load(Ordering::Relaxed);
+    let chips = counters.chips.load(Ordering::Relaxed);
+    let listed = stats.listed.load(Ordering::Relaxed);
+    let eta = if listed && done > 0 {
+        let left = total.saturating_sub(done) as f64 * secs / done as f64;
+        hms(left)
+    } else {
+        "-".into()
+    };
+    format!(
+        "rsembed run: [{}] {done}/{total}{} inputs, {chips} chips, {:.1} chips/s, {} failed, ETA {eta}",
+        hms(secs),
+        if listed { "" } else { "+ (listing)" },
+        chips as f64 / secs,
+        counters.failed.load(Ordering::Relaxed),
+    )
 }
 
-/// A progress bar on a terminal; nothing otherwise.
+fn hms(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+/// A progress bar on a terminal; a line every 30 s otherwise.
 struct Progress {
     bar: Option<indicatif::ProgressBar>,
     ticker: Option<tokio::task::JoinHandle<()>>,
+    last_line: Option<Box<dyn Fn() -> String + Send + Sync>>,
 }
 
 impl Progress {
-    fn start(counters: Arc<Counters>, stats: Arc<ListStats>) -> Progress {
+    fn start(counters: Arc<Counters>, stats: Arc<ListStats>, every: Duration) -> Progress {
         if !std::io::stderr().is_terminal() {
+            // Logs and CI consoles: a line every `every`, so a long run is
+            // not silent until its summary.
+            let started = Instant::now();
+            let (counters_end, stats_end) = (counters.clone(), stats.clone());
+            let ticker = tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
+                tick.tick().await;
+                loop {
+                    tick.tick().await;
+                    eprintln!("{}", progress_line(started.elapsed(), &counters, &stats));
+                }
+            });
+            // A last line at the end, so even a short run's log says how
+            // far it got.
+            let last_line: Box<dyn Fn() -> String + Send + Sync> =
+                Box::new(move || progress_line(started.elapsed(), &counters_end, &stats_end));
             return Progress {
                 bar: None,
-                ticker: None,
+                ticker: Some(ticker),
+                last_line: Some(last_line),
             };
         }
         let bar = indicatif::ProgressBar::new(0);
@@ -396,12 +458,16 @@ impl Progress {
         Progress {
             bar: Some(bar),
             ticker: Some(ticker),
+            last_line: None,
         }
     }
 
     fn finish(&self) {
         if let Some(t) = &self.ticker {
             t.abort();
+        }
+        if let Some(last) = &self.last_line {
+            eprintln!("{}", last());
         }
         if let Some(b) = &self.bar {
             b.finish_and_clear();

@@ -4,7 +4,12 @@
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
+use std::collections::{HashMap, HashSet};
+
+use object_store::ObjectStoreExt;
+
 use rsembed_schemas::job::{JobSpec, JOB_FILE};
+use rsembed_schemas::queue::TaskDone;
 use rsembed_worker::queue::state::Snapshot;
 use rsembed_worker::queue::{self, Queue, QueueConfig};
 use rsembed_worker::store::{Location, StoreCache};
@@ -42,6 +47,25 @@ pub struct JobStatus {
     pub eta_s: Option<f64>,
     /// Every planned task is done or failed, and nothing is queued.
     pub finished: bool,
+    /// Pull requests of idle workers waiting at the shared consumer (all jobs).
+    pub workers_waiting: u64,
+    /// Tasks delivered and not acked, over all jobs, as the consumer counts them.
+    pub ack_pending: u64,
+    /// Why work waits, when nothing is taking it (no worker is pulling, or the
+    /// tasks marked running are held by no one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// What the shared consumer says about the workers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConsumerState {
+    /// Pull requests waiting (idle workers).
+    pub waiting: u64,
+    /// Delivered, not yet acked (all jobs).
+    pub ack_pending: u64,
+    /// The consumer's ack wait.
+    pub ack_wait: Duration,
 }
 
 impl JobStatus {
@@ -56,7 +80,7 @@ impl JobStatus {
             .map_or_else(|| "-".into(), |r| format!("{r:.1}"));
         let eta = self.eta_s.map_or_else(|| "-".into(), fmt_secs);
         format!(
-            "rsembed status: job {}\n  output     {}\n  tasks      {total}\n  done       {}\n  in flight  {}\n  pending    {}\n  failed     {}\n  chips      {} ({} failed inputs)\n  chips/s    {rate}\n  ETA        {eta}\n  finished   {}\n",
+            "rsembed status: job {}\n  output     {}\n  tasks      {total}\n  done       {}\n  in flight  {}\n  pending    {}\n  failed     {}\n  chips      {} ({} failed inputs)\n  chips/s    {rate}\n  ETA        {eta}\n  workers    {} waiting for work\n  finished   {}\n{}",
             self.job_id,
             self.output,
             self.done,
@@ -65,7 +89,11 @@ impl JobStatus {
             self.failed,
             self.chips,
             self.failed_inputs,
-            if self.finished { "yes" } else { "no" }
+            self.workers_waiting,
+            if self.finished { "yes" } else { "no" },
+            self.note
+                .as_ref()
+                .map_or_else(String::new, |n| format!("  note       {n}\n"))
         )
     }
 }
@@ -104,18 +132,95 @@ pub async fn queued(q: &Queue, job: &str) -> Result<u64> {
     Ok(n)
 }
 
+/// The done records of `spec`'s own output. Records name the output they
+/// were written to; one of another output (older state, a copied job) is not
+/// this job's work.
+pub fn done_for(spec: &JobSpec, done: HashMap<String, TaskDone>) -> HashMap<String, TaskDone> {
+    done.into_iter()
+        .filter(|(_, d)| d.output.as_deref().is_none_or(|o| o == spec.output))
+        .collect()
+}
+
+/// The task ids of the job's plan (`tasks.txt`), once `submit` has finished
+/// planning; `None` before. Read again only when another submit has run.
+#[derive(Default)]
+pub struct PlanCache {
+    submitted_at: Option<String>,
+    ids: Option<HashSet<String>>,
+}
+
+impl PlanCache {
+    async fn get(
+        &mut self,
+        output: &Location,
+        snap: &Snapshot,
+    ) -> Result<Option<&HashSet<String>>> {
+        let Some(rec) = snap.record.as_ref().filter(|r| r.planned) else {
+            return Ok(None);
+        };
+        if self.submitted_at.as_deref() != Some(rec.submitted_at.as_str()) {
+            let rel = crate::output::TASKS_FILE;
+            self.ids = match output.store.get(&output.child(rel)).await {
+                Ok(g) => Some(
+                    String::from_utf8_lossy(&g.bytes().await?)
+                        .lines()
+                        .filter(|l| !l.is_empty())
+                        .map(str::to_owned)
+                        .collect(),
+                ),
+                Err(object_store::Error::NotFound { .. }) => None,
+                Err(e) => return Err(e.into()),
+            };
+            self.submitted_at = Some(rec.submitted_at.clone());
+        }
+        Ok(self.ids.as_ref())
+    }
+}
+
+/// Keeps the records of tasks in `plan`: a task of an earlier plan (the input
+/// changed since) is neither done nor failed work of this one, so no task is
+/// counted twice.
+fn restrict(snap: &mut Snapshot, plan: &HashSet<String>) {
+    snap.done.retain(|t, _| plan.contains(t));
+    snap.failed.retain(|t, _| plan.contains(t));
+    snap.running.retain(|t, _| plan.contains(t));
+}
+
 /// Counts from a job's state and its queued messages.
-pub fn summarize(spec: &JobSpec, snap: &Snapshot, queued: u64) -> JobStatus {
+pub fn summarize(
+    spec: &JobSpec,
+    snap: &Snapshot,
+    queued: u64,
+    consumer: ConsumerState,
+) -> JobStatus {
     let done = snap.done.len() as u64;
     let failed = snap.failed.len() as u64;
     // A running mark is cleared after the ack; one left by a killed worker
-    // stays until the task is run again, so only marks of queued tasks count.
-    let in_flight = (snap
+    // stays until the task is run again. A live holder renews the mark's
+    // heartbeat with every progress ack (a third of the ack wait), so a mark
+    // silent for two ack waits is held by no one.
+    let now = time::OffsetDateTime::now_utc();
+    let stale_after = consumer.ack_wait.max(Duration::from_secs(1)) * 2;
+    let (mut live, mut stale) = (0u64, 0u64);
+    for r in snap
         .running
-        .keys()
-        .filter(|t| !snap.done.contains_key(*t))
-        .count() as u64)
-        .min(queued);
+        .iter()
+        .filter(|(t, _)| !snap.done.contains_key(*t))
+        .map(|(_, r)| r)
+    {
+        let age = r
+            .heartbeat_at
+            .as_deref()
+            .and_then(parse_time)
+            .map(|t| now - t);
+        match age {
+            Some(a) if a > stale_after => stale += 1,
+            // Older workers' marks have no heartbeat: the consumer's count
+            // of unacked deliveries bounds them below.
+            _ => live += 1,
+        }
+    }
+    let in_flight = live.min(queued).min(consumer.ack_pending);
     let chips: u64 = snap.done.values().map(|d| d.chips_file.rows).sum();
     let failed_inputs: u64 = snap
         .done
@@ -145,7 +250,49 @@ pub fn summarize(spec: &JobSpec, snap: &Snapshot, queued: u64) -> JobStatus {
         chips_per_s,
         eta_s,
         finished: tasks.is_some_and(|t| done + failed >= t) && queued == 0,
+        workers_waiting: consumer.waiting,
+        ack_pending: consumer.ack_pending,
+        note: note(stale.min(queued), in_flight, queued, consumer),
     }
+}
+
+fn note(stale: u64, in_flight: u64, queued: u64, c: ConsumerState) -> Option<String> {
+    if queued == 0 {
+        return None;
+    }
+    let mut parts = Vec::new();
+    if stale > 0 {
+        parts.push(format!(
+            "{stale} tasks marked running have had no heartbeat for over {}: no worker holds them, \
+             and JetStream delivers them again",
+            fmt_secs((c.ack_wait * 2).as_secs_f64())
+        ));
+    }
+    if in_flight == 0 && c.waiting == 0 {
+        parts.push(format!(
+            "no worker holds a task of this job or is waiting for one: {queued} tasks wait; \
+             is rsembed-worker running?"
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+fn parse_time(s: &str) -> Option<time::OffsetDateTime> {
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()
+}
+
+/// The shared consumer's waiting pulls and unacked deliveries.
+pub async fn consumer_state(q: &Queue) -> Result<ConsumerState> {
+    let mut c = q.consumer.clone();
+    let info = c
+        .info()
+        .await
+        .map_err(|e| Error::Nats(format!("consumer info: {e}")))?;
+    Ok(ConsumerState {
+        waiting: info.num_waiting as u64,
+        ack_pending: info.num_ack_pending as u64,
+        ack_wait: info.config.ack_wait,
+    })
 }
 
 /// Chips per second of the tasks finished in the last five minutes of
@@ -205,12 +352,17 @@ pub async fn open(nats: &queue::NatsArgs, name: &str) -> Result<Queue> {
 }
 
 /// Where the job of `output` stands now.
-pub async fn status_once(q: &Queue, output: &Location) -> Result<JobStatus> {
+pub async fn status_once(q: &Queue, output: &Location, plans: &mut PlanCache) -> Result<JobStatus> {
     let spec = job_of(output).await?;
     deadletter::reconcile(q).await?;
-    let snap = q.state.snapshot(&spec.job_id).await?;
+    let mut snap = q.state.snapshot(&spec.job_id).await?;
+    snap.done = done_for(&spec, std::mem::take(&mut snap.done));
+    if let Some(plan) = plans.get(output, &snap).await? {
+        restrict(&mut snap, plan);
+    }
     let queued = queued(q, &spec.job_id).await?;
-    Ok(summarize(&spec, &snap, queued))
+    let consumer = consumer_state(q).await?;
+    Ok(summarize(&spec, &snap, queued, consumer))
 }
 
 /// Runs `rsembed status`.
@@ -218,8 +370,9 @@ pub async fn status(args: StatusArgs) -> Result<JobStatus> {
     let stores = StoreCache::default();
     let output = stores.location(&args.output)?;
     let q = open(&args.nats, "rsembed-status").await?;
+    let mut plans = PlanCache::default();
     if !args.watch {
-        return status_once(&q, &output).await;
+        return status_once(&q, &output, &mut plans).await;
     }
     let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
@@ -241,7 +394,7 @@ pub async fn status(args: StatusArgs) -> Result<JobStatus> {
         });
         let poll_start = Instant::now();
         let poll = tokio::select! {
-            r = tokio::time::timeout(limit.max(Duration::from_secs(1)), status_once(&q, &output)) => {
+            r = tokio::time::timeout(limit.max(Duration::from_secs(1)), status_once(&q, &output, &mut plans)) => {
                 r.unwrap_or_else(|_| {
                     Err(Error::Nats(format!(
                         "no answer from NATS for {}",

@@ -15,26 +15,25 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use object_store::ObjectStoreExt;
-use rsembed_schemas::job::{JobSpec, ModelRef, TilingSpec, JOB_FILE, MANIFEST_FILE};
+use futures::StreamExt;
+
+use rsembed_schemas::job::{JobSpec, ModelRef, TilingSpec};
 use rsembed_schemas::queue::{JobRecord, TaskDone, TaskFailed, TaskMessage, MESSAGE_FORMAT};
 use rsembed_schemas::task::Task;
-use rsembed_schemas::SOFTWARE_VERSION;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::queue::{self, Queue};
-use rsembed_worker::store::{Location, StoreCache};
+use rsembed_worker::store::StoreCache;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
 
 use crate::cli::SubmitArgs;
 use crate::deadletter;
 use crate::error::{Error, Result};
+use crate::output::{Claim, JobOutput, Replace};
 use crate::plan;
-use crate::run::{check_output, now_rfc3339, put_json, read_json, tiling_spec};
+use crate::run::{check_output, now_rfc3339, tiling_spec};
 
-/// The plan's task ids, one per line, in plan order.
-pub const TASKS_FILE: &str = "tasks.txt";
+pub use crate::output::TASKS_FILE;
 
 /// Publish acks awaited at once: enough to keep the connection busy, few
 /// enough that a failed publish is noticed within a fraction of a second.
@@ -104,55 +103,30 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         .parse::<rsembed_worker::raster::scale::ScaleSpec>()
         .map_err(Error::Usage)?;
     let model_ref = model.model_ref(args.fp16)?;
-    let fingerprint = JobSpec::fingerprint_of(&model_ref, &tiling);
-    let job_id = JobSpec::job_id_of(&fingerprint, input.url.as_str());
     let qcfg = args.queue.config().map_err(Error::Usage)?;
-    check_output(&output).await?;
+    let out = JobOutput::new(output.clone());
+    let mut spec = JobSpec::new(
+        input.url.to_string(),
+        output.url.to_string(),
+        model_ref.clone(),
+        tiling.clone(),
+        args.tiling.grouping_spec(),
+        now_rfc3339(),
+    );
+    let replace = if args.force_new_job {
+        Replace::OtherJob
+    } else {
+        Replace::No
+    };
+    let claim = out.check(&spec, replace, "--force-new-job").await?;
+    if let Some(t) = claim.created_at() {
+        spec.created_at = t.to_owned();
+    }
+    let job_id = spec.job_id.clone();
+    let mut created_dir = check_output(&output).await?;
 
     let client = args.nats.connect("rsembed-submit").await?;
     let q = Queue::open(client, &qcfg, true).await?;
-
-    let existing: Option<JobSpec> = read_json(&output, JOB_FILE).await?;
-    if let Some(prev) = &existing {
-        if prev.job_id != job_id {
-            if !args.force_new_job {
-                return Err(Error::Output(format!(
-                    "{} holds job {} (input {}, model {}); this submit is job {} (input {}, model {}). \
-                     Rows of two jobs must not mix: choose another --output, or give \
-                     --force-new-job to delete the other job's tasks and files",
-                    output.url, prev.job_id, prev.input, prev.model.name, job_id, input.url,
-                    model_ref.name
-                )));
-            }
-            forget_job(&q, &output, &prev.job_id).await?;
-        }
-    }
-    let spec = JobSpec {
-        format: 1,
-        job_id: job_id.clone(),
-        fingerprint: fingerprint.clone(),
-        input: input.url.to_string(),
-        output: output.url.to_string(),
-        model: model_ref.clone(),
-        tiling: tiling.clone(),
-        created_at: existing
-            .as_ref()
-            .filter(|e| e.job_id == job_id)
-            .map(|e| e.created_at.clone())
-            .unwrap_or_else(now_rfc3339),
-        software_version: SOFTWARE_VERSION.to_owned(),
-    };
-    put_json(&output, JOB_FILE, &spec).await?;
-    // The job is open again: an old manifest must not claim it is complete.
-    match output.store.delete(&output.child(MANIFEST_FILE)).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-        Err(e) => return Err(e.into()),
-    }
-
-    // Dead letters first, so the failed set below is current.
-    deadletter::reconcile(&q).await?;
-    let snap = q.state.snapshot(&job_id).await?;
-    let prior = q.state.record(&job_id).await?;
 
     let mut planner = plan::start(
         &stores,
@@ -162,6 +136,46 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         &args.tiling,
         256,
     );
+    // The job exists once its plan has found an input: a mistyped --input
+    // must leave the output (and the job it holds) as it was.
+    let Some(first) = planner.tasks.recv().await else {
+        planner
+            .done
+            .await
+            .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
+        return Err(crate::run::no_inputs(&input.url, &planner.stats));
+    };
+    if let Claim::Replace(old) = &claim {
+        forget_job(&q, old).await?;
+    }
+    out.replace_if(&claim).await?;
+    out.write_spec(&spec).await?;
+    created_dir.keep();
+
+    // Dead letters first, so the failed set below is current.
+    deadletter::reconcile(&q).await?;
+    let snap = q.state.snapshot(&job_id).await?;
+    let prior = q.state.record(&job_id).await?;
+    // Planning again: until it ends, `finalize` must not take the old plan
+    // (tasks.txt is being rewritten) for a finished one.
+    let record = |tasks, inputs, published, planned| JobRecord {
+        job_id: job_id.clone(),
+        output: output.url.to_string(),
+        tasks,
+        inputs,
+        published,
+        submitted_at: now_rfc3339(),
+        planned,
+    };
+    let prior_published = prior.as_ref().map_or(0, |p| p.published);
+    q.state
+        .put_record(&record(
+            prior.as_ref().map_or(0, |p| p.tasks),
+            prior.as_ref().map_or(0, |p| p.inputs),
+            prior_published,
+            false,
+        ))
+        .await?;
 
     let mut s = SubmitSummary {
         job_id: job_id.clone(),
@@ -175,17 +189,19 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         requeued: 0,
         seconds: 0.0,
     };
+    let first = futures::stream::once(std::future::ready(first));
+    let mut tasks = std::pin::pin!(first.chain(crate::plan::receiver_stream(planner.tasks)));
     let published = publish_tasks(
         &PublishJob {
             queue: &q,
-            output: &output,
+            output: &out,
             model: &model_ref,
             tiling: &tiling,
             done: &snap.done,
             failed: &snap.failed,
             retry_failed: args.retry_failed,
         },
-        &mut planner.tasks,
+        &mut tasks,
         &mut s,
     )
     .await;
@@ -199,15 +215,12 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
     s.inputs = planner.stats.inputs.load(Ordering::Relaxed);
     q.state
-        .put_record(&JobRecord {
-            job_id: job_id.clone(),
-            output: output.url.to_string(),
-            tasks: s.tasks,
-            inputs: s.inputs,
-            published: s.published + prior.map_or(0, |p| p.published),
-            submitted_at: now_rfc3339(),
-            planned: true,
-        })
+        .put_record(&record(
+            s.tasks,
+            s.inputs,
+            s.published + prior_published,
+            true,
+        ))
         .await?;
     s.seconds = started.elapsed().as_secs_f64();
     tracing::info!(
@@ -221,8 +234,9 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
 pub struct PublishJob<'a> {
     /// The queue.
     pub queue: &'a Queue,
-    /// The job's output (gets `tasks.txt`).
-    pub output: &'a Location,
+    /// The job's output (gets `tasks.txt`; its manifest is deleted before
+    /// the first task is queued).
+    pub output: &'a JobOutput,
     /// The job's model.
     pub model: &'a ModelRef,
     /// The job's tiling.
@@ -240,18 +254,21 @@ pub struct PublishJob<'a> {
 /// into `s`. The planner streams into `tasks`, so the plan is never held.
 pub async fn publish_tasks(
     job: &PublishJob<'_>,
-    tasks: &mut mpsc::Receiver<Task>,
+    tasks: &mut (impl futures::Stream<Item = Task> + Unpin),
     s: &mut SubmitSummary,
 ) -> Result<()> {
     let q = job.queue;
-    let path = job.output.child(TASKS_FILE);
-    let mut tasks_file =
-        object_store::buffered::BufWriter::new(job.output.store.clone(), path.clone());
+    let out = &job.output.loc;
+    let path = out.child(TASKS_FILE);
+    let mut tasks_file = object_store::buffered::BufWriter::new(out.store.clone(), path.clone());
     let fingerprint = job.model.fingerprint();
-    let output = job.output.url.to_string();
+    let output = out.url.to_string();
+    // A resubmit that queues nothing leaves a finished job's manifest be;
+    // one that queues work reopens the job first.
+    let mut reopened = false;
     let mut acks: VecDeque<(String, queue::PublishAckFuture)> = VecDeque::new();
     let result: Result<()> = async {
-        while let Some(task) = tasks.recv().await {
+        while let Some(task) = tasks.next().await {
             s.tasks += 1;
             tasks_file
                 .write_all(format!("{}\n", task.task_id).as_bytes())
@@ -272,6 +289,10 @@ pub async fn publish_tasks(
                 msg_id = format!("{}.retry.{}", task.task_id, f.failed_at);
                 q.state.clear_failed(&task.job_id, &task.task_id).await?;
                 s.requeued += 1;
+            }
+            if !reopened {
+                job.output.delete_manifest().await?;
+                reopened = true;
             }
             let msg = TaskMessage {
                 format: MESSAGE_FORMAT,
@@ -321,29 +342,18 @@ fn count(
     Ok(())
 }
 
-/// Removes another job from `output`: its queued tasks, its state and its
-/// files. Only `--force-new-job` calls this.
-async fn forget_job(q: &Queue, output: &Location, old_job: &str) -> Result<()> {
-    tracing::warn!(old_job, output = %output.url, "--force-new-job: deleting the other job's tasks, state and files");
+/// Removes another job's queued tasks and state from NATS; its files go with
+/// [`JobOutput::replace_if`]. Only `--force-new-job` calls this.
+async fn forget_job(q: &Queue, old_job: &str) -> Result<()> {
+    tracing::warn!(
+        old_job,
+        "--force-new-job: deleting the other job's tasks, state and files"
+    );
     q.stream
         .purge()
         .filter(queue::task_subject(old_job))
         .await
         .map_err(|e| Error::Nats(format!("purging job {old_job}'s tasks: {e}")))?;
     q.state.purge_job(old_job).await?;
-    for dir in ["chips/", "errors/"] {
-        let prefix = output.child(dir);
-        let mut list = output.store.list(Some(&prefix));
-        use futures::StreamExt;
-        while let Some(meta) = list.next().await {
-            output.store.delete(&meta?.location).await?;
-        }
-    }
-    for f in [MANIFEST_FILE, TASKS_FILE] {
-        match output.store.delete(&output.child(f)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
     Ok(())
 }

@@ -27,6 +27,13 @@ pub struct Summary {
     pub chips_embedded: u64,
     /// Inputs recorded in errors/.
     pub failed_inputs: u64,
+    /// Inputs that produced no chip and no error (every chip empty or below
+    /// `--min-valid`), among the tasks this run embedded.
+    pub empty_inputs: Vec<String>,
+    /// Chip files of an earlier plan of the input removed (see `docs/decisions.md`).
+    pub superseded_files: u64,
+    /// The job `--overwrite` replaced, if any.
+    pub replaced_job: Option<String>,
     /// Bytes read from the input store.
     pub bytes_read: u64,
     /// Wall time.
@@ -87,9 +94,30 @@ impl Summary {
             );
         }
         s += "\n";
+        if !self.empty_inputs.is_empty() {
+            s += &format!(
+                "  without chips   {} (no valid pixel, or below --min-valid): {}\n",
+                self.empty_inputs.len(),
+                listed(&self.empty_inputs)
+            );
+        }
+        if self.superseded_files > 0 {
+            s += &format!(
+                "  superseded      {} chip files of an earlier plan of the input removed\n",
+                self.superseded_files
+            );
+        }
+        if let Some(old) = &self.replaced_job {
+            s += &format!("  replaced        job {old} (--overwrite)\n");
+        }
         s += &format!("  chips/s         {:.1}\n", self.chips_per_second());
         s += &format!("  read            {}\n", human_bytes(self.bytes_read));
         s += &format!("  output          {}\n", self.output);
+        if self.chips == 0 {
+            // A glob over files without rows is no dataset to query.
+            s += "  GeoParquet      no chips: nothing to query\n";
+            return s;
+        }
         s += &format!("  GeoParquet      {}\n", self.chips_glob());
         s += &format!(
             "  query           duckdb -c \"SELECT source_uri, len(embedding) FROM '{}' LIMIT 5\"\n",
@@ -97,6 +125,16 @@ impl Summary {
         );
         s
     }
+}
+
+/// The first few of `v`, and how many more.
+fn listed(v: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut s = v.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    if v.len() > SHOWN {
+        s += &format!(", and {} more", v.len() - SHOWN);
+    }
+    s
 }
 
 /// `b` bytes in binary units, one decimal (`1.5 KiB`), for summaries.

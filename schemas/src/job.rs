@@ -90,12 +90,53 @@ impl ModelRef {
     }
 }
 
+/// How a job's inputs are grouped into tasks. Part of the job's identity:
+/// another grouping names other task files for the same chips, and two
+/// groupings in one output would hold every chip twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupingSpec {
+    /// `--task-files`: inputs per task, on average.
+    pub task_files: u64,
+    /// `--task-bytes`: a task ends once its inputs reach this many bytes.
+    pub task_bytes: u64,
+    /// `--task-chips`: chips per task of a split scene, about.
+    pub task_chips: u64,
+    /// `--shard-bytes`: TIFFs at least this large are split into chip blocks.
+    pub shard_bytes: u64,
+}
+
+/// The job spec format [`JobSpec::new`] writes. Format 1 had no grouping and
+/// a job id that ignored the output, `--min-valid` and the grouping.
+pub const JOB_FORMAT: u32 = 2;
+
+/// One field in which two jobs differ, named by the flag that sets it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Difference {
+    /// The flag (`--min-valid`) or what it is (`the model`).
+    pub what: &'static str,
+    /// Its value in the job already at the output.
+    pub theirs: String,
+    /// Its value in the job asked for now.
+    pub ours: String,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} in this command, {} in the job at the output",
+            self.what, self.ours, self.theirs
+        )
+    }
+}
+
 /// `job.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobSpec {
-    /// Spec format; only 1 exists.
+    /// Spec format: [`JOB_FORMAT`]; 1 in outputs of older versions.
     pub format: u32,
-    /// 32 hex chars, from the fingerprint and the input URL.
+    /// 32 hex chars: [`JobSpec::job_id_of`] over everything that decides the
+    /// rows and the files (fingerprint, `--min-valid`, input, output, grouping).
     pub job_id: String,
     /// Hash of everything that determines the rows: model, tiling, schema version.
     pub fingerprint: String,
@@ -107,6 +148,9 @@ pub struct JobSpec {
     pub model: ModelRef,
     /// Tiling parameters.
     pub tiling: TilingSpec,
+    /// Task grouping; absent in format 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grouping: Option<GroupingSpec>,
     /// RFC 3339 time the job was first created; kept on resume.
     pub created_at: String,
     /// Software that created the job.
@@ -123,13 +167,162 @@ impl JobSpec {
             .hex128()
     }
 
-    /// The job id for a fingerprint and input URL.
-    pub fn job_id_of(fingerprint: &str, input: &str) -> String {
-        IdHasher::new("rsembed.jobid.v1")
-            .str(fingerprint)
+    /// The job id: everything that decides which rows exist, what they hold
+    /// and which files hold them. Two commands with equal ids are one job (a
+    /// rerun resumes it); any difference is another job.
+    ///
+    /// The fingerprint already covers the model (its vision graph, so
+    /// `--fp16` too), the preprocessor and the tiling; `--min-valid` is added
+    /// here rather than to the fingerprint, because it decides which chips are
+    /// kept, not whether two files' rows are comparable.
+    pub fn job_id_of(
+        fingerprint: &str,
+        min_valid: Option<f32>,
+        input: &str,
+        output: &str,
+        grouping: &GroupingSpec,
+    ) -> String {
+        let mut h = IdHasher::new("rsembed.jobid.v2");
+        h.str(fingerprint)
+            .opt_str(min_valid.map(|v| v.to_bits().to_string()).as_deref())
             .str(input)
-            .hex128()
+            .str(output)
+            .i64(grouping.task_files as i64)
+            .i64(grouping.task_bytes as i64)
+            .i64(grouping.task_chips as i64)
+            .i64(grouping.shard_bytes as i64);
+        h.hex128()
     }
+
+    /// A new spec, its fingerprint and id computed from the rest.
+    pub fn new(
+        input: String,
+        output: String,
+        model: ModelRef,
+        tiling: TilingSpec,
+        grouping: GroupingSpec,
+        created_at: String,
+    ) -> JobSpec {
+        let fingerprint = Self::fingerprint_of(&model, &tiling);
+        let job_id = Self::job_id_of(&fingerprint, tiling.min_valid, &input, &output, &grouping);
+        JobSpec {
+            format: JOB_FORMAT,
+            job_id,
+            fingerprint,
+            input,
+            output,
+            model,
+            tiling,
+            grouping: Some(grouping),
+            created_at,
+            software_version: crate::SOFTWARE_VERSION.to_owned(),
+        }
+    }
+
+    /// Every field in which `self` (the job asked for now) differs from
+    /// `theirs` (the job at the output), named by its flag. Empty when the
+    /// two are one job.
+    pub fn differences(&self, theirs: &JobSpec) -> Vec<Difference> {
+        let mut d = Vec::new();
+        let mut diff = |what: &'static str, ours: String, t: String| {
+            if ours != t {
+                d.push(Difference {
+                    what,
+                    theirs: t,
+                    ours,
+                });
+            }
+        };
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "not given".into());
+        diff("--input", self.input.clone(), theirs.input.clone());
+        diff("--output", self.output.clone(), theirs.output.clone());
+        let (a, b) = (&self.model, &theirs.model);
+        diff("the model's name", a.name.clone(), b.name.clone());
+        diff(
+            "the model's embedding dimension",
+            a.embed_dim.to_string(),
+            b.embed_dim.to_string(),
+        );
+        diff("--fp16", a.fp16.to_string(), b.fp16.to_string());
+        if a.fp16 == b.fp16 {
+            diff(
+                "the model's vision graph (sha256)",
+                a.sha256.clone(),
+                b.sha256.clone(),
+            );
+        }
+        diff(
+            "the model's preprocessor_config.json (sha256)",
+            a.preprocessor_sha256.clone(),
+            b.preprocessor_sha256.clone(),
+        );
+        let (a, b) = (&self.tiling, &theirs.tiling);
+        diff(
+            "--chip-size",
+            a.chip_size.to_string(),
+            b.chip_size.to_string(),
+        );
+        diff("--stride", a.stride.to_string(), b.stride.to_string());
+        diff("--bands", join(&a.bands), join(&b.bands));
+        diff("--scale", a.scale.clone(), b.scale.clone());
+        diff(
+            "--min-valid",
+            opt(a.min_valid.map(|v| v.to_string())),
+            opt(b.min_valid.map(|v| v.to_string())),
+        );
+        diff(
+            "--band-files",
+            opt(a.band_files.as_ref().map(|f| f.join(","))),
+            opt(b.band_files.as_ref().map(|f| f.join(","))),
+        );
+        match (&self.grouping, &theirs.grouping) {
+            (Some(a), Some(b)) => {
+                diff(
+                    "--task-files",
+                    a.task_files.to_string(),
+                    b.task_files.to_string(),
+                );
+                diff(
+                    "--task-bytes",
+                    a.task_bytes.to_string(),
+                    b.task_bytes.to_string(),
+                );
+                diff(
+                    "--task-chips",
+                    a.task_chips.to_string(),
+                    b.task_chips.to_string(),
+                );
+                diff(
+                    "--shard-bytes",
+                    a.shard_bytes.to_string(),
+                    b.shard_bytes.to_string(),
+                );
+            }
+            (a, b) => diff(
+                "the task grouping",
+                a.map_or("not recorded".into(), |_| "recorded".into()),
+                b.map_or(
+                    "not recorded (an older rsembed wrote this job)".into(),
+                    |_| "recorded".into(),
+                ),
+            ),
+        }
+        let same_flags = d.is_empty();
+        if same_flags && self.job_id != theirs.job_id {
+            // Same flags, other id: an older spec format or another version's
+            // hashing. Name it rather than refuse without a reason.
+            d.push(Difference {
+                what: "job.json's format",
+                ours: self.format.to_string(),
+                theirs: format!("{} (job id {})", theirs.format, theirs.job_id),
+            });
+        }
+        d
+    }
+}
+
+fn join(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// One data file listed in the manifest.
@@ -214,6 +407,132 @@ mod tests {
             min_valid: None,
             band_files: None,
         }
+    }
+
+    fn model() -> ModelRef {
+        ModelRef {
+            name: "m".into(),
+            embed_dim: 8,
+            sha256: "aa".into(),
+            files: vec![],
+            preprocessor_sha256: "bb".into(),
+            fp16: false,
+        }
+    }
+
+    fn grouping() -> GroupingSpec {
+        GroupingSpec {
+            task_files: 64,
+            task_bytes: 1 << 30,
+            task_chips: 64,
+            shard_bytes: 16 << 20,
+        }
+    }
+
+    fn spec() -> JobSpec {
+        JobSpec::new(
+            "file:///in/".into(),
+            "file:///out/".into(),
+            model(),
+            tiling(),
+            grouping(),
+            "2026-01-01T00:00:00Z".into(),
+        )
+    }
+
+    #[test]
+    fn every_identity_field_changes_the_job_id_and_is_named() {
+        let base = spec();
+        assert!(base.differences(&base).is_empty());
+        let rebuild = |f: &dyn Fn(
+            &mut String,
+            &mut String,
+            &mut ModelRef,
+            &mut TilingSpec,
+            &mut GroupingSpec,
+        )| {
+            let (mut i, mut o, mut m, mut t, mut g) = (
+                base.input.clone(),
+                base.output.clone(),
+                model(),
+                tiling(),
+                grouping(),
+            );
+            f(&mut i, &mut o, &mut m, &mut t, &mut g);
+            JobSpec::new(i, o, m, t, g, base.created_at.clone())
+        };
+        let cases: Vec<(&str, JobSpec)> = vec![
+            (
+                "--input",
+                rebuild(&|i, _, _, _, _| *i = "file:///other/".into()),
+            ),
+            (
+                "--output",
+                rebuild(&|_, o, _, _, _| *o = "file:///out2/".into()),
+            ),
+            (
+                "the model's name",
+                rebuild(&|_, _, m, _, _| m.name = "n".into()),
+            ),
+            (
+                "--fp16",
+                rebuild(&|_, _, m, _, _| {
+                    m.fp16 = true;
+                    m.sha256 = "cc".into();
+                }),
+            ),
+            (
+                "the model's vision graph (sha256)",
+                rebuild(&|_, _, m, _, _| m.sha256 = "dd".into()),
+            ),
+            (
+                "the model's preprocessor_config.json (sha256)",
+                rebuild(&|_, _, m, _, _| m.preprocessor_sha256 = "ee".into()),
+            ),
+            ("--chip-size", rebuild(&|_, _, _, t, _| t.chip_size = 128)),
+            ("--stride", rebuild(&|_, _, _, t, _| t.stride = 128)),
+            ("--bands", rebuild(&|_, _, _, t, _| t.bands = vec![3, 2, 1])),
+            (
+                "--scale",
+                rebuild(&|_, _, _, t, _| t.scale = "0:3000".into()),
+            ),
+            (
+                "--min-valid",
+                rebuild(&|_, _, _, t, _| t.min_valid = Some(0.5)),
+            ),
+            (
+                "--band-files",
+                rebuild(&|_, _, _, t, _| {
+                    t.band_files = Some(vec!["B4".into(), "B3".into(), "B2".into()])
+                }),
+            ),
+            ("--task-files", rebuild(&|_, _, _, _, g| g.task_files = 2)),
+            ("--task-bytes", rebuild(&|_, _, _, _, g| g.task_bytes = 5)),
+            ("--task-chips", rebuild(&|_, _, _, _, g| g.task_chips = 5)),
+            ("--shard-bytes", rebuild(&|_, _, _, _, g| g.shard_bytes = 5)),
+        ];
+        for (flag, other) in cases {
+            assert_ne!(other.job_id, base.job_id, "{flag} must change the job id");
+            let d = other.differences(&base);
+            assert_eq!(
+                d.iter().map(|d| d.what).collect::<Vec<_>>(),
+                vec![flag],
+                "{flag}: {d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_format_1_spec_is_another_job_with_a_reason() {
+        let base = spec();
+        let mut old = base.clone();
+        old.format = 1;
+        old.grouping = None;
+        old.job_id = "0".repeat(32);
+        let d = base.differences(&old);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].what, "the task grouping");
+        assert!(d[0].to_string().contains("older rsembed"), "{}", d[0]);
     }
 
     #[test]

@@ -39,6 +39,10 @@ pub struct TaskDone {
     /// The error file, when some input failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub errors_file: Option<ManifestFile>,
+    /// The output URL the files were written to (absent in records of older
+    /// workers). `status` and `finalize` count a record only for its output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
     /// The worker that wrote them.
     pub worker: String,
     /// RFC 3339.
@@ -86,6 +90,11 @@ pub struct TaskRunning {
     pub started_at: String,
     /// The delivery.
     pub delivery: u64,
+    /// RFC 3339 of the worker's last progress on it (renewed with every
+    /// in-progress ack). A mark whose heartbeat is older than the consumer's
+    /// ack wait is held by no live worker. Absent in older workers' marks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_at: Option<String>,
 }
 
 /// `job.<job>`: what `submit` planned.

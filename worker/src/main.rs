@@ -84,6 +84,10 @@ struct Args {
     /// Fault injection for tests: hold every task this long before running it.
     #[arg(long, env = "RSEMBED_FAULT_TASK_DELAY", hide = true, value_parser = parse_duration)]
     fault_task_delay: Option<Duration>,
+    /// Fault injection for tests: abort once a task's files are written,
+    /// before its completion is recorded or acked.
+    #[arg(long, env = "RSEMBED_FAULT_CRASH_AFTER_FILES", hide = true)]
+    fault_crash_after_files: bool,
     /// Log format: `text` or `json`.
     #[arg(long, env = "RSEMBED_LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -202,6 +206,7 @@ async fn serve(args: Args) -> Result<(), String> {
         progress_interval: args.progress_interval,
         max_tasks: args.max_tasks,
         hold: args.fault_task_delay,
+        crash_after_files: args.fault_crash_after_files,
     };
     let worker = Arc::new(Worker::new(queue, runner.clone(), model_ref, cfg));
     let report = worker.serve(stop).await;

@@ -150,6 +150,26 @@ pub struct TaskReport {
     pub errors_file: Option<ManifestFile>,
     /// The failed inputs.
     pub failures: Vec<ErrorRow>,
+    /// Inputs that gave neither a chip nor an error row (every chip without a
+    /// valid pixel, or below `--min-valid`). Blocks of a split scene are left
+    /// out: an empty block at a scene's collar is normal.
+    pub empty_inputs: Vec<String>,
+}
+
+/// The whole inputs of `task` that no row and no failure came from.
+fn empty_inputs(task: &Task, rows: &[ChipRow], failures: &[ErrorRow]) -> Vec<String> {
+    let produced: std::collections::HashSet<&str> = rows
+        .iter()
+        .map(|r| r.source_uri.as_str())
+        .chain(failures.iter().map(|f| f.source_uri.as_str()))
+        // An archive member is `<archive>#<member>`: it counts for the archive.
+        .map(|u| u.split_once('#').map_or(u, |(a, _)| a))
+        .collect();
+    task.inputs
+        .iter()
+        .filter(|i| i.chips.is_none() && !produced.contains(i.uri.as_str()))
+        .map(|i| i.uri.clone())
+        .collect()
 }
 
 /// One chip ready for the model.
@@ -321,7 +341,9 @@ impl TaskRunner {
                 rows.len() as u64,
             )
             .await?;
+        let empty_inputs = empty_inputs(task, &rows, &failures);
         Ok(TaskReport {
+            empty_inputs,
             task_id: task.task_id.clone(),
             chips_file,
             errors_file,

@@ -64,6 +64,10 @@ pub struct ServeConfig {
     /// before running it (with progress acks, as a slow task), so a test can
     /// kill or stop a worker in the middle of one.
     pub hold: Option<Duration>,
+    /// Fault injection for the process tests: abort the process once a
+    /// task's files are written, before its completion is recorded or acked
+    /// (the window a crash or an OOM kill can hit).
+    pub crash_after_files: bool,
 }
 
 impl Default for ServeConfig {
@@ -77,6 +81,7 @@ impl Default for ServeConfig {
             progress_interval: None,
             max_tasks: None,
             hold: None,
+            crash_after_files: false,
         }
     }
 }
@@ -345,10 +350,11 @@ impl Worker {
             Ok(c) => c,
             Err(why) => return self.give_up(m, &msg, delivered, why).await,
         };
-        let running = TaskRunning {
+        let mut running = TaskRunning {
             worker: self.cfg.name.clone(),
             started_at: now_rfc3339(),
             delivery: delivered,
+            heartbeat_at: Some(now_rfc3339()),
         };
         if let Err(e) = self.queue.state.put_running(&job, &task, &running).await {
             tracing::debug!(error = %chain(&e), "cannot mark the task running");
@@ -360,6 +366,8 @@ impl Worker {
             let stop = CancellationToken::new();
             let s = stop.clone();
             let m = m.clone();
+            let state = self.queue.state.clone();
+            let (job, task) = (job.clone(), task.clone());
             tokio::spawn(async move {
                 loop {
                     tokio::select! {
@@ -369,6 +377,11 @@ impl Worker {
                     // JetStream restarts the task's ack_wait clock.
                     if let Err(e) = m.ack_with(AckKind::Progress).await {
                         tracing::debug!(error = %e, "progress ack failed");
+                    }
+                    // `status` tells a live holder from a dead one by this.
+                    running.heartbeat_at = Some(now_rfc3339());
+                    if let Err(e) = state.put_running(&job, &task, &running).await {
+                        tracing::debug!(error = %chain(&e), "heartbeat not recorded");
                     }
                 }
             });
@@ -400,7 +413,12 @@ impl Worker {
                 Outcome::HandedBack
             }
             Some(Ok(report)) => {
+                if self.cfg.crash_after_files {
+                    tracing::error!(task_id = %task, "aborting after the task's files (fault injection)");
+                    std::process::abort();
+                }
                 let done = TaskDone {
+                    output: Some(msg.output.clone()),
                     chips_file: report.chips_file,
                     errors_file: report.errors_file,
                     worker: self.cfg.name.clone(),

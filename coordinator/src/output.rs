@@ -1,0 +1,330 @@
+//! A job's output: the one place that decides which job an output holds,
+//! writes its `job.json`, builds its manifest and removes what no longer
+//! belongs to it. `run`, `submit` and `finalize` all go through here, so the
+//! rule "one output, one job, every chip once" is written once.
+//!
+//! The rules (see `docs/decisions.md`, "Job identity"):
+//! - A job is identified by [`JobSpec::job_id_of`]: input, output, model,
+//!   tiling, `--min-valid` and task grouping. A command whose job differs from
+//!   the one at the output is refused, naming every flag that differs, unless it
+//!   asks to replace it (`run --overwrite`, `submit --force-new-job`).
+//! - `job.json` is written only once the plan has found an input, so a
+//!   mistyped `--input` leaves the output as it was.
+//! - `manifest.json` is deleted only when work is actually (re)done: a
+//!   resubmit of a finished job keeps it.
+//! - Chip and error files of tasks no longer in the plan (the input changed
+//!   since an earlier run) are removed before a manifest is written.
+
+use std::collections::HashSet;
+
+use futures::StreamExt;
+use object_store::{ObjectStoreExt, PutPayload};
+use rsembed_schemas::job::{
+    Difference, JobSpec, Manifest, ManifestFailedTask, ManifestFailure, ManifestFile, JOB_FILE,
+    MANIFEST_FILE,
+};
+use rsembed_schemas::SOFTWARE_VERSION;
+use rsembed_worker::store::Location;
+
+use crate::error::{Error, Result};
+
+/// The plan's task ids, one per line, in plan order (distributed mode).
+pub const TASKS_FILE: &str = "tasks.txt";
+
+/// Folders of the output that hold a job's rows, one file per task.
+const TASK_DIRS: [&str; 2] = ["chips/", "errors/"];
+
+/// How many failures a manifest lists by name; its counts are always exact.
+pub const MANIFEST_FAILURES_LISTED: usize = 1000;
+
+/// What a command found at the output, once it may go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Nothing of a job was there.
+    New,
+    /// The same job: the command resumes it. Holds the job's `created_at`.
+    Resume(String),
+    /// Another job is there and is to be replaced, as asked. Holds its id.
+    /// Nothing is deleted until [`JobOutput::begin`].
+    Replace(String),
+}
+
+impl Claim {
+    /// `created_at` for the spec the command writes.
+    pub fn created_at(&self) -> Option<&str> {
+        match self {
+            Claim::Resume(t) => Some(t),
+            _ => None,
+        }
+    }
+}
+
+/// What a command may replace at its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replace {
+    /// Nothing: another job is refused, the same job resumed.
+    No,
+    /// Another job (`submit --force-new-job`); the same job is resumed, so a
+    /// retried Kubernetes Job with the flag does not restart its own work.
+    OtherJob,
+    /// Whatever is there, the same job included (`run --overwrite`: start over).
+    Anything,
+}
+
+impl Replace {
+    /// `Anything` when `flag` was given, else `No`.
+    pub fn anything_if(flag: bool) -> Replace {
+        if flag {
+            Replace::Anything
+        } else {
+            Replace::No
+        }
+    }
+}
+
+/// An output location and the rules for what it may hold.
+#[derive(Debug, Clone)]
+pub struct JobOutput {
+    /// Where the job's files go.
+    pub loc: Location,
+}
+
+impl JobOutput {
+    /// The output at `loc`.
+    pub fn new(loc: Location) -> JobOutput {
+        JobOutput { loc }
+    }
+
+    /// The job spec at the output, if any.
+    pub async fn spec(&self) -> Result<Option<JobSpec>> {
+        read_json(&self.loc, JOB_FILE).await
+    }
+
+    /// Decides whether the job `ours` may use this output. Without `replace`
+    /// another job is refused, naming what differs and the command's `flag`
+    /// that would replace it (`--overwrite`). Nothing is written or deleted
+    /// here: a refusal changes nothing, and a replacement happens in
+    /// [`JobOutput::begin`], once the new job's plan has found an input.
+    pub async fn check(
+        &self,
+        ours: &JobSpec,
+        replace: Replace,
+        flag: &'static str,
+    ) -> Result<Claim> {
+        let theirs = self.spec().await?;
+        match &theirs {
+            Some(t) if t.job_id == ours.job_id && replace != Replace::Anything => {
+                return Ok(Claim::Resume(t.created_at.clone()))
+            }
+            None if !self.holds_task_files().await? => return Ok(Claim::New),
+            _ => {}
+        }
+        if replace == Replace::No {
+            return Err(Error::OtherJob(Box::new(OtherJob {
+                output: self.loc.url.to_string(),
+                theirs: theirs.as_ref().map(|t| t.job_id.clone()),
+                differences: theirs
+                    .as_ref()
+                    .map(|t| ours.differences(t))
+                    .unwrap_or_default(),
+                remedy: flag,
+            })));
+        }
+        Ok(Claim::Replace(
+            theirs.map_or_else(|| "(no job.json)".into(), |t| t.job_id),
+        ))
+    }
+
+    /// Opens the job at the output, as [`JobOutput::check`] allowed: deletes
+    /// the job it replaces, writes `job.json` and deletes the manifest (the
+    /// job is open). Call it only once work will be done.
+    pub async fn begin(&self, spec: &JobSpec, claim: &Claim) -> Result<()> {
+        self.replace_if(claim).await?;
+        self.write_spec(spec).await?;
+        self.delete_manifest().await
+    }
+
+    /// Deletes the job a [`Claim::Replace`] names; nothing otherwise.
+    pub async fn replace_if(&self, claim: &Claim) -> Result<()> {
+        if let Claim::Replace(old) = claim {
+            tracing::warn!(output = %self.loc.url, old_job = %old, "deleting the job this one replaces");
+            self.wipe().await?;
+        }
+        Ok(())
+    }
+
+    /// Whether `chips/` or `errors/` holds any file.
+    async fn holds_task_files(&self) -> Result<bool> {
+        for dir in TASK_DIRS {
+            let prefix = self.loc.child(dir);
+            if let Some(first) = self.loc.store.list(Some(&prefix)).next().await {
+                first?;
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Writes `job.json`.
+    pub async fn write_spec(&self, spec: &JobSpec) -> Result<()> {
+        put_json(&self.loc, JOB_FILE, spec).await
+    }
+
+    /// Deletes `manifest.json`: the job is open again, and an old manifest
+    /// must not claim it is complete.
+    pub async fn delete_manifest(&self) -> Result<()> {
+        delete_if_present(&self.loc, MANIFEST_FILE).await
+    }
+
+    /// Deletes everything a job wrote: the manifest first (so a reader never
+    /// sees a manifest over missing files), then the task files, the plan and
+    /// `job.json` last.
+    pub async fn wipe(&self) -> Result<()> {
+        self.delete_manifest().await?;
+        for dir in TASK_DIRS.into_iter().chain(["stac/"]) {
+            let prefix = self.loc.child(dir);
+            let mut list = self.loc.store.list(Some(&prefix));
+            while let Some(meta) = list.next().await {
+                self.loc.store.delete(&meta?.location).await?;
+            }
+        }
+        delete_if_present(&self.loc, TASKS_FILE).await?;
+        delete_if_present(&self.loc, JOB_FILE).await
+    }
+
+    /// Deletes the chip and error files of tasks not in `plan`: left by an
+    /// earlier plan of an input that changed since, they hold chips the
+    /// plan's own files hold too, or chips of inputs that are gone. Returns
+    /// how many chip files went.
+    pub async fn remove_stale(&self, plan: &HashSet<String>) -> Result<u64> {
+        let mut removed = 0;
+        for dir in TASK_DIRS {
+            let prefix = self.loc.child(dir);
+            let mut stale = Vec::new();
+            let mut list = self.loc.store.list(Some(&prefix));
+            while let Some(meta) = list.next().await {
+                let meta = meta?;
+                let name = meta.location.filename().unwrap_or_default();
+                let id = name.strip_suffix(".parquet").unwrap_or(name);
+                if !plan.contains(id) {
+                    stale.push(meta.location);
+                }
+            }
+            drop(list);
+            for p in stale {
+                tracing::info!(file = %p, "removing a task file of no task of the plan");
+                self.loc.store.delete(&p).await?;
+                if dir == "chips/" {
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Writes `manifest.json`.
+    pub async fn write_manifest(&self, m: &Manifest) -> Result<()> {
+        put_json(&self.loc, MANIFEST_FILE, m).await
+    }
+}
+
+/// Builds a job's manifest from its tasks' files, sorted by path so the
+/// manifest does not depend on the order tasks finished in.
+pub fn manifest(
+    spec: &JobSpec,
+    tasks: u64,
+    mut files: Vec<ManifestFile>,
+    mut error_files: Vec<ManifestFile>,
+    failures: Vec<ManifestFailure>,
+    mut failed_tasks: Vec<ManifestFailedTask>,
+) -> Manifest {
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    error_files.sort_by(|a, b| a.path.cmp(&b.path));
+    failed_tasks.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    Manifest {
+        format: 1,
+        job_id: spec.job_id.clone(),
+        fingerprint: spec.fingerprint.clone(),
+        tasks,
+        rows: files.iter().map(|f| f.rows).sum(),
+        failed_inputs: error_files.iter().map(|f| f.rows).sum(),
+        files,
+        error_files,
+        failures: failures
+            .into_iter()
+            .take(MANIFEST_FAILURES_LISTED)
+            .collect(),
+        failed_tasks,
+        finalized_at: rsembed_worker::now_rfc3339(),
+        software_version: SOFTWARE_VERSION.to_owned(),
+    }
+}
+
+/// Another job holds the output: what differs, and how to go on.
+#[derive(Debug, Clone)]
+pub struct OtherJob {
+    /// The output.
+    pub output: String,
+    /// The other job's id; `None` when the output holds task files without a
+    /// `job.json`.
+    pub theirs: Option<String>,
+    /// What differs, by flag.
+    pub differences: Vec<Difference>,
+    /// The flag that replaces the other job.
+    pub remedy: &'static str,
+}
+
+impl std::fmt::Display for OtherJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.theirs {
+            Some(id) => write!(
+                f,
+                "{} holds job {id}, and this command is another job",
+                self.output
+            )?,
+            None => write!(
+                f,
+                "{} holds chip or error files but no job.json, so they cannot be resumed",
+                self.output
+            )?,
+        }
+        if !self.differences.is_empty() {
+            write!(f, "; it differs in")?;
+            for (i, d) in self.differences.iter().enumerate() {
+                write!(f, "{} {d}", if i == 0 { "" } else { ";" })?;
+            }
+        }
+        write!(
+            f,
+            ". Rows of two jobs must not mix: repeat the job's own flags to resume it, \
+             choose another --output, or give {} to delete it and start this one",
+            self.remedy
+        )
+    }
+}
+
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    out: &Location,
+    rel: &str,
+) -> Result<Option<T>> {
+    match out.store.get(&out.child(rel)).await {
+        Ok(got) => Ok(Some(serde_json::from_slice(&got.bytes().await?)?)),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(crate) async fn put_json<T: serde::Serialize>(out: &Location, rel: &str, v: &T) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(v)?;
+    out.store
+        .put(&out.child(rel), PutPayload::from(bytes))
+        .await?;
+    Ok(())
+}
+
+async fn delete_if_present(out: &Location, rel: &str) -> Result<()> {
+    match out.store.delete(&out.child(rel)).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
