@@ -97,7 +97,13 @@ impl JobOutput {
 
     /// The job spec at the output, if any.
     pub async fn spec(&self) -> Result<Option<JobSpec>> {
-        read_json(&self.loc, JOB_FILE).await
+        read_json(&self.loc, JOB_FILE).await.map_err(|e| match e {
+            Error::Store(e) => Error::Output(format!(
+                "cannot read {}/{JOB_FILE}: {e}",
+                self.loc.url.as_str().trim_end_matches('/')
+            )),
+            e => e,
+        })
     }
 
     /// Decides whether the job `ours` may use this output. Without `replace`

@@ -452,6 +452,17 @@ fn distributed_second_output_resubmit_and_grouping() {
         tasks_txt(&a),
         String::from_utf8_lossy(&before[Path::new("tasks.txt")])
     );
+    for (flag, extra) in [
+        (
+            "--min-valid",
+            vec!["--task-files", "2", "--min-valid", "0.5"],
+        ),
+        ("--fp16", vec!["--task-files", "2", "--fp16"]),
+        ("--stride", vec!["--task-files", "2", "--stride", "128"]),
+    ] {
+        let o = submit(&url, &input, &a, &extra);
+        assert_refused(&before, &a, &o, flag);
+    }
     // status counts each task once.
     let st = status(&url, &a);
     assert_eq!(st["done"], sa["tasks"], "{st}");
@@ -582,4 +593,46 @@ fn status_says_when_no_worker_holds_the_tasks() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+#[test]
+fn ctrl_c_on_run_says_that_a_rerun_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 40);
+    let mut child = run_cmd(&input, &output, &tiny_model())
+        .args([
+            "--chip-size",
+            "16",
+            "--task-files",
+            "1",
+            "--tasks-in-flight",
+            "1",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !output.join("chips").exists()
+        || std::fs::read_dir(output.join("chips")).unwrap().count() < 1
+    {
+        assert!(started.elapsed() < FINISH, "no task finished");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("run the same command again to resume"),
+        "{err}"
+    );
+    let s = run_ok(&input, &output, &["--task-files", "1"]);
+    assert!(s["tasks_resumed"].as_u64().unwrap() >= 1, "{s}");
+    assert_exact(&output, 40);
 }
