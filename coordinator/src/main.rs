@@ -53,6 +53,8 @@ fn main() -> ExitCode {
         keep_freed_memory();
     }
     init_tracing(&cli.log_format);
+    // Before anything opens a TLS connection (NATS, object stores).
+    rsembed_worker::queue::install_crypto_provider();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

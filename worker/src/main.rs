@@ -14,7 +14,7 @@ use rsembed_worker::metrics::server::Health;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::pipeline::{Commit, Counters, StoreErrors, TaskRunner};
 use rsembed_worker::preprocess::Preprocessor;
-use rsembed_worker::queue::{parse_duration, NatsArgs, Queue, QueueConfig};
+use rsembed_worker::queue::{parse_duration, ConnectionWatch, NatsArgs, Queue, QueueConfig};
 use rsembed_worker::raster::image::DecodeLimits;
 use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::serve::{default_name, ServeConfig, Worker};
@@ -106,6 +106,8 @@ fn main() -> ExitCode {
     }
     let args = Args::parse();
     init_logs(&args.log_format);
+    // Before anything opens a TLS connection (NATS, object stores).
+    rsembed_worker::queue::install_crypto_provider();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -171,8 +173,14 @@ async fn serve(args: Args) -> Result<(), String> {
     // NATS before the model loads: a wrong URL should fail in a second, not
     // after the warm-up probe.
     let name = args.name.clone().unwrap_or_else(default_name);
-    let client = args.nats.connect(&name).await.map_err(|e| chain(&e))?;
+    let watch = ConnectionWatch::new();
+    let client = args
+        .nats
+        .connect_watched(&name, &watch)
+        .await
+        .map_err(|e| chain(&e))?;
     health.set_nats(client.clone());
+    health.set_nats_watch(watch);
     let queue = Queue::open(client, &QueueConfig::default(), false)
         .await
         .map_err(|e| chain(&e))?;

@@ -18,6 +18,7 @@ use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Registry;
+use crate::queue::{ConnectionProblem, ConnectionWatch};
 
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -45,6 +46,7 @@ pub struct Health {
     probe: AtomicBool,
     draining: AtomicBool,
     nats: OnceLock<async_nats::Client>,
+    nats_watch: OnceLock<ConnectionWatch>,
 }
 
 impl Health {
@@ -68,6 +70,12 @@ impl Health {
         let _ = self.nats.set(client);
     }
 
+    /// The client events that say why NATS is down (see
+    /// [`NatsArgs::connect_watched`](crate::queue::NatsArgs::connect_watched)).
+    pub fn set_nats_watch(&self, watch: ConnectionWatch) {
+        let _ = self.nats_watch.set(watch);
+    }
+
     /// The process drains: it takes no new task.
     pub fn set_draining(&self) {
         self.draining.store(true, Ordering::Release);
@@ -85,7 +93,17 @@ impl Health {
         match self.nats.get().map(|c| c.connection_state()) {
             None => why.push("NATS not connected yet"),
             Some(async_nats::connection::State::Connected) => {}
-            Some(_) => why.push("NATS disconnected"),
+            // A refused credential or certificate does not heal by
+            // retrying: say so, since the operator must act.
+            Some(_) => why.push(
+                match self.nats_watch.get().map(ConnectionWatch::problem) {
+                    Some(ConnectionProblem::Authorization) => {
+                        "NATS disconnected: authorization failed (the server refuses this worker's credentials)"
+                    }
+                    Some(ConnectionProblem::Tls) => "NATS disconnected: TLS handshake failed",
+                    _ => "NATS disconnected",
+                },
+            ),
         }
         if self.draining.load(Ordering::Acquire) {
             why.push("draining");
