@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 pub use rsembed_worker::engine::args::{BatchPolicy, EngineArgs};
 use rsembed_worker::engine::session::parse_byte_size;
 
+use crate::fetch_model::GraphCheck;
 use crate::plan::Grouping;
 use rsembed_worker::queue::{parse_duration, NatsArgs, QueueConfig};
 
@@ -442,9 +443,19 @@ pub struct FetchModelArgs {
     #[arg(long, env = "RSEMBED_FETCH_FROM", value_name = "URL")]
     pub from: String,
     /// Local folder to copy it into (created if missing). Files already there
-    /// with the same size as their object are kept, so a restarted copy resumes.
+    /// with the same size as their object (and the digest rsembed-model.json
+    /// records, if it records one) are kept, so a restarted copy resumes.
     #[arg(long, env = "RSEMBED_FETCH_TO", value_name = "DIR")]
     pub to: PathBuf,
+    /// Load each graph with ONNX Runtime (CPU, unoptimised) once copied, so a
+    /// truncated or garbled graph fails here: `auto` when a library is found
+    /// (a warning otherwise), `always`, or `never`.
+    #[arg(long, env = "RSEMBED_CHECK_GRAPHS", value_enum, default_value = "auto")]
+    pub check_graphs: GraphCheck,
+    /// Path of libonnxruntime.so for `--check-graphs`. Default: ORT_DYLIB_PATH,
+    /// then next to the executable, then the system.
+    #[arg(long, env = "RSEMBED_ORT_LIB")]
+    pub ort_lib: Option<PathBuf>,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,
