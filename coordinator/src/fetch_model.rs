@@ -410,9 +410,10 @@ async fn check_graphs(
         args.ort_lib.is_some() || std::env::var_os("ORT_DYLIB_PATH").is_some_and(|v| !v.is_empty());
     if let Err(e) = rsembed_worker::engine::runtime::environment(args.ort_lib.as_deref()) {
         if args.check_graphs == GraphCheck::Auto && !named {
-            return Ok(Err(format!(
-                "no ONNX Runtime library ({e}); pass --ort-lib to parse them"
-            )));
+            tracing::warn!(cause = %e, "no ONNX Runtime library to parse the graphs with");
+            return Ok(Err(
+                "no ONNX Runtime library found (pass --ort-lib to parse them)".into(),
+            ));
         }
         return Err(e.into());
     }
