@@ -2,8 +2,8 @@
 # Installs what the tests need: Python packages into .cache/venv (the readers the
 # dataset is documented for: duckdb, pyarrow, polars, geopandas with shapely and
 # pyproj; moto's S3 server for the object-storage tests; nats-server for the
-# distributed ones; see integration-tests/requirements.txt) and the ONNX Runtime
-# library into .cache/ort/. Safe to run again; it skips what
+# distributed ones; see integration-tests/requirements.txt), the ONNX Runtime
+# library into .cache/ort/ and Azurite (npm) into .cache/npm/. Safe to run again; it skips what
 # is there, and reinstalls the venv when requirements.txt changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +17,17 @@ if [[ ! -f "$stamp" ]]; then
   touch "$stamp"
 fi
 scripts/setup-ort.sh >/dev/null
+# Azurite, the Azure Blob Storage emulator the az:// tests run against (as moto
+# serves S3). 3.35 is the last release that runs on Node 20.
+azurite_version=3.35.0
+if ! grep -qs "\"version\": \"$azurite_version\"" .cache/npm/node_modules/azurite/package.json; then
+  if command -v npm >/dev/null 2>&1; then
+    npm install --prefix .cache/npm --no-audit --no-fund --silent "azurite@$azurite_version" >/dev/null
+  else
+    echo "npm (Node.js 20 or later) is needed to install Azurite for the az:// tests" >&2
+    exit 1
+  fi
+fi
 # GDAL is the reference for rasters and footprints in the GeoTIFF tests.
 if ! command -v gdaltransform >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then

@@ -22,6 +22,9 @@ import warnings
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import record_digests  # noqa: E402  (stdlib only; also a script of its own)
+
 FORMAT_VERSION = 1
 EXPORTER_VERSION = "1"
 DEFAULT_OPSET = 17
@@ -536,6 +539,8 @@ def export(model_path: str, out_dir: str, fp16: bool = False, opset: int = DEFAU
     with open(os.path.join(out_dir, "rsembed-model.json"), "w") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
+    # The digests of every other file, which `rsembed fetch-model` checks.
+    record_digests.record(out_dir)
 
     ok = verify_tokenizer(tok_path, slow_tok, length)
     ok &= check_parity(out_dir, model, fp16)

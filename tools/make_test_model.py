@@ -38,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import export_onnx  # noqa: E402  (the same exporter users run on real checkpoints)
+import record_digests  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 20240517
@@ -434,6 +435,9 @@ def main(argv=None) -> int:
             return 1
         image_files = write_images(args.images)
         write_reference(ckpt, fixtures_dir, image_files, os.path.join(args.out, "reference.json"), name)
+        # reference.json is written after the export: record it as well, so the
+        # committed manifest describes every file of the fixture.
+        record_digests.record(args.out)
 
     model_bytes, image_bytes = dir_size(args.out), dir_size(args.images)
     print(f"{args.out}: {model_bytes} bytes; {args.images}: {image_bytes} bytes")

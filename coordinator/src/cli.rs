@@ -6,14 +6,25 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 pub use rsembed_worker::engine::args::{BatchPolicy, EngineArgs};
-use rsembed_worker::engine::session::parse_byte_size;
+use rsembed_worker::engine::session::{parse_byte_size, Device, SessionConfig};
 
+use crate::fetch_model::GraphCheck;
 use crate::plan::Grouping;
 use rsembed_worker::queue::{parse_duration, NatsArgs, QueueConfig};
 
-/// rsembed: remote-sensing archives to searchable Git-RSCLIP embeddings.
+/// rsembed: remote-sensing archives to searchable Git-RSCLIP embeddings, as GeoParquet.
+///
+/// `plan` shows what a job would process. Embedded mode (`run`) does a whole
+/// job in one process; distributed mode
+/// (`submit`, `status`, `finalize`) spreads it over `rsembed-worker`s through
+/// NATS JetStream. `text`, `search`, `classify` and `compact` work on finished
+/// datasets; `fetch-model` copies a model directory for deployments. Every
+/// flag also reads an `RSEMBED_*` environment variable. See `rsembed <COMMAND>
+/// --help`.
+// The doc comment, not Cargo's package description, is the `about`: a
+// description names what the crate is, and once named only 3 of 10 commands.
 #[derive(Debug, Parser)]
-#[command(name = "rsembed", version, about, args_override_self = true)]
+#[command(name = "rsembed", version, args_override_self = true)]
 pub struct Cli {
     /// Log format: `text` for terminals, `json` for clusters.
     #[arg(
@@ -33,7 +44,7 @@ pub struct Cli {
 pub enum Command {
     /// Embedded mode: plan, embed and write the whole job in this process.
     Run(RunArgs),
-    /// Dry run: the inputs and tasks a job would have; writes nothing.
+    /// Dry run: the inputs, tasks, chips (about) and bytes of a job; writes nothing.
     Plan(PlanArgs),
     /// Distributed mode: publish the job's tasks to NATS JetStream for `rsembed-worker`s.
     Submit(SubmitArgs),
@@ -47,11 +58,16 @@ pub enum Command {
     Search(SearchArgs),
     /// Query side: zero-shot labels for every chip of a dataset, as a Parquet file.
     Classify(ClassifyArgs),
-    /// Query side: merge a finished job's per-task files into large,
-    /// Hilbert-sorted files with a new manifest.
+    /// Query side: merge a finished job's files into large, Hilbert-sorted files.
+    ///
+    /// The compacted dataset gets its own job.json and manifest.json; the
+    /// source is left as it is.
     Compact(CompactArgs),
-    /// Deployment: copy a model directory from object storage to a local folder
-    /// (for init containers), resuming a partial copy, then check it.
+    /// Deployment: copy a model directory from object storage and check it.
+    ///
+    /// For init containers: a partial copy resumes, every file is checked
+    /// against the digests rsembed-model.json records, and ONNX Runtime
+    /// parses each graph when its library is found.
     FetchModel(FetchModelArgs),
 }
 
@@ -153,11 +169,13 @@ pub struct StatusArgs {
     /// The job's output (its job.json names the job).
     #[arg(long, env = "RSEMBED_OUTPUT")]
     pub output: String,
-    /// Keep showing progress until the job is finished.
-    #[arg(long)]
+    /// Keep showing progress until the job is finished: one line per refresh
+    /// (done, in flight, pending, failed, chips, chips/s, ETA), or a progress
+    /// bar on a terminal.
+    #[arg(long, env = "RSEMBED_WATCH")]
     pub watch: bool,
     /// Refresh interval of `--watch`.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, env = "RSEMBED_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub interval: Duration,
     /// How long `--watch` keeps trying while NATS or the object store fails
     /// (a NATS restart, a rolling upgrade) before it gives up with the error.
@@ -304,6 +322,10 @@ pub struct RunArgs {
 
 /// `rsembed plan`.
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("chip_size", |a| a.help(
+    "Chip size in source pixels. Default: 256, Git-RSCLIP's input size (plan takes no model; \
+     pass the chip size the run will use)"
+)))]
 pub struct PlanArgs {
     /// Input: a local folder or file, or an object store URL.
     #[arg(long, env = "RSEMBED_INPUT")]
@@ -316,15 +338,44 @@ pub struct PlanArgs {
     pub json: bool,
 }
 
+/// How the text graph runs, for `text`, `search` and `classify`: only what
+/// one small graph run per batch of texts needs, none of the image batching,
+/// arena or fp16 settings of [`EngineArgs`].
+#[derive(Debug, Clone, Args)]
+pub struct TextEngineArgs {
+    /// `cpu`, `cuda` or `cuda:N`. CUDA that cannot be used is an error with ONNX
+    /// Runtime's reason, never a silent fall back to the CPU.
+    #[arg(long, env = "RSEMBED_DEVICE", default_value = "cpu")]
+    pub device: Device,
+    /// Threads inside one ONNX Runtime operator. Default: ONNX Runtime's choice (one per core).
+    #[arg(long, env = "RSEMBED_INTRA_THREADS")]
+    pub intra_threads: Option<usize>,
+    /// Path of libonnxruntime.so. Default: ORT_DYLIB_PATH, then next to the executable, then the system.
+    #[arg(long, env = "RSEMBED_ORT_LIB")]
+    pub ort_lib: Option<PathBuf>,
+}
+
+impl TextEngineArgs {
+    /// The ONNX Runtime session settings for the text graph.
+    pub fn session_config(&self) -> SessionConfig {
+        SessionConfig {
+            device: self.device,
+            intra_threads: self.intra_threads,
+            ort_lib: self.ort_lib.clone(),
+            ..SessionConfig::default()
+        }
+    }
+}
+
 /// `rsembed text`.
 #[derive(Debug, Clone, Args)]
 pub struct TextArgs {
     /// Model directory.
     #[arg(long, env = "RSEMBED_MODEL")]
     pub model: PathBuf,
-    /// Inference (only device, threads and the ORT library matter here).
+    /// Inference for the text graph.
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub engine: TextEngineArgs,
     /// Texts to embed; each gets one output line.
     #[arg(required = true)]
     pub texts: Vec<String>,
@@ -386,9 +437,9 @@ pub struct SearchArgs {
     /// Row groups scored at once. Default: twice the number of cores.
     #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
     pub concurrency: Option<usize>,
-    /// Inference for the text graph (device, threads, ORT library).
+    /// Inference for the text graph.
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub engine: TextEngineArgs,
     /// The query texts; several are averaged (prompt ensembling).
     pub texts: Vec<String>,
 }
@@ -422,7 +473,7 @@ pub struct ClassifyArgs {
     pub json: bool,
     /// Inference for the text graph.
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub engine: TextEngineArgs,
 }
 
 /// `rsembed compact`.
@@ -465,9 +516,19 @@ pub struct FetchModelArgs {
     #[arg(long, env = "RSEMBED_FETCH_FROM", value_name = "URL")]
     pub from: String,
     /// Local folder to copy it into (created if missing). Files already there
-    /// with the same size as their object are kept, so a restarted copy resumes.
+    /// with the same size as their object (and the digest rsembed-model.json
+    /// records, if it records one) are kept, so a restarted copy resumes.
     #[arg(long, env = "RSEMBED_FETCH_TO", value_name = "DIR")]
     pub to: PathBuf,
+    /// Load each graph with ONNX Runtime (CPU, unoptimised) once copied, so a
+    /// truncated or garbled graph fails here: `auto` when a library is found
+    /// (a warning otherwise), `always`, or `never`.
+    #[arg(long, env = "RSEMBED_CHECK_GRAPHS", value_enum, default_value = "auto")]
+    pub check_graphs: GraphCheck,
+    /// Path of libonnxruntime.so for `--check-graphs`. Default: ORT_DYLIB_PATH,
+    /// then next to the executable, then the system.
+    #[arg(long, env = "RSEMBED_ORT_LIB")]
+    pub ort_lib: Option<PathBuf>,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,

@@ -6,20 +6,33 @@
 //! every object under the prefix (graphs, ONNX external-data files, tokenizer,
 //! configs) is streamed to a temporary name next to its destination and renamed
 //! into place once complete, a few at a time. A file already there with the
-//! object's size is skipped, so a restarted init container resumes. Last, the
-//! local copy is opened as a [`ModelDir`], which checks every file the model
-//! needs, without loading ONNX Runtime.
+//! object's size is kept, so a restarted init container resumes.
+//!
+//! A size says nothing about content, so two more checks stand between a
+//! corrupted file and `ready`:
+//! - the manifest's optional `files` record (written by `tools/export_onnx.py`):
+//!   every recorded file is hashed as it streams in, and every file kept from an
+//!   earlier run is hashed again; a mismatch is an error naming the object and
+//!   both digests (a kept file that no longer matches is copied again);
+//! - ONNX Runtime loads each graph the manifest names, without optimising it,
+//!   so a truncated or garbled graph fails with ORT's reason and the file, even
+//!   for a model that records no digests. ORT is a shared library that the
+//!   coordinator image does not ship: by default (`--check-graphs auto`) a
+//!   library that cannot be found is a warning and the summary says the graphs
+//!   were not parsed; `always` makes it an error.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Component, Path, PathBuf};
 use std::time::Instant;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectMeta, ObjectStoreExt};
-use rsembed_schemas::model::MODEL_MANIFEST;
-use rsembed_worker::model::{parse_manifest, ModelDir};
+use rsembed_schemas::model::{FileRecord, MODEL_MANIFEST};
+use rsembed_worker::engine::session::{open_graph, GraphOptLevel, SessionConfig};
+use rsembed_worker::model::{parse_manifest, sha256_file, ModelDir};
 use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use crate::cli::FetchModelArgs;
@@ -32,6 +45,22 @@ const CONCURRENCY: usize = 4;
 /// Suffix of a file being written; it is renamed to its real name when complete.
 const PARTIAL: &str = ".rsembed-partial";
 
+/// The largest `rsembed-model.json` read: a real one is a few kB, even with a
+/// digest for every external-data file of a large model.
+const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+
+/// `--check-graphs`: whether ONNX Runtime loads the fetched graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GraphCheck {
+    /// Parse them when an ONNX Runtime library is found; when none is (and
+    /// neither `--ort-lib` nor `ORT_DYLIB_PATH` names one), warn and go on.
+    Auto,
+    /// Parse them; no ONNX Runtime library is an error.
+    Always,
+    /// Do not load ONNX Runtime (digests are still checked).
+    Never,
+}
+
 /// Why a fetch failed.
 #[derive(Debug, thiserror::Error)]
 pub enum FetchError {
@@ -40,6 +69,16 @@ pub enum FetchError {
     NotAModel {
         /// The `--from` URL.
         url: String,
+    },
+    /// `rsembed-model.json` is larger than any real manifest.
+    #[error(
+        "{url}: {bytes} bytes is too large for a model manifest (at most {MAX_MANIFEST_BYTES})"
+    )]
+    ManifestTooLarge {
+        /// The manifest object.
+        url: String,
+        /// Its size.
+        bytes: u64,
     },
     /// The location, the manifest or the fetched directory was refused.
     #[error(transparent)]
@@ -89,6 +128,47 @@ pub enum FetchError {
         /// Bytes listed.
         want: u64,
     },
+    /// The manifest records a file that the prefix does not hold.
+    #[error("{manifest} records {file}, but {url} does not exist")]
+    RecordedFileMissing {
+        /// The manifest's URL.
+        manifest: String,
+        /// The recorded relative path.
+        file: String,
+        /// Where it should be.
+        url: String,
+    },
+    /// An object's size differs from the one the manifest records.
+    #[error("{url} has {got} bytes, but {MODEL_MANIFEST} records {want}: the object is not the file that was exported")]
+    RecordedSize {
+        /// The object.
+        url: String,
+        /// Its listed size.
+        got: u64,
+        /// The recorded size.
+        want: u64,
+    },
+    /// An object's content differs from the digest the manifest records.
+    #[error("{url}: sha256 digest mismatch: the copy has {got}, but {MODEL_MANIFEST} records {want} (the object is corrupted or was changed after the export)")]
+    DigestMismatch {
+        /// The object.
+        url: String,
+        /// Digest of the bytes received.
+        got: String,
+        /// Recorded digest.
+        want: String,
+    },
+    /// ONNX Runtime could not load a fetched graph.
+    #[error("{}: ONNX Runtime cannot load this graph (fetched from {url})", path.display())]
+    Graph {
+        /// The local graph file.
+        path: PathBuf,
+        /// The object it came from.
+        url: String,
+        /// ORT's reason.
+        #[source]
+        source: rsembed_worker::Error,
+    },
 }
 
 /// What a fetch did.
@@ -100,14 +180,23 @@ pub struct FetchSummary {
     pub to: PathBuf,
     /// The model's name from its manifest.
     pub model: String,
-    /// Files downloaded by this run.
+    /// Files downloaded by this run (including kept files copied again
+    /// because their content no longer matched the recorded digest).
     pub files_copied: u64,
-    /// Files already present with the right size, left as they were.
+    /// Files already present with the right size (and, where recorded, the
+    /// right digest), left as they were.
     pub files_skipped: u64,
     /// Bytes downloaded by this run.
     pub bytes_copied: u64,
     /// Bytes of the skipped files.
     pub bytes_skipped: u64,
+    /// Files checked against the digest recorded in `rsembed-model.json`.
+    pub files_verified: u64,
+    /// Graphs ONNX Runtime loaded.
+    pub graphs_parsed: u64,
+    /// Why the graphs were not parsed, when they were not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graphs_not_parsed: Option<String>,
     /// Wall time.
     pub seconds: f64,
 }
@@ -115,12 +204,23 @@ pub struct FetchSummary {
 impl FetchSummary {
     /// The text summary.
     pub fn render(&self) -> String {
+        let verified = if self.files_verified == 0 {
+            format!("no file ({MODEL_MANIFEST} records no digests)")
+        } else {
+            format!("{} files by sha256", self.files_verified)
+        };
+        let parsed = match &self.graphs_not_parsed {
+            None => format!("{} graphs, by ONNX Runtime", self.graphs_parsed),
+            Some(why) => format!("no graph: {why}"),
+        };
         format!(
             "rsembed fetch-model: {} ready in {:.1} s\n  \
              from            {}\n  \
              to              {}\n  \
              copied          {} files, {}\n  \
-             skipped         {} files, {} (already present)\n",
+             skipped         {} files, {} (already present)\n  \
+             verified        {}\n  \
+             parsed          {}\n",
             self.model,
             self.seconds,
             self.from,
@@ -129,8 +229,18 @@ impl FetchSummary {
             human_bytes(self.bytes_copied),
             self.files_skipped,
             human_bytes(self.bytes_skipped),
+            verified,
+            parsed,
         )
     }
+}
+
+/// How one object ended up in the destination.
+struct Copied {
+    /// Downloaded (rather than kept).
+    copied: bool,
+    /// Checked against a recorded digest.
+    verified: bool,
 }
 
 /// Copies the model directory at `args.from` into `args.to` and checks it.
@@ -140,11 +250,17 @@ pub async fn fetch_model(args: FetchModelArgs) -> Result<FetchSummary, FetchErro
     tracing::info!(from = %src.url, to = %args.to.display(), concurrency = CONCURRENCY, "fetch-model");
     let manifest_path = src.child(MODEL_MANIFEST);
     let manifest_url = src.uri_of(&manifest_path);
-    let bytes = match src.store.get(&manifest_path).await {
+    let got = match src.store.get(&manifest_path).await {
+        Ok(g) if g.meta.size > MAX_MANIFEST_BYTES => {
+            return Err(FetchError::ManifestTooLarge {
+                url: manifest_url,
+                bytes: g.meta.size,
+            })
+        }
         Ok(g) => g.bytes().await,
         Err(e) => Err(e),
     };
-    let bytes = match bytes {
+    let bytes = match got {
         Ok(b) => b,
         Err(object_store::Error::NotFound { .. }) => {
             return Err(FetchError::NotAModel {
@@ -169,9 +285,12 @@ pub async fn fetch_model(args: FetchModelArgs) -> Result<FetchSummary, FetchErro
             url: src.url.to_string(),
             source,
         })?;
-    let jobs: Vec<(ObjectMeta, PathBuf)> = files(&src, objects)?
+    let listed = files(&src, objects)?;
+    let records = match_records(&src, &manifest_url, &manifest.files, &listed)?;
+    let jobs: Vec<(ObjectMeta, PathBuf, Option<FileRecord>)> = listed
         .into_iter()
-        .map(|(meta, rel)| (meta, args.to.join(rel)))
+        .zip(records)
+        .map(|((meta, rel), rec)| (meta, args.to.join(rel), rec))
         .collect();
     tokio::fs::create_dir_all(&args.to)
         .await
@@ -188,23 +307,31 @@ pub async fn fetch_model(args: FetchModelArgs) -> Result<FetchSummary, FetchErro
         files_skipped: 0,
         bytes_copied: 0,
         bytes_skipped: 0,
+        files_verified: 0,
+        graphs_parsed: 0,
+        graphs_not_parsed: None,
         seconds: 0.0,
     };
     let mut copies = futures::stream::iter(jobs)
-        .map(|(meta, dst)| {
+        .map(|(meta, dst, rec)| {
             let src = &src;
-            async move { copy_object(src, &meta, &dst).await.map(|c| (c, meta.size)) }
+            async move {
+                copy_object(src, &meta, &dst, rec.as_ref())
+                    .await
+                    .map(|c| (c, meta.size))
+            }
         })
         .buffer_unordered(CONCURRENCY);
     while let Some(done) = copies.next().await {
-        let (copied, size) = done?;
-        if copied {
+        let (c, size) = done?;
+        if c.copied {
             summary.files_copied += 1;
             summary.bytes_copied += size;
         } else {
             summary.files_skipped += 1;
             summary.bytes_skipped += size;
         }
+        summary.files_verified += u64::from(c.verified);
     }
     drop(copies);
 
@@ -214,8 +341,106 @@ pub async fn fetch_model(args: FetchModelArgs) -> Result<FetchSummary, FetchErro
     };
     let model = ModelDir::open(&args.to).map_err(invalid)?;
     model.tokenizer_path().map_err(invalid)?;
+    match check_graphs(&args, &src, model).await? {
+        Ok(n) => summary.graphs_parsed = n,
+        Err(why) => {
+            tracing::warn!(reason = %why, "fetch-model: graphs not parsed by ONNX Runtime");
+            summary.graphs_not_parsed = Some(why);
+        }
+    }
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
+}
+
+/// The recorded digest of each listed file, in listing order. Every recorded
+/// file must be listed, with the recorded size; files the manifest does not
+/// record (a model exported before the record existed, files added by hand)
+/// are copied on their size alone.
+fn match_records(
+    src: &Location,
+    manifest_url: &str,
+    records: &BTreeMap<String, FileRecord>,
+    listed: &[(ObjectMeta, PathBuf)],
+) -> Result<Vec<Option<FileRecord>>, FetchError> {
+    let key = |rel: &Path| -> String {
+        rel.components()
+            .map(|c| c.as_os_str().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    let by_path: BTreeMap<String, &ObjectMeta> =
+        listed.iter().map(|(m, rel)| (key(rel), m)).collect();
+    for (file, rec) in records {
+        match by_path.get(file) {
+            None => {
+                return Err(FetchError::RecordedFileMissing {
+                    manifest: manifest_url.to_owned(),
+                    file: file.clone(),
+                    url: src.uri_of(&src.child(file)),
+                })
+            }
+            Some(meta) if meta.size != rec.bytes => {
+                return Err(FetchError::RecordedSize {
+                    url: src.uri_of(&meta.location),
+                    got: meta.size,
+                    want: rec.bytes,
+                })
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(listed
+        .iter()
+        .map(|(_, rel)| records.get(&key(rel)).cloned())
+        .collect())
+}
+
+/// Loads every graph of the fetched model with ONNX Runtime on the CPU,
+/// unoptimised (a parse and a check of the named tensors, not a compile).
+/// The outer error fails the fetch; the inner one says why nothing was parsed.
+async fn check_graphs(
+    args: &FetchModelArgs,
+    src: &Location,
+    model: ModelDir,
+) -> Result<Result<u64, String>, FetchError> {
+    if args.check_graphs == GraphCheck::Never {
+        return Ok(Err("--check-graphs never".into()));
+    }
+    let named =
+        args.ort_lib.is_some() || std::env::var_os("ORT_DYLIB_PATH").is_some_and(|v| !v.is_empty());
+    if let Err(e) = rsembed_worker::engine::runtime::environment(args.ort_lib.as_deref()) {
+        if args.check_graphs == GraphCheck::Auto && !named {
+            tracing::warn!(cause = %e, "no ONNX Runtime library to parse the graphs with");
+            return Ok(Err(
+                "no ONNX Runtime library found (pass --ort-lib to parse them)".into(),
+            ));
+        }
+        return Err(e.into());
+    }
+    let cfg = SessionConfig {
+        graph_opt_level: GraphOptLevel::Disable,
+        intra_threads: Some(1),
+        ort_lib: args.ort_lib.clone(),
+        ..SessionConfig::default()
+    };
+    let graphs: Vec<_> = model.graphs().cloned().collect();
+    let mut n = 0;
+    for g in graphs {
+        let path = model.path(&g.file);
+        let url = src.uri_of(&src.child(&g.file));
+        let (cfg, p) = (cfg.clone(), path.clone());
+        let opened = tokio::task::spawn_blocking(move || {
+            open_graph(&cfg, &p, &g.input, &g.output).map(drop)
+        })
+        .await
+        .map_err(|e| FetchError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        opened.map_err(|source| FetchError::Graph { path, url, source })?;
+        n += 1;
+    }
+    Ok(Ok(n))
 }
 
 /// The files to copy, each with its local path relative to the destination.
@@ -294,19 +519,46 @@ fn safe_relative(parts: &[String]) -> Result<PathBuf, String> {
     Ok(out)
 }
 
-/// Streams one object to `dst` through a temporary name; `Ok(false)` when a
-/// file of the same size is already there.
-async fn copy_object(src: &Location, meta: &ObjectMeta, dst: &Path) -> Result<bool, FetchError> {
+/// Streams one object to `dst` through a temporary name, checking it against
+/// its recorded digest when there is one. A file of the same size already
+/// there is kept when it also matches the record (or there is none), and
+/// copied again when it does not.
+async fn copy_object(
+    src: &Location,
+    meta: &ObjectMeta,
+    dst: &Path,
+    rec: Option<&FileRecord>,
+) -> Result<Copied, FetchError> {
     let io = |path: &Path| {
         let path = path.to_owned();
         move |source| FetchError::Io { path, source }
     };
+    let url = src.uri_of(&meta.location);
     if let Ok(m) = tokio::fs::metadata(dst).await {
         if m.is_file() && m.len() == meta.size {
-            return Ok(false);
+            let Some(rec) = rec else {
+                return Ok(Copied {
+                    copied: false,
+                    verified: false,
+                });
+            };
+            let p = dst.to_owned();
+            let (sha, _) = tokio::task::spawn_blocking(move || sha256_file(&p))
+                .await
+                .map_err(|e| io(dst)(std::io::Error::other(e)))??;
+            if sha == rec.sha256 {
+                return Ok(Copied {
+                    copied: false,
+                    verified: true,
+                });
+            }
+            tracing::warn!(
+                file = %dst.display(), sha256 = %sha, recorded = %rec.sha256,
+                "a file kept from an earlier fetch does not match its recorded digest; copying it again"
+            );
+            tokio::fs::remove_file(dst).await.map_err(io(dst))?;
         }
     }
-    let url = src.uri_of(&meta.location);
     let store_err = |source| FetchError::Store {
         url: url.clone(),
         source,
@@ -330,8 +582,12 @@ async fn copy_object(src: &Location, meta: &ObjectMeta, dst: &Path) -> Result<bo
         .map_err(store_err)?
         .into_stream();
     let mut got = 0u64;
+    let mut hasher = rec.map(|_| Sha256::new());
     while let Some(chunk) = stream.try_next().await.map_err(store_err)? {
         got += chunk.len() as u64;
+        if let Some(h) = hasher.as_mut() {
+            h.update(&chunk);
+        }
         file.write_all(&chunk).await.map_err(io(&tmp.path))?;
     }
     // No fsync: the destination is a pod's emptyDir, which a node crash loses
@@ -345,9 +601,22 @@ async fn copy_object(src: &Location, meta: &ObjectMeta, dst: &Path) -> Result<bo
             want: meta.size,
         });
     }
+    if let (Some(h), Some(rec)) = (hasher, rec) {
+        let sha = hex::encode(h.finalize());
+        if sha != rec.sha256 {
+            return Err(FetchError::DigestMismatch {
+                url,
+                got: sha,
+                want: rec.sha256.clone(),
+            });
+        }
+    }
     tokio::fs::rename(&tmp.path, dst).await.map_err(io(dst))?;
     tmp.renamed = true;
-    Ok(true)
+    Ok(Copied {
+        copied: true,
+        verified: rec.is_some(),
+    })
 }
 
 /// A temporary file, removed unless it was renamed into place (the copy failed

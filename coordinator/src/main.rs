@@ -218,10 +218,18 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
     );
     let stats = planner.stats.clone();
     let mut largest = 0usize;
+    // Inputs not split into chip blocks: whole images are one chip each; the
+    // smaller GeoTIFFs and tar archives (cut by the workers, whose headers the
+    // planner does not read) count as one here, so the estimate is a floor
+    // for them.
+    let mut whole = 0u64;
     while let Some(t) = planner.tasks.recv().await {
         largest = largest.max(t.inputs.len());
+        whole += t.inputs.iter().filter(|i| i.chips.is_none()).count() as u64;
     }
     planner.done.await??;
+    let sharded_chips = stats.sharded_chips.load(Ordering::Relaxed);
+    let bytes = stats.bytes.load(Ordering::Relaxed);
     let v = serde_json::json!({
         "input": input.url.as_str(),
         "inputs": stats.inputs.load(Ordering::Relaxed),
@@ -230,8 +238,11 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         "largest_task": largest,
         "sharded_scenes": stats.sharded_scenes.load(Ordering::Relaxed),
         // Grid chips of the split scenes; other inputs are cut by the workers.
-        "sharded_chips": stats.sharded_chips.load(Ordering::Relaxed),
-        "bytes": stats.bytes.load(Ordering::Relaxed),
+        "sharded_chips": sharded_chips,
+        // About: grid chips of the split scenes (from their headers, before
+        // chips without a valid pixel are dropped) plus one per other input.
+        "chips_estimate": sharded_chips + whole,
+        "bytes": bytes,
     });
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -244,10 +255,20 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             "largest_task",
             "sharded_scenes",
             "sharded_chips",
-            "bytes",
         ] {
             println!("  {k:<15}{}", v[k]);
         }
+        println!(
+            "  {:<15}about {} ({sharded_chips} from the headers of split scenes, \
+             one per other input)",
+            "chips",
+            sharded_chips + whole
+        );
+        println!(
+            "  {:<15}{}",
+            "bytes",
+            rsembed_coordinator::summary::human_bytes(bytes)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

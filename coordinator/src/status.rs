@@ -365,6 +365,23 @@ pub async fn status_once(q: &Queue, output: &Location, plans: &mut PlanCache) ->
     Ok(summarize(&spec, &snap, queued, consumer))
 }
 
+/// One `--watch` line for logs (no terminal): elapsed time, task counts,
+/// chips, rate and ETA.
+pub fn watch_line(s: &JobStatus, elapsed: Duration) -> String {
+    format!(
+        "[{}] {}/{} done, {} in flight, {} pending, {} failed, {} chips, {} chips/s, ETA {}",
+        fmt_secs(elapsed.as_secs_f64()),
+        s.done,
+        s.tasks.map_or("?".into(), |t| t.to_string()),
+        s.in_flight,
+        s.pending,
+        s.failed,
+        s.chips,
+        s.chips_per_s.map_or("-".into(), |r| format!("{r:.1}")),
+        s.eta_s.map_or("-".into(), fmt_secs)
+    )
+}
+
 /// Runs `rsembed status`.
 pub async fn status(args: StatusArgs) -> Result<JobStatus> {
     let stores = StoreCache::default();
@@ -440,16 +457,7 @@ pub async fn status(args: StatusArgs) -> Result<JobStatus> {
                 ));
             }
             None if args.json => println!("{}", serde_json::to_string(&s)?),
-            None => eprintln!(
-                "[{}] {}/{} done, {} in flight, {} pending, {} failed, {} chips",
-                fmt_secs(started.elapsed().as_secs_f64()),
-                s.done,
-                s.tasks.map_or("?".into(), |t| t.to_string()),
-                s.in_flight,
-                s.pending,
-                s.failed,
-                s.chips
-            ),
+            None => eprintln!("{}", watch_line(&s, started.elapsed())),
         }
         if s.finished {
             if let Some(b) = &bar {

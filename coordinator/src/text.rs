@@ -6,7 +6,7 @@ use std::io::Write;
 use rsembed_worker::engine::text::TextEncoder;
 use rsembed_worker::model::ModelDir;
 
-use crate::cli::{EngineArgs, TextArgs};
+use crate::cli::{TextArgs, TextEngineArgs};
 use crate::error::Result;
 
 /// Texts embedded per run of the text graph: batches bound memory for long
@@ -14,7 +14,7 @@ use crate::error::Result;
 const TEXT_BATCH: usize = 64;
 
 /// Unit embeddings of `texts`, in order, with the given inference flags.
-pub fn embed(model: &ModelDir, engine: &EngineArgs, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+pub fn embed(model: &ModelDir, engine: &TextEngineArgs, texts: &[String]) -> Result<Vec<Vec<f32>>> {
     let mut enc = TextEncoder::open(model, &engine.session_config())?;
     let mut out = Vec::with_capacity(texts.len());
     for chunk in texts.chunks(TEXT_BATCH) {

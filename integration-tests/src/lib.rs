@@ -6,6 +6,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod azure;
 pub mod cluster;
 pub mod helm;
 pub mod nats;

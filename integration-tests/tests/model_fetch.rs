@@ -3,7 +3,10 @@
 //! same text embeddings through ONNX Runtime; a second fetch skips everything
 //! and rewrites nothing; a partial copy resumes; a prefix without a manifest, a
 //! malformed manifest and a manifest naming a missing graph fail clearly;
-//! the empty `dir/` objects that consoles make for folders are not copied.
+//! the empty `dir/` objects that consoles make for folders are not copied;
+//! a file that differs from the digest `rsembed-model.json` records is refused
+//! (or, kept from an earlier run, copied again), and a graph ONNX Runtime
+//! cannot load is refused even when the model records no digests.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
@@ -159,6 +162,144 @@ fn s3_fetch_is_identical_works_and_resumes() {
     assert_eq!(s["files_copied"], 2);
     assert_eq!(s["files_skipped"], files.len() as u64 - 2);
     assert_same_tree(&dst, &src);
+
+    // A kept file of the right size whose bytes changed (a disk error, a
+    // half-written copy padded by a tool): its digest is checked again, and it
+    // alone is copied again.
+    let mut graph = std::fs::read(dst.join("text_model.onnx")).unwrap();
+    let mid = graph.len() / 2;
+    graph[mid] ^= 0x55;
+    std::fs::write(dst.join("text_model.onnx"), &graph).unwrap();
+    let s = summary(&fetch_s3(&s3, "s3://models/siglip/tiny", &dst));
+    assert_eq!(s["files_copied"], 1, "{s}");
+    assert_eq!(s["files_skipped"], files.len() as u64 - 1, "{s}");
+    assert_eq!(s["files_verified"], recorded(&src), "{s}");
+    assert_eq!(s["graphs_parsed"], 3, "{s}");
+    assert_same_tree(&dst, &src);
+}
+
+/// How many files the model's `rsembed-model.json` records digests for.
+fn recorded(model: &Path) -> u64 {
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(model.join("rsembed-model.json")).unwrap()).unwrap();
+    m["files"].as_object().map_or(0, |f| f.len() as u64)
+}
+
+/// Drops the `files` record from a model's manifest, as a model exported
+/// before the record existed has none.
+fn strip_digests(model: &Path) {
+    let p = model.join("rsembed-model.json");
+    let mut m: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+    m.as_object_mut().unwrap().remove("files");
+    std::fs::write(&p, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+}
+
+/// Hex SHA-256 of a file, by Python's hashlib (not rsembed's own code).
+fn sha256_of(path: &Path) -> String {
+    let o = run(std::process::Command::new(python())
+        .args([
+            "-c",
+            "import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())",
+        ])
+        .arg(path));
+    assert!(o.status.success());
+    String::from_utf8(o.stdout).unwrap().trim().to_owned()
+}
+
+#[test]
+fn s3_fetch_refuses_a_graph_corrupted_at_the_right_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    copy_dir(&tiny_model(), &src);
+    assert!(recorded(&src) >= 3, "the test model records its digests");
+    let recorded_sha = sha256_of(&src.join("vision_model.onnx"));
+    // One byte changed in the middle of the graph (its weights): same size,
+    // a graph ONNX Runtime may well load, different embeddings.
+    let mut graph = std::fs::read(src.join("vision_model.onnx")).unwrap();
+    let mid = graph.len() / 2;
+    graph[mid] ^= 0x01;
+    std::fs::write(src.join("vision_model.onnx"), &graph).unwrap();
+    let corrupted_sha = sha256_of(&src.join("vision_model.onnx"));
+    let s3 = S3Server::start();
+    s3.create_bucket("models");
+    s3.upload(&src, "s3://models/corrupt");
+
+    let dst = tmp.path().join("dst");
+    let o = fetch_s3(&s3, "s3://models/corrupt", &dst);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("s3://models/corrupt/vision_model.onnx: sha256 digest mismatch")
+            && stderr.contains(&corrupted_sha)
+            && stderr.contains(&format!("rsembed-model.json records {recorded_sha}")),
+        "{stderr}"
+    );
+    assert!(
+        !dst.join("vision_model.onnx").exists(),
+        "the corrupted graph is not left in place"
+    );
+    let left: Vec<String> = tree(&dst).into_keys().collect();
+    assert!(
+        left.iter().all(|k| !k.ends_with(".rsembed-partial")),
+        "no temporary file is left: {left:?}"
+    );
+}
+
+#[test]
+fn s3_fetch_without_digests_lets_onnx_runtime_parse_the_graphs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start();
+    s3.create_bucket("models");
+
+    // A model without the record, intact: every graph is parsed.
+    let plain = tmp.path().join("plain");
+    copy_dir(&tiny_model(), &plain);
+    strip_digests(&plain);
+    s3.upload(&plain, "s3://models/plain");
+    let dst = tmp.path().join("dst-plain");
+    let s = summary(&fetch_s3(&s3, "s3://models/plain", &dst));
+    assert_eq!(s["files_verified"], 0, "{s}");
+    assert_eq!(s["graphs_parsed"], 3, "{s}");
+
+    // Truncated text graph, garbled fp16 graph: ONNX Runtime's parse fails,
+    // naming the file.
+    for (name, damage) in [
+        ("text_model.onnx", "truncated"),
+        ("vision_model_fp16.onnx", "garbled"),
+    ] {
+        let src = tmp.path().join(damage);
+        copy_dir(&tiny_model(), &src);
+        strip_digests(&src);
+        let mut graph = std::fs::read(src.join(name)).unwrap();
+        if damage == "truncated" {
+            graph.truncate(graph.len() / 3);
+        } else {
+            graph[..4096].iter_mut().for_each(|b| *b = !*b);
+        }
+        std::fs::write(src.join(name), &graph).unwrap();
+        let url = format!("s3://models/{damage}");
+        s3.upload(&src, &url);
+        let dst = tmp.path().join(format!("dst-{damage}"));
+        let o = fetch_s3(&s3, &url, &dst);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{damage}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "{}: ONNX Runtime cannot load this graph (fetched from {url}/{name})",
+                dst.join(name).display()
+            )),
+            "{damage}: {stderr}"
+        );
+        assert!(!stderr.contains("ready"), "{stderr}");
+
+        // `--check-graphs never` skips the parse, and says so.
+        let mut c = fetch_cmd(&url, &dst);
+        c.args(["--check-graphs", "never"]);
+        s3.configure(&mut c);
+        let s = summary(&run_timeout(&mut c, LIMIT));
+        assert_eq!(s["graphs_parsed"], 0, "{s}");
+        assert_eq!(s["graphs_not_parsed"], "--check-graphs never", "{s}");
+    }
 }
 
 #[test]
@@ -200,10 +341,29 @@ fn s3_fetch_refuses_what_is_not_a_model() {
     );
     assert!(!dst.exists(), "nothing was copied");
 
-    // A manifest naming a graph that is not there: the copy runs, then the
-    // check names the missing file.
+    // A manifest recording a file that is not there: refused before the copy.
+    let unlisted = tmp.path().join("unlisted");
+    copy_dir(&tiny_model(), &unlisted);
+    std::fs::remove_file(unlisted.join("vision_model_fp16.onnx")).unwrap();
+    s3.upload(&unlisted, "s3://models/unlisted");
+    let dst = tmp.path().join("dst-u");
+    let o = fetch_s3(&s3, "s3://models/unlisted", &dst);
+    assert_eq!(o.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains(
+            "s3://models/unlisted/rsembed-model.json records vision_model_fp16.onnx, \
+             but s3://models/unlisted/vision_model_fp16.onnx does not exist"
+        ),
+        "{stderr}"
+    );
+    assert!(!dst.exists(), "nothing was copied");
+
+    // A manifest (without digests) naming a graph that is not there: the copy
+    // runs, then the check names the missing file.
     let missing = tmp.path().join("missing-graph");
     copy_dir(&tiny_model(), &missing);
+    strip_digests(&missing);
     std::fs::remove_file(missing.join("vision_model_fp16.onnx")).unwrap();
     s3.upload(&missing, "s3://models/missing-graph");
     let dst = tmp.path().join("dst-c");

@@ -86,6 +86,15 @@ fn watch_rides_out_a_nats_restart() {
             .any(|l| l.contains(&format!("{tasks}/{tasks} done"))),
         "watch did not see every task done:\n{text}"
     );
+    // Without a terminal each refresh is one log line with the rate and ETA.
+    let progress: Vec<&str> = text.lines().filter(|l| l.contains(" done, ")).collect();
+    assert!(!progress.is_empty(), "{text}");
+    for l in progress {
+        assert!(
+            l.contains(" chips/s, ETA "),
+            "a --watch line without chips/s and ETA: {l}"
+        );
+    }
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! `rsembed-model.json` and `preprocessor_config.json`: the model directory contract.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 /// File name of the model manifest inside a model directory.
@@ -43,6 +45,21 @@ pub struct ModelManifest {
     pub logit_scale: f64,
     /// The learned logit bias.
     pub logit_bias: f64,
+    /// Digests of the directory's other files, keyed by their `/`-separated
+    /// path relative to the directory, as the exporter wrote them.
+    /// `fetch-model` checks every file it copies against this record.
+    /// Optional: directories made before it existed have none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, FileRecord>,
+}
+
+/// What `rsembed-model.json` records about one file of the model directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRecord {
+    /// Lower-case hex SHA-256 of the file's bytes.
+    pub sha256: String,
+    /// Size in bytes.
+    pub bytes: u64,
 }
 
 /// Target size of the image processor.
@@ -110,6 +127,20 @@ mod tests {
         .unwrap();
         assert_eq!(m.text.max_length, Some(64));
         assert!(m.vision_fp16.is_none());
+        assert!(m.files.is_empty(), "older manifests record no digests");
+    }
+
+    #[test]
+    fn parses_recorded_digests() {
+        let m: ModelManifest = serde_json::from_str(
+            r#"{"format": 1, "name": "x", "embed_dim": 4,
+                "vision": {"file": "vision_model.onnx", "input": "pixel_values", "output": "image_embeds"},
+                "text": {"file": "text_model.onnx", "input": "input_ids", "output": "text_embeds", "max_length": 64},
+                "logit_scale": 4.6, "logit_bias": -10.0,
+                "files": {"vision_model.onnx": {"sha256": "ab", "bytes": 3}}}"#,
+        )
+        .unwrap();
+        assert_eq!(m.files["vision_model.onnx"].bytes, 3);
     }
 
     #[test]

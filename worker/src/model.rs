@@ -88,6 +88,34 @@ pub fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<ModelManifest> {
             ))
         }
     }
+    for (file, rec) in &manifest.files {
+        let plain = !file.is_empty()
+            && file.split('/').all(|seg| {
+                !seg.is_empty() && seg != "." && seg != ".." && !seg.contains(['\\', '\0'])
+            });
+        if !plain || file == MODEL_MANIFEST {
+            return Err(invalid(
+                path,
+                format!(
+                    "files: {file:?} is not a plain relative path of another file of the directory"
+                ),
+            ));
+        }
+        if rec.sha256.len() != 64
+            || !rec
+                .sha256
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        {
+            return Err(invalid(
+                path,
+                format!(
+                    "files.{file:?}.sha256 is not 64 lower-case hex digits: {:?}",
+                    rec.sha256
+                ),
+            ));
+        }
+    }
     Ok(manifest)
 }
 
@@ -217,4 +245,62 @@ fn check_preprocessor(path: &Path, p: &PreprocessorConfig) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest_with_files(files: &str) -> Vec<u8> {
+        format!(
+            r#"{{"format": 1, "name": "x", "embed_dim": 4,
+                "vision": {{"file": "v.onnx", "input": "pixel_values", "output": "image_embeds"}},
+                "text": {{"file": "t.onnx", "input": "input_ids", "output": "text_embeds", "max_length": 8}},
+                "logit_scale": 1.0, "logit_bias": 0.0, "files": {files}}}"#
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn recorded_digests_are_checked_for_form() {
+        let sha = "ab".repeat(32);
+        let p = Path::new("m/rsembed-model.json");
+        let ok = manifest_with_files(&format!(
+            r#"{{"v.onnx": {{"sha256": "{sha}", "bytes": 1}}, "w/d.bin": {{"sha256": "{sha}", "bytes": 2}}}}"#
+        ));
+        assert_eq!(parse_manifest(p, &ok).unwrap().files.len(), 2);
+        for (files, why) in [
+            (
+                format!(r#"{{"../v.onnx": {{"sha256": "{sha}", "bytes": 1}}}}"#),
+                "not a plain relative path",
+            ),
+            (
+                format!(r#"{{"/v.onnx": {{"sha256": "{sha}", "bytes": 1}}}}"#),
+                "not a plain relative path",
+            ),
+            (
+                format!(r#"{{"rsembed-model.json": {{"sha256": "{sha}", "bytes": 1}}}}"#),
+                "not a plain relative path",
+            ),
+            (
+                r#"{"v.onnx": {"sha256": "abc", "bytes": 1}}"#.to_owned(),
+                "64 lower-case hex",
+            ),
+            (
+                format!(
+                    r#"{{"v.onnx": {{"sha256": "{}", "bytes": 1}}}}"#,
+                    "AB".repeat(32)
+                ),
+                "64 lower-case hex",
+            ),
+        ] {
+            let err = parse_manifest(p, &manifest_with_files(&files))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(why) && err.contains("rsembed-model.json"),
+                "{files}: {err}"
+            );
+        }
+    }
 }
