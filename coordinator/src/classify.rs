@@ -20,17 +20,18 @@ use arrow_array::builder::{Float32Builder, ListBuilder, StringBuilder, StructBui
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 use futures::StreamExt;
-use object_store::buffered::BufWriter;
+use object_store::ObjectStoreExt;
 use parquet::arrow::AsyncArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use rsembed_schemas::chip::col;
 use rsembed_worker::model::ModelDir;
-use rsembed_worker::store::StoreCache;
+use rsembed_worker::store::{Location, StoreCache};
 use serde_json::json;
 
 use crate::cli::ClassifyArgs;
+use crate::compact::AtomicUpload;
 use crate::error::{Error, Result};
 use crate::index::{embeddings, GroupRef, Index};
 use crate::scan::{default_concurrency, dots, scan_groups, sigmoid_score};
@@ -144,8 +145,10 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
     let text = std::fs::read_to_string(&args.labels)
         .map_err(|e| Error::Usage(format!("--labels {}: {e}", args.labels.display())))?;
     let labels = read_labels(&text)?;
-    let model = ModelDir::open(&args.model)?;
     let stores = StoreCache::default();
+    let out_loc = stores.location(&args.output)?;
+    check_output(&out_loc, args.overwrite).await?;
+    let model = ModelDir::open(&args.model)?;
     let index = Arc::new(Index::open(&stores, &args.index).await?);
     check_model(&index, &model)?;
     let dim = index.embed_dim;
@@ -158,7 +161,6 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         .flatten()
         .collect();
 
-    let out_loc = stores.location(&args.output)?;
     let (scale, bias) = (model.manifest.logit_scale, model.manifest.logit_bias);
     let kv = vec![KeyValue::new(
         "rsembed".to_owned(),
@@ -186,7 +188,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         .build();
     // In the Arrow schema too, where PyArrow looks.
     let schema = rsembed_worker::sink::parquet::schema_with_file_metadata(&output_schema(), &props);
-    let sink = BufWriter::new(out_loc.store.clone(), out_loc.prefix.clone());
+    let sink = AtomicUpload::new(&out_loc.store, out_loc.prefix.clone(), 8);
     let mut writer =
         AsyncArrowWriter::try_new(sink, schema.clone(), Some(props)).map_err(parquet_err)?;
 
@@ -224,32 +226,47 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
             Ok(())
         },
     ));
-    let mut rows = 0u64;
     let mut best = vec![0u64; labels.len()];
     let index_of: std::collections::HashMap<&str, usize> = labels
         .iter()
         .enumerate()
         .map(|(i, l)| (l.as_str(), i))
         .collect();
-    while let Some(r) = scan.next().await {
-        let (_, batches) = r?;
-        for b in batches {
-            rows += b.num_rows() as u64;
-            let l = b
-                .column(1)
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .expect("label column is utf8");
-            for i in 0..l.len() {
-                best[index_of[l.value(i)]] += 1;
+    let write_err = |e: parquet::errors::ParquetError| {
+        Error::Output(format!("cannot write {}: {e}", out_loc.url))
+    };
+    let written: Result<u64> = async {
+        let mut rows = 0u64;
+        while let Some(r) = scan.next().await {
+            let (_, batches) = r?;
+            for b in batches {
+                rows += b.num_rows() as u64;
+                let l = b
+                    .column(1)
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .expect("label column is utf8");
+                for i in 0..l.len() {
+                    best[index_of[l.value(i)]] += 1;
+                }
+                writer.write(&b).await.map_err(write_err)?;
             }
-            writer.write(&b).await.map_err(parquet_err)?;
+            // One row group per index row group keeps the output's order and
+            // its writer's buffer bounded.
+            writer.flush().await.map_err(write_err)?;
         }
-        // One row group per index row group keeps the output's order and
-        // its writer's buffer bounded.
-        writer.flush().await.map_err(parquet_err)?;
+        writer.finish().await.map_err(write_err)?;
+        Ok(rows)
     }
-    writer.close().await.map_err(parquet_err)?;
+    .await;
+    // A failed run leaves no partial file.
+    let rows = match written {
+        Ok(rows) => rows,
+        Err(e) => {
+            writer.into_inner().abort().await;
+            return Err(e);
+        }
+    };
     if rows != index.rows() {
         return Err(Error::Output(format!(
             "{}: wrote {rows} rows but the index has {}",
@@ -271,6 +288,29 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         best_counts,
         seconds: t0.elapsed().as_secs_f64(),
     })
+}
+
+/// Refuses an existing output unless `overwrite`, and checks that a local
+/// output can be created, before any work.
+async fn check_output(out: &Location, overwrite: bool) -> Result<()> {
+    match out.store.head(&out.prefix).await {
+        Ok(_) if !overwrite => {
+            return Err(Error::Output(format!(
+                "{} already exists: pass --overwrite to replace it, or pick another --output",
+                out.url
+            )))
+        }
+        Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => return Err(Error::Output(format!("cannot use {}: {e}", out.url))),
+    }
+    if out.local_dir().is_some_and(|p| p.is_dir()) {
+        return Err(Error::Output(format!(
+            "{} is a folder: --output names the Parquet file to write",
+            out.url
+        )));
+    }
+    out.probe_local_write("")
+        .map_err(|e| Error::Output(format!("cannot write {}: {e}", out.url)))
 }
 
 fn parquet_err(e: parquet::errors::ParquetError) -> Error {

@@ -396,6 +396,14 @@ pub fn parse_bbox(s: &str) -> Result<[f64; 4], String> {
             "--bbox {s}: want W <= E and S <= N (a box across the antimeridian is two searches)"
         ));
     }
+    // Footprints are lon/lat: a box in projected metres (or lat,lon swapped)
+    // would match nothing, silently.
+    if b[0] < -180.0 || b[2] > 180.0 || b[1] < -90.0 || b[3] > 90.0 {
+        return Err(format!(
+            "--bbox {s}: out of lon/lat range: want longitudes in [-180, 180] and latitudes \
+             in [-90, 90], degrees in the order W,S,E,N (OGC:CRS84), not projected coordinates"
+        ));
+    }
     Ok(b)
 }
 
@@ -407,7 +415,7 @@ pub struct SearchArgs {
     #[arg(long, env = "RSEMBED_MODEL")]
     pub model: Option<PathBuf>,
     /// The dataset: an output of `run`/`finalize` or of `compact` (a folder with
-    /// `chips/`), or one Parquet file.
+    /// `chips/`), its `chips/` folder, or one Parquet file.
     #[arg(long, env = "RSEMBED_INDEX")]
     pub index: String,
     /// Results to print.
@@ -465,6 +473,10 @@ pub struct ClassifyArgs {
     /// The output Parquet file (local path or object store URL).
     #[arg(long, env = "RSEMBED_OUTPUT")]
     pub output: String,
+    /// Replace the file at `--output` when there is one; without it an
+    /// existing file is refused.
+    #[arg(long, env = "RSEMBED_OVERWRITE")]
+    pub overwrite: bool,
     /// Row groups scored at once. Default: twice the number of cores.
     #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
     pub concurrency: Option<usize>,

@@ -82,8 +82,8 @@ use std::time::Instant;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::Float64Type;
-use arrow_array::{Array, RecordBatch, UInt32Array};
-use arrow_schema::SchemaRef;
+use arrow_array::{make_array, Array, ArrayRef, RecordBatch, UInt32Array};
+use arrow_schema::{ArrowError, DataType, Fields, SchemaRef};
 use arrow_select::interleave::interleave_record_batch;
 use arrow_select::take::take_record_batch;
 use bytes::Bytes;
@@ -284,6 +284,8 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     }
     let splits = Arc::new(split_keys(&keys.sample, files));
     prepare_output(&out, args.overwrite).await?;
+    out.probe_local_write("chips/part-00000.parquet")
+        .map_err(|e| Error::Output(format!("cannot write to {}: {e}", out.url)))?;
     tracing::info!(
         rows = manifest.rows,
         bytes_per_row,
@@ -562,7 +564,7 @@ fn check_source(index: &Index, manifest: &Manifest) -> Result<FileMeta> {
                 entry.rows
             )));
         }
-        if part.meta.schema().fields() != want.fields() {
+        if !same_fields(part.meta.schema().fields(), want.fields()) {
             return Err(Error::Input(format!(
                 "{}: its columns are not the chip schema version {}: {:?}",
                 part.uri,
@@ -587,6 +589,56 @@ fn check_source(index: &Index, manifest: &Manifest) -> Result<FileMeta> {
     Ok(meta
         .expect("an opened index has a part: this is a bug")
         .clone())
+}
+
+/// Whether two lists of fields are the same logical columns: names, types and
+/// order, aside from the names of list items and from metadata. A file that
+/// PyArrow rewrote names its list items `element` where arrow-rs writes
+/// `item`, and holds the same data.
+pub fn same_fields(a: &Fields, b: &Fields) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b.iter())
+            .all(|(x, y)| x.name() == y.name() && same_type(x.data_type(), y.data_type()))
+}
+
+fn same_type(a: &DataType, b: &DataType) -> bool {
+    match (a, b) {
+        (DataType::List(x), DataType::List(y))
+        | (DataType::LargeList(x), DataType::LargeList(y)) => {
+            same_type(x.data_type(), y.data_type())
+        }
+        (DataType::FixedSizeList(x, n), DataType::FixedSizeList(y, m)) => {
+            n == m && same_type(x.data_type(), y.data_type())
+        }
+        (DataType::Struct(x), DataType::Struct(y)) => same_fields(x, y),
+        _ => a == b,
+    }
+}
+
+/// `batch` with the columns typed exactly as `schema` says, for columns of
+/// the same logical type ([`same_fields`]): only the list item names change.
+fn conform(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+) -> std::result::Result<RecordBatch, ArrowError> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                return Ok(c.clone());
+            }
+            let data = c
+                .to_data()
+                .into_builder()
+                .data_type(f.data_type().clone())
+                .build()?;
+            Ok(make_array(data))
+        })
+        .collect::<std::result::Result<Vec<ArrayRef>, ArrowError>>()?;
+    RecordBatch::try_new(schema.clone(), columns)
 }
 
 fn duplicate(src: &Location, id: u128) -> Error {
@@ -879,8 +931,8 @@ impl Spill {
 
     /// Sends each row of `batch` to its bucket.
     fn route(&mut self, batch: RecordBatch, splits: &[Key], uri: &str) -> Result<()> {
-        let batch = RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec())
-            .map_err(|e| Error::Input(format!("{uri}: {e}")))?;
+        let batch =
+            conform(&batch, &self.schema).map_err(|e| Error::Input(format!("{uri}: {e}")))?;
         let buckets: Vec<u32> = batch_keys(&batch, uri)?
             .into_iter()
             .map(|k| bucket_of(splits, k) as u32)
@@ -1054,14 +1106,44 @@ fn sort_bucket(batches: Vec<RecordBatch>, uri: &str) -> Result<Sorted> {
     })
 }
 
-/// An upload that hashes what it writes.
-struct HashingUpload {
+/// An upload of one object for a Parquet writer: one put, or a multipart
+/// upload that appears whole on completion; hashes what it writes, and can
+/// be aborted whatever state it failed in.
+pub(crate) struct AtomicUpload {
     inner: BufWriter,
     sha: Sha256,
     bytes: u64,
+    /// Set once completion starts: object_store's `BufWriter` panics
+    /// ("Already shut down") when a failed shutdown is then aborted.
+    closing: bool,
 }
 
-impl AsyncFileWriter for HashingUpload {
+impl AtomicUpload {
+    /// An upload of `path`, `concurrency` parts of 10 MiB at once.
+    pub(crate) fn new(
+        store: &Arc<dyn object_store::ObjectStore>,
+        path: object_store::path::Path,
+        concurrency: usize,
+    ) -> AtomicUpload {
+        AtomicUpload {
+            inner: BufWriter::new(store.clone(), path).with_max_concurrency(concurrency),
+            sha: Sha256::new(),
+            bytes: 0,
+            closing: false,
+        }
+    }
+
+    /// Gives up the upload, leaving no object; errors are of no use then.
+    pub(crate) async fn abort(&mut self) {
+        if !self.closing {
+            if let Err(e) = self.inner.abort().await {
+                tracing::warn!(error = %e, "aborting an upload failed");
+            }
+        }
+    }
+}
+
+impl AsyncFileWriter for AtomicUpload {
     fn write(&mut self, bs: Bytes) -> BoxFuture<'_, parquet::errors::Result<()>> {
         self.sha.update(&bs);
         self.bytes += bs.len() as u64;
@@ -1075,6 +1157,7 @@ impl AsyncFileWriter for HashingUpload {
     }
 
     fn complete(&mut self) -> BoxFuture<'_, parquet::errors::Result<()>> {
+        self.closing = true;
         async move { Ok(self.inner.shutdown().await?) }.boxed()
     }
 }
@@ -1089,12 +1172,7 @@ async fn write_part(
 ) -> Result<(ManifestFile, usize)> {
     // `geo` and `rsembed` in the Arrow schema too, as in job files (Arrow C++ reads only those).
     let schema = schema_with_file_metadata(&schema, &props);
-    let upload = HashingUpload {
-        inner: BufWriter::new(out.store.clone(), out.child(rel))
-            .with_max_concurrency(UPLOAD_CONCURRENCY),
-        sha: Sha256::new(),
-        bytes: 0,
-    };
+    let upload = AtomicUpload::new(&out.store, out.child(rel), UPLOAD_CONCURRENCY);
     let mut w = AsyncArrowWriter::try_new(upload, schema.clone(), Some(props))
         .map_err(rsembed_worker::Error::from)?;
     let refs: Vec<&RecordBatch> = sorted.batches.iter().collect();
@@ -1111,9 +1189,9 @@ async fn write_part(
     let md = match written {
         Ok(md) => md,
         Err(e) => {
-            let _ = upload.inner.abort().await;
+            upload.abort().await;
             return Err(Error::Output(format!(
-                "{}: {e}",
+                "cannot write {}: {e}",
                 out.uri_of(&out.child(rel))
             )));
         }

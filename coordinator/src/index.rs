@@ -101,7 +101,7 @@ impl Index {
             let head = loc.store.head(&loc.prefix).await?;
             (loc.clone(), vec![(head.location, head.size)], None)
         } else {
-            list_parts(&loc).await?
+            list_parts(stores, &loc).await?
         };
         if listed.is_empty() {
             return Err(Error::Input(format!(
@@ -274,9 +274,37 @@ impl Part {
     }
 }
 
-/// Chip files of a dataset root: the manifest's when it has one (with the
-/// manifest), else what `chips/` lists now, sorted by path.
-async fn list_parts(loc: &Location) -> Result<(Location, Vec<(Path, u64)>, Option<Manifest>)> {
+/// Chip files of a dataset: the manifest's when it has one (with the
+/// manifest), else what `chips/` lists now, sorted by path. The `chips/`
+/// folder itself is accepted too, as GeoPandas and PyArrow read it: its
+/// dataset's manifest where there is one, else the Parquet files in it.
+async fn list_parts(
+    stores: &StoreCache,
+    loc: &Location,
+) -> Result<(Location, Vec<(Path, u64)>, Option<Manifest>)> {
+    if let Some((files, m)) = read_manifest(loc).await? {
+        return Ok((loc.clone(), files, Some(m)));
+    }
+    let mut files = parquet_files(loc, &loc.child("chips"), true).await?;
+    if !files.is_empty() {
+        warn_unfinished(loc, files.len());
+        return Ok((loc.clone(), files, None));
+    }
+    let url = loc.url.as_str().trim_end_matches('/');
+    if let Some((parent, "chips")) = url.rsplit_once('/') {
+        let root = stores.location(parent)?;
+        if let Some((files, m)) = read_manifest(&root).await? {
+            return Ok((root, files, Some(m)));
+        }
+        files = parquet_files(loc, &loc.prefix, false).await?;
+        warn_unfinished(&root, files.len());
+    }
+    Ok((loc.clone(), files, None))
+}
+
+/// The files `manifest.json` of a dataset root lists, and the manifest;
+/// `None` when there is none.
+async fn read_manifest(loc: &Location) -> Result<Option<(Vec<(Path, u64)>, Manifest)>> {
     match loc.store.get(&loc.child(MANIFEST_FILE)).await {
         Ok(r) => {
             let bytes = r.bytes().await?;
@@ -288,28 +316,41 @@ async fn list_parts(loc: &Location) -> Result<(Location, Vec<(Path, u64)>, Optio
                 .iter()
                 .map(|f| (loc.child(&f.path), f.bytes))
                 .collect();
-            Ok((loc.clone(), files, Some(m)))
+            Ok(Some((files, m)))
         }
-        Err(object_store::Error::NotFound { .. }) => {
-            let prefix = loc.child("chips");
-            let mut files: Vec<(Path, u64)> = loc
-                .store
-                .list(Some(&prefix))
-                .try_filter(|m| futures::future::ready(m.location.as_ref().ends_with(".parquet")))
-                .map_ok(|m| (m.location, m.size))
-                .try_collect()
-                .await?;
-            files.sort();
-            if !files.is_empty() {
-                tracing::warn!(
-                    index = %loc.url,
-                    files = files.len(),
-                    "no manifest.json (a job still running, or not finalized): reading the chip files listed now"
-                );
-            }
-            Ok((loc.clone(), files, None))
-        }
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The `.parquet` files under `prefix`, sorted by path: all of them with
+/// `nested`, else only those directly in it.
+async fn parquet_files(loc: &Location, prefix: &Path, nested: bool) -> Result<Vec<(Path, u64)>> {
+    let listed: Vec<object_store::ObjectMeta> = if nested {
+        loc.store.list(Some(prefix)).try_collect().await?
+    } else {
+        match loc.store.list_with_delimiter(Some(prefix)).await {
+            Ok(l) => l.objects,
+            Err(object_store::Error::NotFound { .. }) => Vec::new(),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut files: Vec<(Path, u64)> = listed
+        .into_iter()
+        .filter(|m| m.location.as_ref().ends_with(".parquet"))
+        .map(|m| (m.location, m.size))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn warn_unfinished(root: &Location, files: usize) {
+    if files > 0 {
+        tracing::warn!(
+            index = %root.url,
+            files,
+            "no manifest.json (a job still running, or not finalized): reading the chip files listed now"
+        );
     }
 }
 
@@ -317,18 +358,44 @@ async fn open_part(
     store: Arc<dyn ObjectStore>,
     path: Path,
     uri: String,
-    size: u64,
+    mut size: u64,
     read: Arc<AtomicU64>,
 ) -> Result<Part> {
     let mut reader = StoreReader {
-        store,
+        store: store.clone(),
         path: path.clone(),
         size,
         read,
     };
-    let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default())
+    let meta = match ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default())
         .await
-        .map_err(|e| Error::Input(format!("{uri}: not a readable Parquet file: {e}")))?;
+    {
+        Ok(meta) => meta,
+        Err(e) => {
+            // The size came from the manifest, and the file was rewritten
+            // since (by PyArrow, say): its footer is at its real end.
+            let real = store.head(&path).await.map(|m| m.size).ok();
+            match real.filter(|r| *r != size) {
+                Some(real) => {
+                    tracing::warn!(
+                        part = %uri, bytes = real, manifest_bytes = size,
+                        "the file's size is not the manifest's: it changed since the job finished"
+                    );
+                    (size, reader.size) = (real, real);
+                    ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default())
+                        .await
+                        .map_err(|e| {
+                            Error::Input(format!("{uri}: not a readable Parquet file: {e}"))
+                        })?
+                }
+                None => {
+                    return Err(Error::Input(format!(
+                        "{uri}: not a readable Parquet file: {e}"
+                    )))
+                }
+            }
+        }
+    };
     let file_meta = meta
         .metadata()
         .file_metadata()

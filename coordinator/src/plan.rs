@@ -174,6 +174,16 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
                 .map_err(|_| Error::Cancelled)
         }
     };
+    if loc.is_http() {
+        // Named, so no extension filter: the worker reads the content.
+        let meta = http_file(loc).await?;
+        stats.inputs.fetch_add(1, Ordering::Relaxed);
+        stats.bytes.fetch_add(meta.size, Ordering::Relaxed);
+        return tx
+            .send(input_of(loc, &meta))
+            .await
+            .map_err(|_| Error::Cancelled);
+    }
     // A single object is an input of its own.
     if !loc.prefix.as_ref().is_empty() {
         if let Ok(meta) = loc.store.head(&loc.prefix).await {
@@ -238,6 +248,57 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
         )));
     }
     Ok(())
+}
+
+/// The one file an `http(s)://` input names.
+///
+/// HTTP has no listing (object_store would send a WebDAV PROPFIND, which
+/// plain web servers refuse), so the URL must name a file, checked by a HEAD
+/// request. A folder URL (empty path or a trailing `/`) or a web page (a
+/// folder index) is refused, saying so.
+async fn http_file(loc: &Location) -> Result<ObjectMeta> {
+    let no_listing = |why: &str| {
+        Error::Input(format!(
+            "{}: {why}; HTTP has no listing, so an http(s) input must name one file \
+             (an image, a TIFF or a tar archive). For a folder, read it through its \
+             object store's API instead (s3://bucket/prefix, gs://, az://)",
+            loc.url
+        ))
+    };
+    if loc.prefix.as_ref().is_empty() || loc.url.path().ends_with('/') {
+        return Err(no_listing("the URL names a folder"));
+    }
+    if loc.url.query().is_some() {
+        // The store addresses objects by path: the query (a pre-signed URL's
+        // signature) would be dropped from every request.
+        return Err(Error::Input(format!(
+            "{}: http(s) URLs with a query string (`?…`) are not supported",
+            loc.url
+        )));
+    }
+    let head = object_store::GetOptions {
+        head: true,
+        ..Default::default()
+    };
+    match loc.store.get_opts(&loc.prefix, head).await {
+        Ok(r) => {
+            let html = r
+                .attributes
+                .get(&object_store::Attribute::ContentType)
+                .is_some_and(|t| t.to_ascii_lowercase().starts_with("text/html"));
+            if html && !is_image_name(loc.prefix.as_ref()) {
+                return Err(no_listing(
+                    "it answers with a web page (a folder index?), not a file",
+                ));
+            }
+            Ok(r.meta)
+        }
+        Err(object_store::Error::NotFound { .. }) => Err(Error::Input(format!(
+            "{}: not found (HTTP 404 to a HEAD request)",
+            loc.url
+        ))),
+        Err(e) => Err(Error::Input(format!("{}: {e}", loc.url))),
+    }
 }
 
 /// Where a name holds one of `suffixes` as a whole word: the suffix index, and

@@ -86,51 +86,16 @@ pub struct SearchStats {
 
 /// Runs a search and prints its results to `out` (and one line of scan
 /// statistics to stderr).
+///
+/// A reader that stops early (`rsembed search … | head`) is not an error:
+/// on a broken pipe the output ends quietly, as in other Unix tools, with no
+/// statistics line either.
 pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
     let (results, stats) = search(&args).await?;
-    let w = |e: std::io::Error| Error::Worker(rsembed_worker::Error::Io(e));
-    if args.geojson {
-        let features: Vec<Value> = results
-            .iter()
-            .map(|r| {
-                json!({
-                    "type": "Feature",
-                    "geometry": r.geometry,
-                    "properties": serde_json::to_value(r).unwrap_or(Value::Null),
-                })
-            })
-            .collect();
-        serde_json::to_writer(
-            &mut *out,
-            &json!({"type": "FeatureCollection", "features": features}),
-        )?;
-        writeln!(out).map_err(w)?;
-    } else if args.json {
-        for r in &results {
-            serde_json::to_writer(&mut *out, r)?;
-            writeln!(out).map_err(w)?;
-        }
-    } else {
-        writeln!(
-            out,
-            "{:>4}  {:>9}  {:>8}  {:<32}  {:<24}  {:<22}  source_uri",
-            "rank", "score", "cosine", "chip_id", "window (x,y w×h)", "centre (lon,lat)"
-        )
-        .map_err(w)?;
-        for r in &results {
-            let score = r.score.map_or("-".to_owned(), |s| format!("{s:.3e}"));
-            let centre = match (r.centre_lon, r.centre_lat) {
-                (Some(lon), Some(lat)) => format!("{lon:.5},{lat:.5}"),
-                _ => "-".to_owned(),
-            };
-            let window = format!("{},{} {}×{}", r.x, r.y, r.width, r.height);
-            writeln!(
-                out,
-                "{:>4}  {:>9}  {:>8.5}  {:<32}  {:<24}  {:<22}  {}",
-                r.rank, score, r.cosine, r.chip_id, window, centre, r.source_uri
-            )
-            .map_err(w)?;
-        }
+    match print_results(&args, &results, out).and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+        Err(e) => return Err(Error::Worker(rsembed_worker::Error::Io(e))),
     }
     let p = &stats.pruning;
     eprintln!(
@@ -147,6 +112,57 @@ pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
         stats.bytes_read as f64 / (1024.0 * 1024.0),
         stats.seconds
     );
+    Ok(())
+}
+
+/// Writes the results as `--geojson`, `--json` or a table says.
+fn print_results(
+    args: &SearchArgs,
+    results: &[SearchResult],
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    if args.geojson {
+        let features: Vec<Value> = results
+            .iter()
+            .map(|r| {
+                json!({
+                    "type": "Feature",
+                    "geometry": r.geometry,
+                    "properties": serde_json::to_value(r).unwrap_or(Value::Null),
+                })
+            })
+            .collect();
+        // serde_json's error gives back the io error's kind (BrokenPipe).
+        serde_json::to_writer(
+            &mut *out,
+            &json!({"type": "FeatureCollection", "features": features}),
+        )?;
+        writeln!(out)?;
+    } else if args.json {
+        for r in results {
+            serde_json::to_writer(&mut *out, r)?;
+            writeln!(out)?;
+        }
+    } else {
+        writeln!(
+            out,
+            "{:>4}  {:>9}  {:>8}  {:<32}  {:<24}  {:<22}  source_uri",
+            "rank", "score", "cosine", "chip_id", "window (x,y w×h)", "centre (lon,lat)"
+        )?;
+        for r in results {
+            let score = r.score.map_or("-".to_owned(), |s| format!("{s:.3e}"));
+            let centre = match (r.centre_lon, r.centre_lat) {
+                (Some(lon), Some(lat)) => format!("{lon:.5},{lat:.5}"),
+                _ => "-".to_owned(),
+            };
+            let window = format!("{},{} {}×{}", r.x, r.y, r.width, r.height);
+            writeln!(
+                out,
+                "{:>4}  {:>9}  {:>8.5}  {:<32}  {:<24}  {:<22}  {}",
+                r.rank, score, r.cosine, r.chip_id, window, centre, r.source_uri
+            )?;
+        }
+    }
     Ok(())
 }
 

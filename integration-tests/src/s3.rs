@@ -68,6 +68,10 @@ elif op == "get":
         path = os.path.join(dst, *rel.split("/"))
         os.makedirs(os.path.dirname(path), exist_ok=True)
         s3.download_file(bucket, k, path)
+elif op == "public":
+    # Anonymous GET and HEAD (with Range) at http://host/bucket/key.
+    for bucket, k, _, _ in keys(args[0]):
+        s3.put_object_acl(Bucket=bucket, Key=k, ACL="public-read")
 elif op == "rm":
     bucket, k = split(args[0])
     s3.delete_object(Bucket=bucket, Key=k)
@@ -250,6 +254,18 @@ impl S3Server {
     pub fn download(&self, url: &str, dir: &Path) {
         let dst = dir.to_str().expect("test paths are UTF-8");
         self.ops(&["get", url, dst]);
+    }
+
+    /// Makes every object under the prefix `url` readable without credentials,
+    /// so that plain HTTP clients can GET it at [`S3Server::http_url`].
+    pub fn make_public(&self, url: &str) {
+        self.ops(&["public", url]);
+    }
+
+    /// The path-style plain-HTTP URL of the object `url` (`s3://bucket/key`).
+    pub fn http_url(&self, url: &str) -> String {
+        let rest = url.strip_prefix("s3://").expect("an s3:// URL");
+        format!("{}/{rest}", self.endpoint())
     }
 
     /// Deletes the object `url`.

@@ -354,3 +354,65 @@ fn unfinished_jobs_and_the_source_itself_are_refused() {
     );
     assert!(!out.exists(), "nothing written");
 }
+
+#[test]
+fn unwritable_outputs_fail_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture_job(tmp.path());
+    let file = tmp.path().join("afile");
+    std::fs::write(&file, b"a file, not a folder").unwrap();
+    for (out, cause) in [
+        (
+            Path::new("/proc/rsembed-test-compact").to_path_buf(),
+            "/proc",
+        ),
+        (Path::new("/proc").to_path_buf(), "/proc"),
+        (file.join("out"), "afile"),
+    ] {
+        let o = run_timeout(
+            rsembed()
+                .arg("compact")
+                .arg("--index")
+                .arg(&src)
+                .arg("--output")
+                .arg(&out),
+            std::time::Duration::from_secs(120),
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", out.display());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&*out.to_string_lossy()),
+            "names the output: {err}"
+        );
+        assert!(err.contains(cause), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert_eq!(
+        std::fs::read(&file).unwrap(),
+        b"a file, not a folder",
+        "untouched"
+    );
+}
+
+#[test]
+fn files_rewritten_by_pyarrow_compact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixture_job(tmp.path());
+    // PyArrow names the embedding list's items `element` where arrow-rs says `item`.
+    let o = run(std::process::Command::new(python()).args([
+        "-c",
+        "import glob, sys, pyarrow.parquet as pq\n\
+         for f in sorted(glob.glob(sys.argv[1] + '/chips/*.parquet')):\n\
+         \x20   pq.write_table(pq.read_table(f), f)\n\
+         print(pq.read_schema(f).field('embedding').type)",
+        src.to_str().unwrap(),
+    ]));
+    assert!(o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("element"),
+        "the rewrite renamed the list items"
+    );
+    let out = tmp.path().join("compacted");
+    let summary = compact_ok(&src, &out, &["--target-size", "20KB"]);
+    check_compaction(&src, &out, &summary);
+}

@@ -400,3 +400,137 @@ fn classify_refuses_bad_labels_and_templates() {
     );
     assert_eq!(n[0][2].as_u64(), Some(2));
 }
+
+/// `rsembed search` with its stdout a pipe whose reader is already gone, as
+/// in `rsembed search … | head -1` once `head` has its line.
+fn search_into_closed_pipe(index: &Path, args: &[&str]) -> std::process::Output {
+    use std::process::Stdio;
+    let mut child = rsembed()
+        .arg("search")
+        .arg("--index")
+        .arg(index)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("search starts");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("search ends");
+    eprintln!(
+        "search {args:?} into a closed pipe: exit {:?}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn search_chips_folder_closed_pipe_and_bbox_range() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = fixture_index(tmp.path());
+    let model = model_arg();
+    let q = [
+        "--model",
+        model.as_str(),
+        "--top-k",
+        "5",
+        "--json",
+        "fields",
+    ];
+    let (want, _) = search(&out, &q);
+    assert_eq!(want.lines().count(), 5);
+
+    // The chips/ folder, as GeoPandas and PyArrow take it, with or without
+    // its slash: the dataset's manifest names the files.
+    for index in [
+        format!("{}/chips/", out.display()),
+        format!("{}/chips", out.display()),
+    ] {
+        let (got, _) = search(Path::new(&index), &q);
+        assert_eq!(got, want, "--index {index}");
+    }
+    // A copy of the folder alone, without a manifest: the Parquet files in it.
+    let bare = tmp.path().join("copy/chips");
+    copy_dir(&out.join("chips"), &bare);
+    let (got, _) = search(&bare, &q);
+    assert_eq!(got, want, "--index {}", bare.display());
+
+    // A reader that went away ends the output quietly: exit 0, nothing on stderr.
+    for extra in [&[][..], &["--geojson"][..]] {
+        let args: Vec<&str> = ["--model", model.as_str(), "--top-k", "5"]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .chain(["fields"])
+            .collect();
+        let o = search_into_closed_pipe(&out, &args);
+        assert_eq!(o.status.code(), Some(0), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&o.stderr), "", "{args:?}");
+    }
+
+    // Boxes outside lon/lat ranges are refused, not an empty result.
+    for bbox in [
+        "--bbox=-181,0,10,10",
+        "--bbox=0,0,180.5,10",
+        "--bbox=0,-91,10,10",
+        "--bbox=0,0,10,90.01",
+        "--bbox=500000,4190000,510000,4200000",
+    ] {
+        let err = search_fails(&out, &["--model", &model, bbox, "x"]);
+        assert!(err.contains("lon/lat range"), "{bbox}: {err}");
+    }
+    let (o, _) = search(&out, &["--model", &model, "--bbox=-180,-90,180,90", "x"]);
+    assert!(o.contains("rank"), "the whole globe is a valid box: {o}");
+}
+
+#[test]
+fn classify_refuses_existing_and_unwritable_outputs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = fixture_index(tmp.path());
+    let labels = tmp.path().join("labels.txt");
+    std::fs::write(&labels, "forest\nriver\n").unwrap();
+    let limit = std::time::Duration::from_secs(120);
+    let classify = |output: &Path, extra: &[&str]| {
+        run_timeout(classify_cmd(&out, &labels, "{}", output).args(extra), limit)
+    };
+
+    let target = tmp.path().join("labels.parquet");
+    assert!(classify(&target, &[]).status.success());
+    let first = std::fs::read(&target).unwrap();
+    // An existing output is refused and left as it was; --overwrite replaces it.
+    std::fs::write(&target, b"someone's file").unwrap();
+    let o = classify(&target, &[]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("already exists")
+            && err.contains("--overwrite")
+            && err.contains("labels.parquet"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&target).unwrap(), b"someone's file");
+    assert!(classify(&target, &["--overwrite"]).status.success());
+    assert_eq!(std::fs::read(&target).unwrap(), first);
+
+    // Outputs that cannot be written: a clear error naming them, no hang.
+    let file = tmp.path().join("afile");
+    std::fs::write(&file, b"a file, not a folder").unwrap();
+    for (output, cause) in [
+        (
+            Path::new("/proc/rsembed-test-labels.parquet").to_path_buf(),
+            "/proc",
+        ),
+        (file.join("out.parquet"), "afile"),
+        (tmp.path().to_path_buf(), "is a folder"),
+    ] {
+        let o = classify(&output, &[]);
+        assert_eq!(o.status.code(), Some(1), "{}", output.display());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains(&*output.to_string_lossy()),
+            "names the output: {err}"
+        );
+        assert!(err.contains(cause), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -99,9 +99,14 @@ fn build_store(url: &Url) -> Result<Arc<dyn ObjectStore>> {
         ),
         "http" | "https" => {
             let base = format!("{}://{}", url.scheme(), url.authority());
+            // object_store refuses plain http unless told ("URL scheme is not
+            // allowed"); the user chose the scheme, and reads are all there is.
+            let options =
+                object_store::ClientOptions::new().with_allow_http(url.scheme() == "http");
             Arc::new(
                 object_store::http::HttpBuilder::new()
                     .with_url(base)
+                    .with_client_options(options)
                     .build()?,
             )
         }
@@ -182,6 +187,43 @@ impl Location {
             base = "file://".into();
         }
         format!("{base}/{}", path.as_ref())
+    }
+
+    /// Whether this location is read over plain HTTP(S), which has no listing.
+    pub fn is_http(&self) -> bool {
+        matches!(self.url.scheme(), "http" | "https")
+    }
+
+    /// Checks that the file `rel` (`/`-separated, relative to this location;
+    /// empty for the location itself) of a local location can be created:
+    /// makes its folder, then creates and removes a probe file next to it.
+    /// Other stores have nothing to check here: their errors come back from
+    /// the write.
+    ///
+    /// object_store's local writes retry forever where a folder exists but
+    /// refuses new files with "not found" (`/proc`): a write there would spin
+    /// instead of failing.
+    pub fn probe_local_write(&self, rel: &str) -> std::io::Result<()> {
+        let Some(base) = self.local_dir().filter(|_| self.is_local()) else {
+            return Ok(());
+        };
+        let file = rel
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .fold(base, |p, s| p.join(s));
+        let dir = file.parent().unwrap_or(&file).to_path_buf();
+        let cause =
+            |what: String, e: std::io::Error| std::io::Error::new(e.kind(), format!("{what}: {e}"));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| cause(format!("cannot create folder {}", dir.display()), e))?;
+        let mut probe = file.into_os_string();
+        probe.push(".rsembed-write-probe");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&probe)
+            .map_err(|e| cause(format!("cannot create a file in {}", dir.display()), e))?;
+        std::fs::remove_file(&probe)
     }
 
     /// Whether this location is on the local file system.
