@@ -118,6 +118,13 @@ pub(crate) async fn check_output(out: &Location) -> Result<CreatedDir> {
             }
         }
     }
+    if out.is_local() {
+        // object_store's local put retries forever where a folder refuses new
+        // files (`/proc`): the probe goes through std::fs, which fails.
+        out.probe_local_write(".rsembed-write-probe")
+            .map_err(|e| Error::Output(format!("cannot write to {}: {e}", out.url)))?;
+        return Ok(created);
+    }
     let probe = out.child(".rsembed-write-probe");
     out.store
         .put(&probe, PutPayload::from_static(b"probe"))

@@ -600,7 +600,7 @@ fn ctrl_c_on_run_says_that_a_rerun_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let (input, output) = (dir.path().join("in"), dir.path().join("out"));
     make_images(&input, 40);
-    let mut child = run_cmd(&input, &output, &tiny_model())
+    let child = run_cmd(&input, &output, &tiny_model())
         .args([
             "--chip-size",
             "16",
@@ -635,4 +635,17 @@ fn ctrl_c_on_run_says_that_a_rerun_resumes() {
     let s = run_ok(&input, &output, &["--task-files", "1"]);
     assert!(s["tasks_resumed"].as_u64().unwrap() >= 1, "{s}");
     assert_exact(&output, 40);
+}
+
+#[test]
+fn an_output_that_refuses_files_fails_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    make_images(&input, 1);
+    let out = rsembed_integration_tests::run_timeout(
+        run_cmd(&input, Path::new("/proc"), &tiny_model()).args(["--chip-size", "16"]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("/proc"), "{}", stderr(&out));
 }
