@@ -213,6 +213,7 @@ pub async fn fetch_model(args: FetchModelArgs) -> Result<FetchSummary, FetchErro
         source,
     };
     let model = ModelDir::open(&args.to).map_err(invalid)?;
+    model.check_files().map_err(invalid)?;
     model.tokenizer_path().map_err(invalid)?;
     summary.seconds = started.elapsed().as_secs_f64();
     Ok(summary)
