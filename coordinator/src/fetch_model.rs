@@ -340,6 +340,7 @@ pub async fn fetch_model(args: FetchModelArgs) -> Result<FetchSummary, FetchErro
         source,
     };
     let model = ModelDir::open(&args.to).map_err(invalid)?;
+    model.check_files().map_err(invalid)?;
     model.tokenizer_path().map_err(invalid)?;
     match check_graphs(&args, &src, model).await? {
         Ok(n) => summary.graphs_parsed = n,

@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod helm;
 pub mod nats;
 pub mod proxy;
+pub mod rasters;
 pub mod s3;
 
 /// The workspace root.

@@ -88,3 +88,140 @@ fn tar_and_tar_gz_members_become_chips_and_errors() {
         "plain and gzip archives give the same embedding"
     );
 }
+
+/// Every column but those naming the input (`chip_id`, `source_uri`,
+/// `source_version`), keyed by the file or member name, in a stable order.
+fn rows_by_name(out: &std::path::Path) -> serde_json::Value {
+    duckdb(&format!(
+        "SELECT regexp_extract(source_uri, '[^/#]+$'), x, y, width, height, valid_fraction, crs, \
+         hex(geometry::BLOB), bbox.xmin, bbox.ymin, bbox.xmax, bbox.ymax, centre_lon, centre_lat, \
+         embedding::FLOAT[] FROM '{}/chips/*.parquet' ORDER BY 1, y, x",
+        out.display()
+    ))
+}
+
+/// GeoTIFFs in a tar are read by the same reader as GeoTIFF files: the same
+/// chip grid, pixels (JPEG tiles, the 16-bit stretch), nodata and footprints.
+#[test]
+fn tiff_members_give_the_rows_of_the_same_files() {
+    use rsembed_integration_tests::rasters::{make_geotiff16, make_jpeg_geotiff, Scene16};
+    let tmp = tempfile::tempdir().unwrap();
+    let files = tmp.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    make_jpeg_geotiff(&files.join("jpeg_600.tif"), 600);
+    // 700 x 500 in 256 chips is a 3 x 2 grid; the bottom-right chip is all
+    // nodata and dropped, the top-left one partly nodata.
+    let scene = Scene16 {
+        width: 700,
+        height: 500,
+        tile: 256,
+        nodata: Some(((512, 256), (150, 100))),
+    };
+    make_geotiff16(&files.join("u16_nodata.tif"), scene);
+    std::fs::copy(
+        fixture_images().join("aerial_256_lzw.tif"),
+        files.join("plain.tif"),
+    )
+    .unwrap();
+    let tarred = tmp.path().join("tarred");
+    std::fs::create_dir_all(&tarred).unwrap();
+    let st = Command::new(python())
+        .args([
+            "-c",
+            "import sys, tarfile, os\n\
+             with tarfile.open(sys.argv[1], 'w') as t:\n\
+             \x20   for n in sorted(os.listdir(sys.argv[2])):\n\
+             \x20       t.add(os.path.join(sys.argv[2], n), arcname='scenes/' + n)\n",
+        ])
+        .arg(tarred.join("scenes.tar"))
+        .arg(&files)
+        .status()
+        .unwrap();
+    assert!(st.success());
+
+    // One chip per call, so the embeddings do not depend on how chips were batched.
+    let embed = |input: &std::path::Path, out: &std::path::Path| {
+        let o = run(run_cmd(input, out, &tiny_model()).args(["--batch-size", "1"]));
+        assert_eq!(o.status.code(), Some(0), "run on {}", input.display());
+    };
+    let (out_files, out_tar) = (tmp.path().join("out-files"), tmp.path().join("out-tar"));
+    embed(&files, &out_files);
+    embed(&tarred, &out_tar);
+    let (want, got) = (rows_by_name(&out_files), rows_by_name(&out_tar));
+    let count = |name: &str| {
+        want.as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r[0] == name)
+            .count()
+    };
+    assert_eq!(count("jpeg_600.tif"), 9, "a 3 x 3 grid");
+    assert_eq!(count("u16_nodata.tif"), 5, "the all-nodata chip is dropped");
+    assert_eq!(
+        count("plain.tif"),
+        1,
+        "a plain TIFF is one whole-image chip"
+    );
+    let partly = want
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r[0] == "u16_nodata.tif")
+        .map(|r| r[5].as_f64().unwrap())
+        .filter(|v| *v < 1.0)
+        .count();
+    assert!(partly >= 2, "nodata lowers valid_fraction: {want}");
+    assert_eq!(got, want, "a tar member gives the rows of the same file");
+
+    let uris = duckdb(&format!(
+        "SELECT source_uri, count(geometry) > 0 FROM '{}/chips/*.parquet' GROUP BY 1 ORDER BY 1",
+        out_tar.display()
+    ));
+    let archive = tarred.join("scenes.tar");
+    for (row, (name, georeferenced)) in uris.as_array().unwrap().iter().zip([
+        ("jpeg_600.tif", true),
+        ("plain.tif", false),
+        ("u16_nodata.tif", true),
+    ]) {
+        let uri = row[0].as_str().unwrap();
+        assert!(
+            uri.starts_with("file://")
+                && uri.ends_with(&format!("{}#scenes/{name}", archive.display())),
+            "{uri}"
+        );
+        assert_eq!(row[1], georeferenced, "{uri}");
+    }
+
+    // A TIFF member cut short, or TIFF magic followed by junk, is an error row
+    // naming the member, as the same file would be.
+    let bad = tmp.path().join("bad");
+    std::fs::create_dir_all(&bad).unwrap();
+    let st = Command::new(python())
+        .args([
+            "-c",
+            "import sys, io, tarfile\n\
+             data = open(sys.argv[2], 'rb').read()\n\
+             with tarfile.open(sys.argv[1], 'w') as t:\n\
+             \x20   for name, b in [('cut.tif', data[:3000]), ('junk.tif', b'II*\\0' + bytes(range(256)) * 4)]:\n\
+             \x20       ti = tarfile.TarInfo(name); ti.size = len(b); t.addfile(ti, io.BytesIO(b))\n",
+        ])
+        .arg(bad.join("broken.tar"))
+        .arg(files.join("u16_nodata.tif"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let out_bad = tmp.path().join("out-bad");
+    let o = run(&mut run_cmd(&bad, &out_bad, &tiny_model()));
+    assert_eq!(o.status.code(), Some(3), "finished with failed members");
+    let errors = duckdb(&format!(
+        "SELECT regexp_extract(source_uri, '[^/]+$'), stage FROM '{}/errors/*.parquet' ORDER BY 1",
+        out_bad.display()
+    ));
+    assert_eq!(
+        errors,
+        serde_json::json!([
+            ["broken.tar#cut.tif", "decode"],
+            ["broken.tar#junk.tif", "decode"]
+        ])
+    );
+}

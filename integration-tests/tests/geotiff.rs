@@ -278,3 +278,55 @@ fn a_scene_split_into_chip_blocks_gives_the_same_rows() {
     let s: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(s["tasks_resumed"], 4);
 }
+
+/// A 16-bit scene split into one-chip tasks computes its `--scale auto`
+/// stretch from a bounded sample, once per process: the run reads the file
+/// about once (each task used to read it whole for the percentiles), and
+/// every task stretches as the unsplit scene does.
+#[test]
+fn sharded_16_bit_scene_reads_its_file_about_once() {
+    use rsembed_integration_tests::rasters::{make_geotiff16, Scene16};
+    let tmp = tempfile::tempdir().unwrap();
+    let input = tmp.path().join("in");
+    std::fs::create_dir_all(&input).unwrap();
+    let file = input.join("scene16.tif");
+    let scene = Scene16 {
+        width: 1024,
+        height: 1024,
+        tile: 256,
+        nodata: None,
+    };
+    make_geotiff16(&file, scene);
+    let size = std::fs::metadata(&file).unwrap().len();
+    let summary = |out: &Path, extra: &[&str]| -> Value {
+        // One chip per inference call: embeddings independent of batching.
+        let o = run(run_cmd(&input, out, &tiny_model())
+            .args(["--batch-size", "1", "--json"])
+            .args(extra));
+        assert_eq!(o.status.code(), Some(0));
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let (whole_out, split_out) = (tmp.path().join("whole"), tmp.path().join("split"));
+    let whole = summary(&whole_out, &[]);
+    let split = summary(&split_out, &["--shard-bytes", "0", "--task-chips", "1"]);
+    assert_eq!(whole["tasks"], 1);
+    assert_eq!(split["tasks"], 16, "a 4 x 4 grid of one-chip tasks");
+    let read = split["bytes_read"].as_u64().unwrap();
+    assert!(
+        read < 2 * size,
+        "16 tasks read {read} bytes of a {size}-byte scene"
+    );
+    let rows = |out: &Path| {
+        duckdb(&format!(
+            "SELECT x, y, valid_fraction, embedding::FLOAT[] FROM '{}/chips/*.parquet' ORDER BY y, x",
+            out.display()
+        ))
+    };
+    let want = rows(&whole_out);
+    assert_eq!(want.as_array().unwrap().len(), 16);
+    assert_eq!(
+        rows(&split_out),
+        want,
+        "every task used the scene's stretch"
+    );
+}

@@ -97,9 +97,16 @@ async fn one_pass(
     out: &mut [f32],
 ) -> (usize, usize) {
     let tiling = tiling();
-    let scene = Scene::open(r, &tiling, ScaleSpec::Auto, TiffLimits::default(), uri)
-        .await
-        .unwrap_or_else(|e| panic!("{uri}: {e}"));
+    let scene = Scene::open(
+        r,
+        &tiling,
+        ScaleSpec::Auto,
+        TiffLimits::default(),
+        uri,
+        None,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{uri}: {e}"));
     let windows = scene.windows(None);
     let mut kept = 0;
     for w in &windows {
@@ -188,10 +195,16 @@ fn main() {
                 let bytes = Arc::new(AtomicU64::new(0));
                 let r = reader(&store, f, &bytes);
                 let (open_bytes, chips) = rt.block_on(async {
-                    let scene =
-                        Scene::open(r, &tiling, ScaleSpec::Auto, TiffLimits::default(), &uri)
-                            .await
-                            .unwrap_or_else(|e| panic!("{cog}: {e}"));
+                    let scene = Scene::open(
+                        r,
+                        &tiling,
+                        ScaleSpec::Auto,
+                        TiffLimits::default(),
+                        &uri,
+                        None,
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{cog}: {e}"));
                     let open_bytes = bytes.load(Ordering::Relaxed);
                     let mut chips = 0;
                     for w in scene.windows(Some(block)) {

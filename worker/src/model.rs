@@ -14,7 +14,12 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 
-/// A model directory whose JSON files parsed and whose files exist.
+/// A model directory whose JSON files parsed.
+///
+/// Graphs are checked where they are used: an image run needs only the vision
+/// graph it runs, a text command only the text graph, so a directory copied
+/// without the others still serves them ([`ModelDir::graph_path`]).
+/// [`ModelDir::check_files`] asks for every file the manifest names.
 #[derive(Debug, Clone)]
 pub struct ModelDir {
     /// The directory.
@@ -120,7 +125,8 @@ pub fn parse_manifest(path: &Path, bytes: &[u8]) -> Result<ModelManifest> {
 }
 
 impl ModelDir {
-    /// Reads and checks a model directory. Every failure names the file at fault.
+    /// Reads and checks a model directory's JSON files. Every failure names
+    /// the file at fault.
     pub fn open(dir: impl AsRef<Path>) -> Result<ModelDir> {
         let dir = dir.as_ref().to_path_buf();
         if !dir.is_dir() {
@@ -135,24 +141,35 @@ impl ModelDir {
         let preprocessor: PreprocessorConfig = serde_json::from_slice(&read_file(&ppath)?)
             .map_err(|e| invalid(&ppath, format!("does not parse: {e}")))?;
         check_preprocessor(&ppath, &preprocessor)?;
-        let m = ModelDir {
+        Ok(ModelDir {
             dir,
             manifest,
             preprocessor,
-        };
-        for g in m.graphs() {
-            let p = m.dir.join(&g.file);
-            if !p.is_file() {
-                return Err(Error::ModelFile {
-                    path: p,
-                    source: std::io::Error::new(
-                        std::io::ErrorKind::NotFound,
-                        format!("named by {MODEL_MANIFEST} but missing"),
-                    ),
-                });
-            }
+        })
+    }
+
+    /// Checks that every graph the manifest names is there, for a complete
+    /// copy (`fetch-model`, the container self-check).
+    pub fn check_files(&self) -> Result<()> {
+        for g in self.graphs() {
+            self.graph_path(g)?;
         }
-        Ok(m)
+        Ok(())
+    }
+
+    /// Path of a graph of the manifest, checked to exist.
+    pub fn graph_path(&self, g: &GraphSpec) -> Result<PathBuf> {
+        let p = self.dir.join(&g.file);
+        if p.is_file() {
+            return Ok(p);
+        }
+        Err(Error::ModelFile {
+            path: p,
+            source: std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("named by {MODEL_MANIFEST} but missing"),
+            ),
+        })
     }
 
     /// Every graph the manifest names.
@@ -194,28 +211,23 @@ impl ModelDir {
         }
     }
 
-    /// Model identity for job specs: digests of every graph and of the preprocessor.
+    /// Model identity for job specs: the digests of the vision graph the job
+    /// runs and of the preprocessor, the only files that shape its embeddings.
+    /// The other graphs are neither read nor required, so the identity does
+    /// not depend on whether a copy of the directory carries them.
     pub fn model_ref(&self, fp16: bool) -> Result<ModelRef> {
         let vision = self.vision_graph(fp16)?;
-        let mut files = Vec::new();
-        let mut vision_sha = String::new();
-        for g in self.graphs() {
-            let (sha256, bytes) = sha256_file(&self.path(&g.file))?;
-            if g.file == vision.file {
-                vision_sha = sha256.clone();
-            }
-            files.push(FileDigest {
-                path: g.file.clone(),
-                sha256,
-                bytes,
-            });
-        }
+        let (sha256, bytes) = sha256_file(&self.graph_path(vision)?)?;
         let (preprocessor_sha256, _) = sha256_file(&self.path(PREPROCESSOR_CONFIG))?;
         Ok(ModelRef {
             name: self.manifest.name.clone(),
             embed_dim: self.manifest.embed_dim,
-            sha256: vision_sha,
-            files,
+            sha256: sha256.clone(),
+            files: vec![FileDigest {
+                path: vision.file.clone(),
+                sha256,
+                bytes,
+            }],
             preprocessor_sha256,
             fp16,
         })

@@ -203,12 +203,6 @@ impl TaskRunner {
             let limits = self.limits;
             let counters = self.counters.clone();
             let conc = self.decode_concurrency.max(1);
-            let archive_ctx = Arc::new(archive::ArchiveContext {
-                stores: stores.clone(),
-                pre: pre.clone(),
-                counters: counters.clone(),
-                limits,
-            });
             let scene_ctx = Arc::new(scene::SceneContext {
                 stores: stores.clone(),
                 pre: pre.clone(),
@@ -216,6 +210,13 @@ impl TaskRunner {
                 tiling: job.file_meta.tiling.clone(),
                 scale: job.scale,
                 limits: self.tiff_limits.clone(),
+            });
+            let archive_ctx = Arc::new(archive::ArchiveContext {
+                stores: stores.clone(),
+                pre: pre.clone(),
+                counters: counters.clone(),
+                limits,
+                scene: scene_ctx.clone(),
             });
             tokio::spawn(
                 async move {

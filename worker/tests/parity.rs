@@ -11,7 +11,10 @@ use rsembed_worker::engine::vision::OrtVision;
 use rsembed_worker::engine::{Backend, PixelBatch};
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::preprocess::Preprocessor;
-use rsembed_worker::raster::image::{decode_rgb8, DecodeLimits};
+use rsembed_worker::raster::image::{decode_rgb8, is_tiff_content, DecodeLimits, Rgb8};
+use rsembed_worker::raster::scale::ScaleSpec;
+use rsembed_worker::raster::scene::{MemRange, Scene};
+use rsembed_worker::raster::tiff::TiffLimits;
 use serde_json::Value;
 
 fn root() -> PathBuf {
@@ -35,6 +38,36 @@ fn session_cfg() -> SessionConfig {
 
 fn model() -> ModelDir {
     ModelDir::open(root().join("fixtures/models/tiny-siglip")).unwrap()
+}
+
+/// A fixture image as `rsembed run` reads it: PNG and JPEG whole, a TIFF
+/// through the scene reader (a plain TIFF is one whole-image chip).
+fn decode(file: &Path) -> Rgb8 {
+    let bytes = std::fs::read(file).unwrap();
+    if !is_tiff_content(&bytes) {
+        return decode_rgb8(&bytes, DecodeLimits::default()).unwrap();
+    }
+    let tiling = serde_json::from_value(serde_json::json!({
+        "chip_size": 256, "stride": 256, "bands": [1, 2, 3], "scale": "auto", "min_valid": null
+    }))
+    .unwrap();
+    futures::executor::block_on(async {
+        let r = std::sync::Arc::new(MemRange::new(bytes.into()));
+        let uri = file.display().to_string();
+        let scene = Scene::open(
+            r,
+            &tiling,
+            ScaleSpec::Auto,
+            TiffLimits::default(),
+            &uri,
+            None,
+        )
+        .await
+        .unwrap();
+        let windows = scene.windows(None);
+        assert_eq!(windows.len(), 1, "{uri} is one whole-image chip");
+        scene.chip(windows[0], None).await.unwrap().unwrap().rgb
+    })
 }
 
 fn reference() -> Value {
@@ -71,7 +104,7 @@ fn preprocessing_matches_siglip_image_processor() {
     assert!(images.iter().any(|i| i["resized"] == false));
     for img in images {
         let file = root().join("fixtures").join(img["file"].as_str().unwrap());
-        let rgb = decode_rgb8(&std::fs::read(&file).unwrap(), DecodeLimits::default()).unwrap();
+        let rgb = decode(&file);
         assert_eq!(rgb.width as u64, img["width"].as_u64().unwrap());
         let px = pre.run(&rgb).unwrap();
         let plane = (pre.width() * pre.height()) as usize;
@@ -118,7 +151,7 @@ fn image_embeddings_match_get_image_features() {
     let mut data = Vec::new();
     for img in images {
         let file = root().join("fixtures").join(img["file"].as_str().unwrap());
-        let rgb = decode_rgb8(&std::fs::read(&file).unwrap(), DecodeLimits::default()).unwrap();
+        let rgb = decode(&file);
         data.extend(pre.run(&rgb).unwrap());
     }
     let batch = PixelBatch {
@@ -154,7 +187,7 @@ fn fp16_graph_stays_close() {
     let reference = reference();
     let img = &reference["images"][0];
     let file = root().join("fixtures").join(img["file"].as_str().unwrap());
-    let rgb = decode_rgb8(&std::fs::read(&file).unwrap(), DecodeLimits::default()).unwrap();
+    let rgb = decode(&file);
     let batch = PixelBatch {
         n: 1,
         channels: 3,

@@ -77,8 +77,11 @@ fn images(dir: &Path, n: usize) -> Vec<TaskInput> {
         .map(|i| {
             let p = dir.join(format!("img{i:03}.png"));
             let v = (5 * i) as u8;
-            image::RgbImage::from_pixel(20, 12, image::Rgb([v, v, v]))
-                .save(&p)
+            let mut e = png::Encoder::new(std::fs::File::create(&p).unwrap(), 20, 12);
+            e.set_color(png::ColorType::Rgb);
+            e.write_header()
+                .unwrap()
+                .write_image_data(&[v; 20 * 12 * 3])
                 .unwrap();
             TaskInput {
                 uri: format!("file://{}", p.display()),

@@ -40,7 +40,7 @@ impl TextEncoder {
             reason: format!("not a Hugging Face tokenizers file: {e}"),
         })?;
         let g = &model.manifest.text;
-        let file = model.path(&g.file);
+        let file = model.graph_path(g)?;
         let session = open_graph(cfg, &file, &g.input, &g.output)?;
         Ok(TextEncoder {
             tokenizer,

@@ -42,7 +42,7 @@ impl OrtVision {
     /// `embed_dim` floats per image for the preprocessor's input size.
     pub fn open(model: &ModelDir, fp16: bool, cfg: &SessionConfig) -> Result<OrtVision> {
         let g = model.vision_graph(fp16)?;
-        let file = model.path(&g.file);
+        let file = model.graph_path(g)?;
         let session = open_graph(cfg, &file, &g.input, &g.output)?;
         let embed_dim = model.manifest.embed_dim;
         if let Some(d) = static_last_dim(&session, &g.output) {

@@ -1,5 +1,8 @@
 //! The archive path of the task runner: a tar (or tar.gz) input is streamed
-//! from storage, never unpacked to disk, and each image member becomes a chip.
+//! from storage, never unpacked to disk. A PNG or JPEG member becomes one
+//! chip; a TIFF member is read from memory by the same scene reader as a TIFF
+//! file, so it yields the rows that file would (its grid, nodata, stretch and
+//! footprints), with `<archive>#<member>` as their source.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -11,9 +14,10 @@ use rsembed_schemas::ids::Window;
 use rsembed_schemas::task::TaskInput;
 use tokio::sync::mpsc;
 
+use crate::pipeline::scene::{produce_member_scene, SceneContext};
 use crate::pipeline::{input_error, Counters, Item, Prepared};
 use crate::preprocess::Preprocessor;
-use crate::raster::image::{decode_rgb8, DecodeLimits};
+use crate::raster::image::{decode_rgb8, is_tiff_content, DecodeLimits};
 use crate::raster::tar::{member_uri, walk, Entry, TarLimits};
 use crate::sink::rows::ErrorRow;
 use crate::store::StoreCache;
@@ -28,6 +32,8 @@ pub struct ArchiveContext {
     pub counters: Arc<Counters>,
     /// Decoder bounds for members.
     pub limits: DecodeLimits,
+    /// How TIFF members are read: tiling, `--scale`, TIFF limits.
+    pub scene: Arc<SceneContext>,
 }
 
 fn member_error(uri: String, stage: ErrorStage, error: String) -> Item {
@@ -76,6 +82,7 @@ pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mps
     let archive = input.clone();
     let ctx2 = ctx.clone();
     let tx2 = tx.clone();
+    let runtime = tokio::runtime::Handle::current();
     // The tar walk is synchronous; it runs on a blocking thread and hands each
     // chip to the async side through the same bounded channel as every input.
     let walked = tokio::task::spawn_blocking(move || {
@@ -83,6 +90,25 @@ pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mps
             let item = match entry {
                 Entry::Rejected { path, reason } => {
                     member_error(member_uri(&archive.uri, &path), ErrorStage::Decode, reason)
+                }
+                Entry::Image(m) if is_tiff_content(&m.data) => {
+                    let member = TaskInput {
+                        uri: member_uri(&archive.uri, &m.path),
+                        size: m.data.len() as u64,
+                        version: archive.version.clone(),
+                        chips: None,
+                        parts: vec![],
+                    };
+                    // The scene reader is async; over bytes in memory it never
+                    // waits on I/O, and this blocking thread may wait on the
+                    // runtime (chips go out through the bounded channel).
+                    let scene = ctx2.scene.clone();
+                    let data = bytes::Bytes::from(m.data);
+                    runtime.block_on(produce_member_scene(scene, member, data, tx2.clone()));
+                    return match tx2.is_closed() {
+                        true => Err("task dropped".to_owned()),
+                        false => Ok(()),
+                    };
                 }
                 Entry::Image(m) => {
                     let uri = member_uri(&archive.uri, &m.path);

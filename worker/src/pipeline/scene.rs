@@ -1,6 +1,9 @@
-//! The scene path of the task runner: a TIFF input becomes many chips.
+//! The scene path of the task runner: a TIFF input becomes many chips, whether
+//! it is a file in storage or a member of a tar archive.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
 
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::job::TilingSpec;
@@ -9,8 +12,8 @@ use tokio::sync::mpsc;
 
 use crate::pipeline::{input_error, Counters, Item, Prepared};
 use crate::preprocess::Preprocessor;
-use crate::raster::scale::ScaleSpec;
-use crate::raster::scene::{Scene, StoreRange};
+use crate::raster::scale::{ScaleSpec, StretchCache};
+use crate::raster::scene::{MemRange, Scene, StoreRange, StretchMemo};
 use crate::raster::tiff::TiffLimits;
 use crate::store::StoreCache;
 
@@ -31,6 +34,34 @@ pub struct SceneContext {
 }
 
 type OpenError = (ErrorStage, Box<dyn std::error::Error + Send + Sync>);
+
+/// The `--scale auto` stretches of every task this process runs, as the
+/// metrics are: tasks of one scene (a sharded scene is many tasks) read its
+/// sample once per process instead of once per task. Only a memo of a pure
+/// function, so it cannot make two tasks disagree.
+fn stretches() -> &'static StretchCache {
+    static CACHE: OnceLock<StretchCache> = OnceLock::new();
+    CACHE.get_or_init(StretchCache::default)
+}
+
+/// The key of a scene's stretch: every file's URI, version and size, and the
+/// bands read. A file that changed has another version, so another key.
+fn stretch_key(ctx: &SceneContext, input: &TaskInput) -> String {
+    let mut key = format!("bands={:?}", ctx.tiling.bands);
+    let files = std::iter::once((&input.uri, &input.version, input.size))
+        .chain(input.parts.iter().map(|p| (&p.uri, &p.version, p.size)));
+    for (uri, version, size) in files {
+        key += &format!("\n{uri}\t{}\t{size}", version.as_deref().unwrap_or(""));
+    }
+    key
+}
+
+fn memo(ctx: &SceneContext, input: &TaskInput) -> Option<StretchMemo<'static>> {
+    Some(StretchMemo {
+        cache: stretches(),
+        key: stretch_key(ctx, input),
+    })
+}
 
 /// A counted range reader of one object.
 fn reader(
@@ -58,6 +89,7 @@ async fn open_single(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, Ope
         ctx.scale,
         ctx.limits.clone(),
         &input.uri,
+        memo(ctx, input),
     )
     .await
     .map_err(|e| (ErrorStage::Decode, Box::new(e) as _))
@@ -83,6 +115,7 @@ async fn open_band_files(ctx: &SceneContext, input: &TaskInput) -> Result<Scene,
         ctx.scale,
         ctx.limits.clone(),
         &input.uri,
+        memo(ctx, input),
     )
     .await
     .map_err(|e| (ErrorStage::Decode, Box::new(e) as _))
@@ -96,20 +129,54 @@ pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::S
     } else {
         open_band_files(&ctx, &input).await
     };
-    let scene = match opened {
-        Ok(s) => s,
+    match opened {
+        Ok(scene) => emit_chips(&ctx, &scene, &input, tx).await,
         Err((stage, e)) => {
             let _ = tx.send(Err(input_error(&input, stage, &*e))).await;
-            return;
         }
-    };
+    }
+}
+
+/// Reads every chip of a TIFF held in memory (a tar member named by
+/// `input.uri`) into `tx`, exactly as the same file in storage would be read:
+/// the same reader, limits, grid, stretch and footprints.
+pub async fn produce_member_scene(
+    ctx: Arc<SceneContext>,
+    input: TaskInput,
+    bytes: Bytes,
+    tx: mpsc::Sender<Item>,
+) {
+    let reader = Arc::new(MemRange::new(bytes));
+    let opened = Scene::open(
+        reader,
+        &ctx.tiling,
+        ctx.scale,
+        ctx.limits.clone(),
+        &input.uri,
+        // Its sample costs no I/O, and a member has no version of its own.
+        None,
+    )
+    .await;
+    match opened {
+        Ok(scene) => emit_chips(&ctx, &scene, &input, tx).await,
+        Err(e) => {
+            let _ = tx
+                .send(Err(input_error(&input, ErrorStage::Decode, &e)))
+                .await;
+        }
+    }
+}
+
+/// Sends the chips of `input`'s windows (its chip block, or all) to `tx`; a
+/// failure becomes one error row for the input, after the chips before it.
+async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mpsc::Sender<Item>) {
     for window in scene.windows(input.chips) {
         let chip = match scene.chip(window, ctx.tiling.min_valid).await {
             Ok(Some(c)) => c,
             Ok(None) => continue,
             Err(e) => {
                 let _ = tx
-                    .send(Err(input_error(&input, ErrorStage::Decode, &e)))
+                    .send(Err(input_error(input, ErrorStage::Decode, &e)))
                     .await;
                 return;
             }
@@ -120,14 +187,14 @@ pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::S
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
                 let _ = tx
-                    .send(Err(input_error(&input, ErrorStage::Preprocess, &e)))
+                    .send(Err(input_error(input, ErrorStage::Preprocess, &e)))
                     .await;
                 return;
             }
             Err(join) => {
                 let e = std::io::Error::other(format!("preprocess panicked: {join}"));
                 let _ = tx
-                    .send(Err(input_error(&input, ErrorStage::Preprocess, &e)))
+                    .send(Err(input_error(input, ErrorStage::Preprocess, &e)))
                     .await;
                 return;
             }

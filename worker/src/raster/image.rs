@@ -1,8 +1,5 @@
-//! Whole images (PNG, JPEG, TIFF without georeferencing): one chip each.
-
-use std::io::Cursor;
-
-use image::{ImageFormat, ImageReader, Limits};
+//! Whole images (PNG, JPEG): one chip each. TIFFs, whole or not, are read by
+//! the project's own reader as scenes (`raster::scene`), wherever they come from.
 
 /// Bounds on what one image may make us allocate. Inputs are hostile: a 60-byte
 /// PNG can claim to be 100 000 × 100 000 pixels.
@@ -44,17 +41,17 @@ pub enum DecodeError {
     #[error("not a PNG, JPEG or TIFF image (unrecognized content)")]
     UnknownFormat,
     /// A format we recognize but do not read as a whole image.
-    #[error("unsupported image format {0:?}")]
-    Unsupported(ImageFormat),
-    /// The decoder refused the file.
-    #[error("{format:?} decode failed: {source}")]
-    Decoder {
-        /// The recognized format.
-        format: ImageFormat,
-        /// The decoder's reason.
-        #[source]
-        source: image::ImageError,
-    },
+    #[error("unsupported image format: {0}")]
+    Unsupported(&'static str),
+    /// The PNG decoder refused the file.
+    #[error("PNG decode failed")]
+    Png(#[source] ::png::DecodingError),
+    /// A palette PNG without its `PLTE` chunk.
+    #[error("PNG decode failed: palette image without a PLTE chunk")]
+    PngPalette,
+    /// A colour type and bit depth PNG does not allow.
+    #[error("PNG decode failed: invalid layout {0}")]
+    PngLayout(String),
     /// The JPEG decoder refused the file.
     #[error("JPEG decode failed: {0}")]
     Jpeg(String),
@@ -68,37 +65,52 @@ pub enum DecodeError {
         /// The byte limit.
         limit: u64,
     },
+    /// A side is longer than the limit allows.
+    #[error("{width}x{height} pixels: a side is over the limit of {max}")]
+    DimensionTooLarge {
+        /// Width from the header.
+        width: usize,
+        /// Height from the header.
+        height: usize,
+        /// The largest side accepted.
+        max: u32,
+    },
 }
 
-/// Decodes a whole PNG, JPEG or TIFF into 8-bit RGB, dropping alpha and replicating
+/// Whether `bytes` start like a TIFF or BigTIFF file.
+pub fn is_tiff_content(bytes: &[u8]) -> bool {
+    matches!(
+        bytes.get(..4),
+        Some(b"II*\0" | b"MM\0*" | b"II+\0" | b"MM\0+")
+    )
+}
+
+/// Decodes a whole PNG or JPEG into 8-bit RGB, dropping alpha and replicating
 /// grey, as PIL's `convert("RGB")` does.
 pub fn decode_rgb8(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeError> {
     if bytes.is_empty() {
         return Err(DecodeError::Empty);
     }
-    let format = match image::guess_format(bytes) {
-        Ok(f @ (ImageFormat::Png | ImageFormat::Jpeg | ImageFormat::Tiff)) => f,
-        Ok(other) => return Err(DecodeError::Unsupported(other)),
-        Err(_) => return Err(DecodeError::UnknownFormat),
-    };
-    if format == ImageFormat::Jpeg {
+    if crate::raster::png::is_png(bytes) {
+        return crate::raster::png::decode(bytes, limits);
+    }
+    if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
         return decode_jpeg(bytes, limits);
     }
-    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
-    let mut l = Limits::default();
-    l.max_image_width = Some(limits.max_dimension);
-    l.max_image_height = Some(limits.max_dimension);
-    l.max_alloc = Some(limits.max_alloc);
-    reader.limits(l);
-    let img = reader
-        .decode()
-        .map_err(|source| DecodeError::Decoder { format, source })?;
-    let rgb = img.into_rgb8();
-    Ok(Rgb8 {
-        width: rgb.width(),
-        height: rgb.height(),
-        data: rgb.into_raw(),
-    })
+    if is_tiff_content(bytes) {
+        return Err(DecodeError::Unsupported(
+            "TIFF content under another name (TIFFs are read as scenes: name the file .tif or .tiff)",
+        ));
+    }
+    let other = [
+        (&b"GIF8"[..], "GIF"),
+        (b"RIFF", "WebP (or another RIFF format)"),
+        (b"BM", "BMP"),
+    ];
+    match other.iter().find(|(magic, _)| bytes.starts_with(magic)) {
+        Some((_, name)) => Err(DecodeError::Unsupported(name)),
+        None => Err(DecodeError::UnknownFormat),
+    }
 }
 
 /// Decodes a JPEG exactly as libjpeg-turbo (Pillow, the reference) does,
@@ -188,18 +200,21 @@ mod tests {
     use super::*;
 
     fn png(w: u32, h: u32) -> Vec<u8> {
-        let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, 7]));
-        let mut out = Cursor::new(Vec::new());
-        img.write_to(&mut out, ImageFormat::Png).unwrap();
-        out.into_inner()
+        let data: Vec<u8> = (0..h)
+            .flat_map(|y| (0..w).flat_map(move |x| [x as u8, y as u8, 7]))
+            .collect();
+        let mut out = Vec::new();
+        let mut e = ::png::Encoder::new(&mut out, w, h);
+        e.set_color(::png::ColorType::Rgb);
+        e.write_header().unwrap().write_image_data(&data).unwrap();
+        out
     }
 
-    fn jpeg(w: u32, h: u32) -> Vec<u8> {
-        let img =
-            image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 4) as u8, (y * 4) as u8, 99]));
-        let mut out = Cursor::new(Vec::new());
-        img.write_to(&mut out, ImageFormat::Jpeg).unwrap();
-        out.into_inner()
+    fn fixture(name: &str) -> Vec<u8> {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../fixtures/images")
+            .join(name);
+        std::fs::read(p).unwrap()
     }
 
     #[test]
@@ -211,18 +226,12 @@ mod tests {
     }
 
     #[test]
-    fn grey_and_alpha_convert_like_pil() {
-        let grey = image::GrayImage::from_pixel(2, 2, image::Luma([9]));
-        let mut out = Cursor::new(Vec::new());
-        grey.write_to(&mut out, ImageFormat::Png).unwrap();
-        let img = decode_rgb8(out.get_ref(), DecodeLimits::default()).unwrap();
-        assert_eq!(&img.data[..3], &[9, 9, 9]);
-
-        let rgba = image::RgbaImage::from_pixel(2, 2, image::Rgba([1, 2, 3, 0]));
-        let mut out = Cursor::new(Vec::new());
-        rgba.write_to(&mut out, ImageFormat::Png).unwrap();
-        let img = decode_rgb8(out.get_ref(), DecodeLimits::default()).unwrap();
-        assert_eq!(&img.data[..3], &[1, 2, 3]);
+    fn tiff_and_other_formats_are_named() {
+        let tif = fixture("aerial_256_lzw.tif");
+        let e = decode_rgb8(&tif, DecodeLimits::default()).unwrap_err();
+        assert!(e.to_string().contains("TIFF"), "{e}");
+        let e = decode_rgb8(b"GIF89a....", DecodeLimits::default()).unwrap_err();
+        assert!(e.to_string().contains("GIF"), "{e}");
     }
 
     #[test]
@@ -237,7 +246,7 @@ mod tests {
         ));
         let p = png(64, 64);
         assert!(decode_rgb8(&p[..p.len() / 2], DecodeLimits::default()).is_err());
-        let j = jpeg(64, 64);
+        let j = fixture("small_64.jpg");
         assert!(decode_rgb8(&j, DecodeLimits::default()).is_ok());
         assert!(decode_rgb8(&j[..j.len() * 2 / 3], DecodeLimits::default()).is_err());
         let mut bad = j.clone();
@@ -252,5 +261,6 @@ mod tests {
             ..Default::default()
         };
         assert!(decode_rgb8(&p, small).is_err());
+        assert!(decode_rgb8(&j, small).is_err());
     }
 }

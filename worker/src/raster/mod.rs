@@ -1,9 +1,10 @@
-//! Reading inputs: whole images now; GeoTIFF scenes and windows come next.
+//! Reading inputs: whole PNG/JPEG images, (Geo)TIFF scenes, tar archives of both.
 
 pub mod geo;
 pub mod grid;
 pub mod image;
 pub mod jpeg;
+pub mod png;
 pub mod scale;
 pub mod scene;
 pub mod tar;

@@ -102,6 +102,79 @@ pub fn percentile_stretch(mut samples: Vec<Vec<f64>>) -> Stretch {
     Stretch { bands }
 }
 
+/// Scenes whose `--scale auto` stretch a process remembers.
+const STRETCH_CACHE_ENTRIES: usize = 4096;
+
+/// `--scale auto` stretches already computed in this process, by scene.
+///
+/// The stretch is a pure function of the scene's bytes and bands, so a task
+/// of a scene that another task of this process already opened takes it from
+/// here instead of reading the sample again: the answer is the same either
+/// way, which keeps every task of a scene on one stretch whichever worker runs
+/// it. Concurrent tasks of one scene wait for the first to finish instead of
+/// reading the sample side by side. Failures are not remembered.
+pub struct StretchCache {
+    /// Oldest first; a few thousand entries of a few dozen bytes.
+    entries: std::sync::Mutex<std::collections::VecDeque<(String, Slot)>>,
+}
+
+type Slot = std::sync::Arc<futures::lock::Mutex<Option<Stretch>>>;
+
+impl Default for StretchCache {
+    fn default() -> Self {
+        StretchCache {
+            entries: std::sync::Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+}
+
+impl StretchCache {
+    /// The stretch remembered under `key`, or `compute`'s, remembered when it succeeds.
+    pub async fn get_or_compute<E>(
+        &self,
+        key: &str,
+        compute: impl std::future::Future<Output = Result<Stretch, E>>,
+    ) -> Result<Stretch, E> {
+        let slot = {
+            let mut entries = self
+                .entries
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match entries.iter().find(|(k, _)| k == key) {
+                Some((_, slot)) => slot.clone(),
+                None => {
+                    if entries.len() >= STRETCH_CACHE_ENTRIES {
+                        entries.pop_front();
+                    }
+                    let slot = Slot::default();
+                    entries.push_back((key.to_owned(), slot.clone()));
+                    slot
+                }
+            }
+        };
+        let mut held = slot.lock().await;
+        if let Some(s) = held.as_ref() {
+            return Ok(s.clone());
+        }
+        let s = compute.await?;
+        *held = Some(s.clone());
+        Ok(s)
+    }
+
+    /// Scenes remembered.
+    pub fn len(&self) -> usize {
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether nothing is remembered yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +215,37 @@ mod tests {
         );
         assert_eq!(s.bands[1], Some((7.0, 8.0)));
         assert_eq!(percentile_stretch(vec![vec![]]).bands[0], None);
+    }
+
+    #[test]
+    fn cache_computes_once_per_key_and_forgets_failures() {
+        let cache = StretchCache::default();
+        let runs = std::sync::atomic::AtomicUsize::new(0);
+        let compute = |lo: f64| {
+            let runs = &runs;
+            async move {
+                runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok::<_, String>(Stretch::uniform(3, lo, lo + 10.0))
+            }
+        };
+        futures::executor::block_on(async {
+            let a = cache.get_or_compute("a", compute(1.0)).await.unwrap();
+            let again = cache.get_or_compute("a", compute(99.0)).await.unwrap();
+            assert_eq!(a, again, "the first stretch of a scene is kept");
+            let b = cache.get_or_compute("b", compute(5.0)).await.unwrap();
+            assert_ne!(a, b);
+            let failed = cache
+                .get_or_compute("c", async { Err::<Stretch, _>("io".to_owned()) })
+                .await;
+            assert!(failed.is_err());
+            let c = cache.get_or_compute("c", compute(7.0)).await.unwrap();
+            assert_eq!(c, Stretch::uniform(3, 7.0, 17.0), "a failure is retried");
+        });
+        assert_eq!(
+            runs.into_inner(),
+            3,
+            "one computation per key that succeeded"
+        );
+        assert_eq!(cache.len(), 3);
     }
 }

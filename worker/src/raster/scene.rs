@@ -20,7 +20,7 @@ use rsembed_schemas::task::ChipBlock;
 use crate::raster::geo::{self, Crs, GeoTransform, Projector};
 use crate::raster::grid::ChipGrid;
 use crate::raster::image::Rgb8;
-use crate::raster::scale::{percentile_stretch, ScaleSpec, Stretch};
+use crate::raster::scale::{percentile_stretch, ScaleSpec, Stretch, StretchCache};
 use crate::raster::tiff::{
     RangeRead, SampleType, Samples, TiffError, TiffFile, TiffLimits, WindowData,
 };
@@ -79,6 +79,40 @@ impl RangeRead for StoreRange {
         }
         .boxed()
     }
+}
+
+/// An object already in memory (a tar member), read through the same
+/// interface as storage, so it gives exactly what the stored file gives.
+/// Reads are not counted: the bytes were counted when they were fetched.
+pub struct MemRange(Bytes);
+
+impl MemRange {
+    /// A reader of `bytes`.
+    pub fn new(bytes: Bytes) -> Self {
+        MemRange(bytes)
+    }
+}
+
+impl RangeRead for MemRange {
+    fn size(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn read_range(&self, start: u64, end: u64) -> BoxFuture<'_, std::io::Result<Bytes>> {
+        let len = self.0.len();
+        let end = usize::try_from(end).unwrap_or(len).min(len);
+        let start = usize::try_from(start).unwrap_or(len).min(end);
+        let b = self.0.slice(start..end);
+        async move { Ok(b) }.boxed()
+    }
+}
+
+/// Where a scene's `--scale auto` stretch is remembered, and under which key.
+pub struct StretchMemo<'a> {
+    /// The process's cache.
+    pub cache: &'a StretchCache,
+    /// What identifies the scene's content and bands: URIs, versions, sizes, `--bands`.
+    pub key: String,
 }
 
 /// Why a scene could not be read.
@@ -148,8 +182,12 @@ pub struct Scene {
     u16_luts: std::sync::OnceLock<[Box<[u8; 65536]>; 3]>,
 }
 
-/// Samples taken per band for `--scale auto` when the scene has no overview.
-const STRETCH_WINDOWS: u32 = 4;
+/// Pixels per band the `--scale auto` sample aims at when the scene has no
+/// overview: enough for stable 2nd/98th percentiles (a 512² square).
+const STRETCH_SAMPLE_PIXELS: u64 = 1 << 19;
+/// Fewest blocks sampled, so that a scene of large tiles is still sampled in
+/// several places.
+const STRETCH_MIN_BLOCKS: u64 = 8;
 
 /// Georeferencing of one file, with warnings for what cannot be used.
 struct FileGeo {
@@ -175,12 +213,16 @@ fn file_geo(tiff: &TiffFile, uri: &str) -> Result<FileGeo, SceneError> {
 
 impl Scene {
     /// Reads the header, decides bands, georeferencing, grid and stretch.
+    ///
+    /// With `memo`, a `--scale auto` stretch another task of this process
+    /// already computed for the scene is reused instead of read again.
     pub async fn open(
         reader: Arc<dyn RangeRead>,
         tiling: &TilingSpec,
         scale: ScaleSpec,
         limits: TiffLimits,
         uri: &str,
+        memo: Option<StretchMemo<'_>>,
     ) -> Result<Scene, SceneError> {
         let tiff = TiffFile::open(reader, limits).await?;
         let bands = select_bands(&tiling.bands, tiff.image().bands)?;
@@ -190,7 +232,7 @@ impl Scene {
             bands,
             factor: 1,
         }];
-        Scene::assemble(sources, g, tiling, scale, uri).await
+        Scene::assemble(sources, g, tiling, scale, uri, memo).await
     }
 
     /// A scene stored one file per band (`--band-files`), files in channel order.
@@ -204,6 +246,7 @@ impl Scene {
         scale: ScaleSpec,
         limits: TiffLimits,
         uri: &str,
+        memo: Option<StretchMemo<'_>>,
     ) -> Result<Scene, SceneError> {
         let mut files = Vec::new();
         for (file_uri, r) in readers {
@@ -261,7 +304,7 @@ impl Scene {
             });
         }
         let g = g.expect("the finest file is one of the files");
-        Scene::assemble(srcs, g, tiling, scale, uri).await
+        Scene::assemble(srcs, g, tiling, scale, uri, memo).await
     }
 
     async fn assemble(
@@ -270,6 +313,7 @@ impl Scene {
         tiling: &TilingSpec,
         scale: ScaleSpec,
         uri: &str,
+        memo: Option<StretchMemo<'_>>,
     ) -> Result<Scene, SceneError> {
         let info = sources
             .iter()
@@ -314,19 +358,41 @@ impl Scene {
             ScaleSpec::None => Stretch::identity(3),
             ScaleSpec::Range(lo, hi) => Stretch::uniform(3, lo, hi),
             ScaleSpec::Auto if all_u8 => Stretch::identity(3),
-            ScaleSpec::Auto => scene.scene_stretch().await?,
+            ScaleSpec::Auto => match memo {
+                Some(m) => {
+                    m.cache
+                        .get_or_compute(&m.key, scene.scene_stretch())
+                        .await?
+                }
+                None => scene.scene_stretch().await?,
+            },
         };
         Ok(scene)
     }
 
     /// Scene-level percentiles, per source from its smallest overview with
-    /// enough pixels, or from a few windows spread over it when it has none.
+    /// enough pixels, or else from whole blocks (tiles or strips) spread over
+    /// it: a bounded read, a fraction of the file, the same for every task.
     async fn scene_stretch(&self) -> Result<Stretch, SceneError> {
         if self.sources.len() > 1 {
             // Band files may sit on different grids: sample on the scene's own,
-            // so a scene stretches the same whichever way its bands are stored.
+            // at the finest file's blocks, so a scene stretches the same
+            // whichever way its bands are stored.
+            let finest = self
+                .sources
+                .iter()
+                .find(|s| s.factor == 1)
+                .unwrap_or(&self.sources[0])
+                .tiff
+                .image();
             let mut samples = vec![Vec::new(); 3];
-            for (x, y, w, h) in stretch_windows(self.width, self.height) {
+            let blocks = stretch_blocks(
+                self.width,
+                self.height,
+                finest.block_width,
+                finest.block_height,
+            );
+            for (x, y, w, h) in blocks {
                 let w = self
                     .read(Window {
                         x: x as i32,
@@ -360,7 +426,9 @@ impl Scene {
             take_valid(&mut samples, &w);
         } else {
             let info = src.tiff.image();
-            for (x, y, w, h) in stretch_windows(info.width, info.height) {
+            let blocks =
+                stretch_blocks(info.width, info.height, info.block_width, info.block_height);
+            for (x, y, w, h) in blocks {
                 let w = src
                     .tiff
                     .read_window(0, x.into(), y.into(), w, h, &distinct)
@@ -624,23 +692,37 @@ pub async fn plan_band_grid(
     Ok(best.and_then(|(_, w, h, georeferenced)| layout(w, h, georeferenced, tiling)))
 }
 
-/// The windows (x, y, width, height) a raster without a usable overview is
-/// sampled at for `--scale auto`: the whole raster when it has no more pixels
-/// than the samples would, else a grid of 256-pixel squares spread over it.
-fn stretch_windows(width: u32, height: u32) -> Vec<(u32, u32, u32, u32)> {
-    let per = 256u64 * 256;
-    if u64::from(width) * u64::from(height) <= per * u64::from(STRETCH_WINDOWS.pow(2)) {
-        // Overlapping squares would read most pixels several times over.
-        return vec![(0, 0, width.max(1), height.max(1))];
-    }
-    let side = 256u32.min(width).min(height).max(1);
-    let n = u64::from(STRETCH_WINDOWS - 1);
-    let mut out = Vec::new();
-    for j in 0..STRETCH_WINDOWS {
-        for i in 0..STRETCH_WINDOWS {
-            let x = u64::from(width.saturating_sub(side)) * u64::from(i) / n;
-            let y = u64::from(height.saturating_sub(side)) * u64::from(j) / n;
-            out.push((x as u32, y as u32, side, side));
+/// The blocks (x, y, width, height) a raster without a usable overview is
+/// sampled at for `--scale auto`: whole tiles or strips, so each costs one
+/// block read and no neighbour, on an even grid of strata over the raster.
+///
+/// About [`STRETCH_SAMPLE_PIXELS`] pixels in at least [`STRETCH_MIN_BLOCKS`]
+/// blocks, but never more than a quarter of the blocks (one block at least):
+/// every task of a sharded scene computes the stretch, so what it costs is
+/// paid once per task, and must stay well below what the task reads anyway.
+fn stretch_blocks(width: u32, height: u32, bw: u32, bh: u32) -> Vec<(u32, u32, u32, u32)> {
+    let (bw, bh) = (bw.clamp(1, width.max(1)), bh.clamp(1, height.max(1)));
+    let (nx, ny) = (
+        u64::from(width.max(1).div_ceil(bw)),
+        u64::from(height.max(1).div_ceil(bh)),
+    );
+    let per_block = u64::from(bw) * u64::from(bh);
+    let want = STRETCH_SAMPLE_PIXELS
+        .div_ceil(per_block)
+        .max(STRETCH_MIN_BLOCKS);
+    let cap = (nx * ny / 4).max(1);
+    let k = want.min(cap);
+    // A kx × ky grid of strata shaped like the block grid, one block at the
+    // centre of each.
+    let kx = ((k as f64 * nx as f64 / ny as f64).sqrt().round() as u64).clamp(1, nx.min(k));
+    let ky = k.div_ceil(kx).min(cap / kx).clamp(1, ny);
+    let mut out = Vec::with_capacity((kx * ky) as usize);
+    for j in 0..ky {
+        let by = ((2 * j + 1) * ny / (2 * ky)) as u32;
+        for i in 0..kx {
+            let bx = ((2 * i + 1) * nx / (2 * kx)) as u32;
+            let (x, y) = (bx * bw, by * bh);
+            out.push((x, y, bw.min(width - x), bh.min(height - y)));
         }
     }
     out
@@ -673,4 +755,64 @@ fn select_bands(asked: &[u32], bands: usize) -> Result<Vec<usize>, SceneError> {
         });
     }
     Ok(asked.iter().map(|b| *b as usize - 1).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stretch_sample_is_whole_blocks_and_a_bounded_share() {
+        // (width, height, block width, block height)
+        let cases = [
+            (1550, 1578, 256, 256), // the Landsat band that read its file 16 times
+            (1024, 1024, 256, 256),
+            (438, 500, 32, 32),
+            (10980, 10980, 512, 512),
+            (7000, 5000, 7000, 1), // one-row strips
+            (300, 200, 300, 200),  // one block
+            (600, 600, 512, 512),
+            (1, 1, 256, 256),
+        ];
+        for (w, h, bw, bh) in cases {
+            let blocks = stretch_blocks(w, h, bw, bh);
+            let n = u64::from(w.div_ceil(bw)) * u64::from(h.div_ceil(bh.min(h)));
+            assert!(!blocks.is_empty());
+            assert!(
+                blocks.len() as u64 <= (n / 4).max(1),
+                "{w}x{h}/{bw}x{bh}: {} of {n} blocks",
+                blocks.len()
+            );
+            let mut seen = std::collections::HashSet::new();
+            for &(x, y, bw2, bh2) in &blocks {
+                assert_eq!((x % bw, y % bh), (0, 0), "block-aligned");
+                assert!(x + bw2 <= w && y + bh2 <= h, "inside the raster");
+                assert_eq!(bw2, bw.min(w - x));
+                assert_eq!(bh2, bh.min(h - y));
+                assert!(seen.insert((x, y)), "each block once");
+            }
+        }
+        // Spread over the raster, not bunched in a row or a column.
+        let b = stretch_blocks(1550, 1578, 256, 256);
+        let xs: std::collections::HashSet<_> = b.iter().map(|b| b.0).collect();
+        let ys: std::collections::HashSet<_> = b.iter().map(|b| b.1).collect();
+        assert!(xs.len() >= 2 && ys.len() >= 2, "{b:?}");
+        // Enough pixels where the raster has them.
+        let px: u64 = stretch_blocks(7000, 5000, 7000, 1)
+            .iter()
+            .map(|b| u64::from(b.2) * u64::from(b.3))
+            .sum();
+        assert!(px >= STRETCH_SAMPLE_PIXELS, "{px}");
+    }
+
+    #[test]
+    fn mem_range_clamps_to_the_object() {
+        let r = MemRange::new(Bytes::from_static(b"0123456789"));
+        let read = |a, b| futures::executor::block_on(r.read_range(a, b)).unwrap();
+        assert_eq!(r.size(), 10);
+        assert_eq!(&read(2, 5)[..], b"234");
+        assert_eq!(&read(8, 100)[..], b"89");
+        assert!(read(50, 60).is_empty());
+        assert!(read(6, 3).is_empty());
+    }
 }
