@@ -358,7 +358,8 @@ fn bad_credentials_fail_clearly() {
             (
                 "s3://input/images",
                 "s3://output/job".to_owned(),
-                "cannot write to s3://output/job",
+                // The first access to an output reads its job.json.
+                "cannot read s3://output/job/job.json",
             ),
         ] {
             let mut c = run_cmd(Path::new(input), Path::new(&output), &tiny_model());

@@ -59,7 +59,8 @@ fn image_run_needs_only_its_vision_graph() {
         part["fingerprint"], full["fingerprint"],
         "same model, same job"
     );
-    assert_eq!(part["job_id"], full["job_id"]);
+    // The job ids differ only because the outputs do (the output is part
+    // of a job's identity).
     assert_eq!(
         part["model"], full["model"],
         "job.json records the graph it ran"
