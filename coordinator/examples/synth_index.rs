@@ -361,6 +361,8 @@ async fn main() -> anyhow::Result<()> {
         error_files: Vec::new(),
         failures: Vec::new(),
         failed_tasks: Vec::new(),
+        inputs_without_chips: 0,
+        without_chips: Vec::new(),
         finalized_at: rsembed_worker::now_rfc3339(),
         software_version: rsembed_schemas::SOFTWARE_VERSION.to_owned(),
     };

@@ -47,6 +47,8 @@ pub struct FinalizeReport {
     pub rows: u64,
     /// Failed inputs.
     pub failed_inputs: u64,
+    /// Inputs that gave neither a chip nor an error row.
+    pub inputs_without_chips: u64,
     /// Chip files of no task of the plan, removed (an earlier plan's).
     pub superseded: u64,
     /// Where the manifest went, when it was written.
@@ -60,6 +62,12 @@ impl FinalizeReport {
             "rsembed finalize: job {}\n  tasks      {}\n  done       {}\n  failed     {}\n  rows       {}\n  failed inputs {}\n",
             self.job_id, self.tasks, self.done, self.failed, self.rows, self.failed_inputs
         );
+        if self.inputs_without_chips > 0 {
+            s.push_str(&format!(
+                "  without chips {} inputs (no valid pixel, or below --min-valid; listed in the manifest)\n",
+                self.inputs_without_chips
+            ));
+        }
         if self.superseded > 0 {
             s.push_str(&format!(
                 "  superseded {} chip files of an earlier plan removed\n",
@@ -213,6 +221,11 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
             names(&lost_files)
         ));
     }
+    let without_chips: Vec<String> = plan
+        .iter()
+        .filter_map(|id| snap.done.get(id))
+        .flat_map(|d| d.empty_inputs.iter().cloned())
+        .collect();
     let rows = files.values().map(|f| f.rows).sum();
     let failed_inputs = error_files.values().map(|f| f.rows).sum();
     let mut report = FinalizeReport {
@@ -223,6 +236,7 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         failed: failed_tasks.len() as u64,
         rows,
         failed_inputs,
+        inputs_without_chips: without_chips.len() as u64,
         superseded: 0,
         manifest: None,
     };
@@ -254,6 +268,7 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         error_files.into_values().collect(),
         failures,
         failed_tasks,
+        without_chips,
     );
     out.write_manifest(&manifest).await?;
     report.manifest = Some(format!(

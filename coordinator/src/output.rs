@@ -243,7 +243,9 @@ pub fn manifest(
     mut error_files: Vec<ManifestFile>,
     failures: Vec<ManifestFailure>,
     mut failed_tasks: Vec<ManifestFailedTask>,
+    mut without_chips: Vec<String>,
 ) -> Manifest {
+    without_chips.sort();
     files.sort_by(|a, b| a.path.cmp(&b.path));
     error_files.sort_by(|a, b| a.path.cmp(&b.path));
     failed_tasks.sort_by(|a, b| a.task_id.cmp(&b.task_id));
@@ -261,6 +263,11 @@ pub fn manifest(
             .take(MANIFEST_FAILURES_LISTED)
             .collect(),
         failed_tasks,
+        inputs_without_chips: without_chips.len() as u64,
+        without_chips: without_chips
+            .into_iter()
+            .take(MANIFEST_FAILURES_LISTED)
+            .collect(),
         finalized_at: rsembed_worker::now_rfc3339(),
         software_version: SOFTWARE_VERSION.to_owned(),
     }

@@ -19,7 +19,7 @@ use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::raster::image::DecodeLimits;
 use rsembed_worker::raster::scale::ScaleSpec;
 use rsembed_worker::raster::tiff::TiffLimits;
-use rsembed_worker::sink::parquet::describe_bytes;
+use rsembed_worker::sink::parquet::{describe_bytes, empty_inputs_of};
 use rsembed_worker::store::{Location, StoreCache};
 
 use crate::cli::{RunArgs, TilingArgs};
@@ -141,28 +141,30 @@ pub(crate) use crate::output::{put_json, read_json};
 
 /// Looks for a finished task's files, for resume. `None` when the task must run.
 async fn finished(out: &Location, task: &Task) -> Result<Option<TaskReport>> {
-    let Some(chips_file) = describe(out, &task.chips_path()).await? else {
+    let Some((chips_file, empty_inputs)) = describe(out, &task.chips_path()).await? else {
         return Ok(None);
     };
-    let errors_file = describe(out, &task.errors_path()).await?;
+    let errors_file = describe(out, &task.errors_path()).await?.map(|(f, _)| f);
     Ok(Some(TaskReport {
         task_id: task.task_id.clone(),
         chips_file,
         errors_file,
         failures: vec![],
-        empty_inputs: vec![],
+        empty_inputs,
     }))
 }
 
-/// Digest and row count of an existing Parquet file; `None` when it is absent.
-async fn describe(out: &Location, rel: &str) -> Result<Option<ManifestFile>> {
+/// Digest and row count of an existing Parquet file, and the empty inputs
+/// it lists; `None` when it is absent.
+async fn describe(out: &Location, rel: &str) -> Result<Option<(ManifestFile, Vec<String>)>> {
     let bytes = match out.store.get(&out.child(rel)).await {
         Ok(g) => g.bytes().await?,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
+    let empty = empty_inputs_of(&bytes);
     describe_bytes(rel, bytes)
-        .map(Some)
+        .map(|f| Some((f, empty)))
         .map_err(|e| Error::Output(format!("{rel} exists but is not readable Parquet: {e}")))
 }
 
@@ -335,6 +337,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
             .collect(),
         failures,
         vec![],
+        empty_inputs,
     );
     out.write_manifest(&manifest).await?;
 
@@ -350,7 +353,8 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         chips: manifest.rows,
         chips_embedded: counters.chips.load(Ordering::Relaxed),
         failed_inputs: manifest.failed_inputs,
-        empty_inputs,
+        inputs_without_chips: manifest.inputs_without_chips,
+        empty_inputs: manifest.without_chips.clone(),
         superseded_files: superseded,
         replaced_job: match claim {
             Claim::Replace(id) => Some(id),

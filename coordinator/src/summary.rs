@@ -28,7 +28,9 @@ pub struct Summary {
     /// Inputs recorded in errors/.
     pub failed_inputs: u64,
     /// Inputs that produced no chip and no error (every chip empty or below
-    /// `--min-valid`), among the tasks this run embedded.
+    /// `--min-valid`); blocks of split scenes aside.
+    pub inputs_without_chips: u64,
+    /// Those inputs, the first thousand (as the manifest lists them).
     pub empty_inputs: Vec<String>,
     /// Chip files of an earlier plan of the input removed (see `docs/decisions.md`).
     pub superseded_files: u64,
@@ -94,10 +96,10 @@ impl Summary {
             );
         }
         s += "\n";
-        if !self.empty_inputs.is_empty() {
+        if self.inputs_without_chips > 0 {
             s += &format!(
                 "  without chips   {} (no valid pixel, or below --min-valid): {}\n",
-                self.empty_inputs.len(),
+                self.inputs_without_chips,
                 listed(&self.empty_inputs)
             );
         }

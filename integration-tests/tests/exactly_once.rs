@@ -358,6 +358,19 @@ fn an_input_that_yields_nothing_is_reported() {
         text.contains("without chips   1") && text.contains("zz_all_nodata.tif"),
         "{text}"
     );
+    let m = manifest(&output);
+    assert_eq!(m["inputs_without_chips"], 1, "{m}");
+    assert!(
+        m["without_chips"][0]
+            .as_str()
+            .unwrap()
+            .ends_with("zz_all_nodata.tif"),
+        "{m}"
+    );
+    // A resumed run still knows it: the chip file lists its empty inputs.
+    let again = run(run_cmd(&input, &output, &tiny_model()).args(["--chip-size", "16"]));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("without chips   1"));
+    assert_eq!(manifest(&output)["inputs_without_chips"], 1);
     // Only the nodata scene: no chips at all, and no query printed.
     let (input2, output2) = (dir.path().join("in2"), dir.path().join("out2"));
     std::fs::create_dir_all(&input2).unwrap();
@@ -648,4 +661,34 @@ fn an_output_that_refuses_files_fails_at_once() {
     );
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("/proc"), "{}", stderr(&out));
+}
+
+#[test]
+fn distributed_an_input_that_yields_nothing_is_reported_by_finalize() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 2);
+    all_nodata_tif(&input.join("zz_all_nodata.tif"));
+    submit_ok(
+        &url,
+        &input,
+        &output,
+        &["--task-files", "1", "--chip-size", "16"],
+    );
+    let w = Worker::start(&url, "w", &[], &[]);
+    wait_finished(&url, &output, FINISH);
+    let (code, report) = finalize(&url, &output);
+    assert_eq!(code, Some(0), "{report}");
+    assert_eq!(report["inputs_without_chips"], 1, "{report}");
+    let m = manifest(&output);
+    assert!(
+        m["without_chips"][0]
+            .as_str()
+            .unwrap()
+            .ends_with("zz_all_nodata.tif"),
+        "{m}"
+    );
+    drop(w);
 }

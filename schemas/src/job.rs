@@ -388,6 +388,13 @@ pub struct Manifest {
     /// --allow-failed`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed_tasks: Vec<ManifestFailedTask>,
+    /// Inputs that gave neither a chip nor an error row (every chip without a
+    /// valid pixel, or below `--min-valid`); blocks of split scenes aside.
+    #[serde(default)]
+    pub inputs_without_chips: u64,
+    /// Those inputs, up to a bound; `inputs_without_chips` has the full count.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub without_chips: Vec<String>,
     /// RFC 3339 time the manifest was written.
     pub finalized_at: String,
     /// Software that wrote it.

@@ -43,6 +43,10 @@ pub struct TaskDone {
     /// workers). `status` and `finalize` count a record only for its output.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    /// Inputs of the task that gave neither a chip nor an error row (at most
+    /// a thousand), so `finalize` can report them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub empty_inputs: Vec<String>,
     /// The worker that wrote them.
     pub worker: String,
     /// RFC 3339.

@@ -333,7 +333,9 @@ impl TaskRunner {
             )
         };
         let b = chip_batch(&rows, job.file_meta.embed_dim)?;
-        let kv = chip_file_metadata(&meta, extent(&rows))?;
+        let empty_inputs = empty_inputs(task, &rows, &failures);
+        let mut kv = chip_file_metadata(&meta, extent(&rows))?;
+        kv.extend(crate::sink::parquet::empty_inputs_entry(&empty_inputs)?);
         let chips_file = self
             .put(
                 &job.output,
@@ -342,7 +344,6 @@ impl TaskRunner {
                 rows.len() as u64,
             )
             .await?;
-        let empty_inputs = empty_inputs(task, &rows, &failures);
         Ok(TaskReport {
             empty_inputs,
             task_id: task.task_id.clone(),

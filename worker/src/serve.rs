@@ -417,8 +417,11 @@ impl Worker {
                     tracing::error!(task_id = %task, "aborting after the task's files (fault injection)");
                     std::process::abort();
                 }
+                let mut empty_inputs = report.empty_inputs;
+                empty_inputs.truncate(crate::sink::parquet::EMPTY_INPUTS_KEPT);
                 let done = TaskDone {
                     output: Some(msg.output.clone()),
+                    empty_inputs,
                     chips_file: report.chips_file,
                     errors_file: report.errors_file,
                     worker: self.cfg.name.clone(),

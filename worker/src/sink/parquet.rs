@@ -174,6 +174,46 @@ pub async fn describe(root: &Location, rel: &str) -> Result<ManifestFile> {
     describe_bytes(rel, bytes)
 }
 
+/// Key of a chip file's footer metadata listing the task's inputs that gave
+/// neither a chip nor an error row (JSON array of URIs, at most
+/// [`EMPTY_INPUTS_KEPT`]), so a resumed run still reports them.
+pub const EMPTY_INPUTS_KEY: &str = "rsembed.empty_inputs";
+
+/// How many empty inputs one chip file lists.
+pub const EMPTY_INPUTS_KEPT: usize = 1000;
+
+/// The metadata entry listing `empty` inputs; `None` when there are none.
+pub fn empty_inputs_entry(empty: &[String]) -> Result<Option<KeyValue>> {
+    if empty.is_empty() {
+        return Ok(None);
+    }
+    let kept = &empty[..empty.len().min(EMPTY_INPUTS_KEPT)];
+    Ok(Some(KeyValue::new(
+        EMPTY_INPUTS_KEY.to_owned(),
+        serde_json::to_string(kept)?,
+    )))
+}
+
+/// The empty inputs a chip file lists (see [`EMPTY_INPUTS_KEY`]); none when
+/// the file has no such entry or it does not parse.
+pub fn empty_inputs_of(bytes: &bytes::Bytes) -> Vec<String> {
+    let Ok(reader) = parquet::file::serialized_reader::SerializedFileReader::new(bytes.clone())
+    else {
+        return Vec::new();
+    };
+    parquet::file::reader::FileReader::metadata(&reader)
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|e| e.key == EMPTY_INPUTS_KEY))
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| serde_json::from_str::<Vec<String>>(v).ok())
+        .map(|mut v| {
+            v.truncate(EMPTY_INPUTS_KEPT);
+            v
+        })
+        .unwrap_or_default()
+}
+
 /// Digest, size and row count of the Parquet file `bytes`, stored at `rel`.
 pub fn describe_bytes(rel: &str, bytes: bytes::Bytes) -> Result<ManifestFile> {
     let reader = parquet::file::serialized_reader::SerializedFileReader::new(bytes.clone())?;
