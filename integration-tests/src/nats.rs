@@ -269,7 +269,8 @@ struct ClusterNode {
     child: Option<Child>,
     port: u16,
     monitor: u16,
-    store: tempfile::TempDir,
+    /// Named in the config; held so that it lives as long as the node.
+    _store: tempfile::TempDir,
     log: tempfile::NamedTempFile,
     config: tempfile::NamedTempFile,
 }
@@ -335,7 +336,7 @@ impl NatsCluster {
                     child: None,
                     port,
                     monitor,
-                    store,
+                    _store: store,
                     log: tempfile::NamedTempFile::new().expect("a temporary log file"),
                     config,
                 }

@@ -201,6 +201,32 @@ fn the_job_rides_out_losing_the_stream_leader_and_another_node() {
             .any(|l| l.contains(&format!("{IMAGES}/{IMAGES} done"))),
         "status --watch did not see every task done:\n{text}"
     );
+    // What riding it out took, for the record: the warnings each worker
+    // logged (failed pulls, unconfirmed acks) and the tasks redelivered.
+    for w in &workers {
+        let log = w.log();
+        eprintln!(
+            "{}: {} tasks done, {} warnings, {} redeliveries",
+            w.name,
+            log.matches("task done").count(),
+            log.lines().filter(|l| l.contains("WARN")).count(),
+            log.lines()
+                .filter(|l| l.contains("task done") && !l.contains("delivered=1"))
+                .count(),
+        );
+    }
+    for w in &workers {
+        for l in w.log().lines().filter(|l| l.contains("WARN")) {
+            eprintln!("{}: {l}", w.name);
+        }
+    }
+    eprintln!(
+        "status --watch: {} outage lines",
+        text.lines().filter(|l| l.contains("trying again")).count()
+    );
+    for l in text.lines().filter(|l| l.contains("trying again")) {
+        eprintln!("watch: {l}");
+    }
     drop(workers);
 
     assert_eq!(
