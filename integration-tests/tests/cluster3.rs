@@ -242,3 +242,71 @@ fn the_job_rides_out_losing_the_stream_leader_and_another_node() {
     assert!(cluster.is_running(first) && !cluster.is_running(second));
     eprintln!("the whole test took {:?}", started.elapsed());
 }
+
+/// A task whose files are written while the job-state bucket elects a new
+/// leader (its stream `KV_RSEMBED_STATE` lost its leader node) records its
+/// completion once the bucket is back, instead of handing the task back to
+/// be embedded again. `--ack-wait 30s` keeps JetStream from redelivering a
+/// task that is still held, so every task runs exactly once.
+#[test]
+fn a_state_bucket_election_reruns_no_task() {
+    const N: u64 = 60;
+    let mut cluster = NatsCluster::start();
+    let urls = cluster.urls();
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, N as usize);
+    submit_ok(
+        &urls,
+        &input,
+        &output,
+        &[
+            "--task-files",
+            "1",
+            "--stream-replicas",
+            "3",
+            "--ack-wait",
+            "30s",
+        ],
+    );
+    let hold = [("RSEMBED_FAULT_TASK_DELAY", "300ms".to_owned())];
+    let workers: Vec<Worker> = (0..3)
+        .map(|i| Worker::start(&urls, &format!("w{i}"), &[], &hold))
+        .collect();
+    wait_done(&urls, &output, 6, FINISH, &workers);
+    let bucket = "KV_RSEMBED_STATE";
+    let leader = cluster.wait_stream_leader(bucket, None, Duration::from_secs(30));
+    cluster.kill(leader);
+    cluster.wait_stream_leader(bucket, Some(leader), Duration::from_secs(30));
+    cluster.restart(leader);
+
+    let st = wait_finished(&urls, &output, FINISH);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(N), Some(0)),
+        "{st}"
+    );
+    // The election did catch finished tasks (else this test proves nothing).
+    assert!(
+        workers
+            .iter()
+            .any(|w| w.log().contains("completion not recorded yet")),
+        "no completion met the election:\n{}",
+        logs(&workers)
+    );
+    // Each run of a task logs this once, before its work.
+    let runs: usize = workers
+        .iter()
+        .map(|w| w.log().matches("holding the task").count())
+        .sum();
+    assert_eq!(
+        runs as u64,
+        N,
+        "tasks ran again after the bucket's election:\n{}",
+        logs(&workers)
+    );
+    drop(workers);
+    assert_eq!(chip_counts(&output), (N, N, N), "every chip exactly once");
+    let (code, report) = finalize(&urls, &output);
+    assert_eq!(code, Some(0), "finalize: {report}");
+}
