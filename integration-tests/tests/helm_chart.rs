@@ -560,6 +560,23 @@ fn cpu_values() {
     check(&render_ci("cpu", true));
 }
 
+/// The highly available profile: the NATS chart's 3-node JetStream cluster,
+/// and the Job's submit creating the stream and bucket with 3 replicas (what
+/// such a queue does under node loss is `tests/cluster3.rs`).
+#[test]
+fn cluster_values() {
+    let r = render_ci("cluster", true);
+    assert!(r.scaled_object().is_some());
+    check(&r);
+    assert_eq!(r.value("/nats/config/cluster/enabled"), true);
+    let nodes = r.value("/nats/config/cluster/replicas").as_u64();
+    assert_eq!(nodes, Some(3));
+    let submit = all_containers(pod_spec_of_job(r.job().expect("a Job")))
+        .find(|c| c.name == "submit")
+        .expect("a submit step");
+    assert_eq!(env(submit, "RSEMBED_STREAM_REPLICAS"), Some("3"));
+}
+
 /// Values the chart refuses, each with a message that says what to set.
 #[test]
 fn refused_values() {

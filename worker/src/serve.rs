@@ -401,7 +401,15 @@ impl Worker {
             r = work => Some(r),
             _ = abandon.cancelled() => None,
         };
-        drop(ticker);
+        // Kept through recording a finished task's completion, which may wait
+        // out a leader election of the state bucket.
+        let ticker = match &result {
+            Some(Ok(_)) => Some(ticker),
+            _ => {
+                drop(ticker);
+                None
+            }
+        };
         let clear = self.queue.state.clear_running(&job, &task);
         match result {
             None => {
@@ -428,9 +436,11 @@ impl Worker {
                     finished_at: now_rfc3339(),
                     seconds: started.elapsed().as_secs_f64(),
                 };
-                if let Err(e) = self.queue.state.put_done(&job, &task, &done).await {
-                    // The files are written; the next delivery finds them and
-                    // records completion then.
+                let recorded = self.record_done(&job, &task, &done, &abandon).await;
+                drop(ticker);
+                if let Err(e) = recorded {
+                    // The files are written; the next delivery runs the task
+                    // again, finds them and records completion then.
                     tracing::warn!(error = %chain(&e), "cannot record completion; retrying");
                     let _ = m
                         .ack_with(AckKind::Nak(Some(self.retry_delay(delivered))))
@@ -457,6 +467,36 @@ impl Worker {
                 let _ = m.ack_with(AckKind::Nak(Some(delay))).await;
                 Outcome::Retried
             }
+        }
+    }
+
+    /// Records a finished task as done, trying again for up to
+    /// [`RECORD_PATIENCE`] while the state bucket cannot take the write (a
+    /// JetStream leader election on a cluster takes seconds): handing the task
+    /// back instead would run all its work again on the next delivery.
+    async fn record_done(
+        &self,
+        job: &str,
+        task: &str,
+        done: &TaskDone,
+        abandon: &CancellationToken,
+    ) -> Result<(), crate::queue::QueueError> {
+        let started = Instant::now();
+        let mut delay = Duration::from_millis(250);
+        loop {
+            let e = match self.queue.state.put_done(job, task, done).await {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            };
+            if started.elapsed() + delay > RECORD_PATIENCE {
+                return Err(e);
+            }
+            tracing::info!(error = %chain(&e), retry_in_s = delay.as_secs_f64(), "completion not recorded yet; trying again");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = abandon.cancelled() => return Err(e),
+            }
+            delay = (delay * 2).min(Duration::from_secs(4));
         }
     }
 
@@ -544,6 +584,11 @@ impl Worker {
         Ok(ctx)
     }
 }
+
+/// How long a finished task keeps trying to record its completion before it
+/// is handed back: longer than a JetStream leader election (about 5 s on a
+/// 3-node cluster), while the progress acks keep the task held.
+const RECORD_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Whether a later try can succeed. Every failure of a whole task is assumed
 /// transient (a store, the network, device memory) except a task that cannot
