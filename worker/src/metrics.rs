@@ -1,10 +1,11 @@
-//! Prometheus metrics: one process-global registry of atomics, rendered in the
-//! text exposition format 0.0.4, and a small HTTP server for it
-//! ([`server::serve`], started by `rsembed run --metrics-addr`).
+//! Prometheus metrics: one process-global registry, kept with the
+//! `prometheus-client` crate and rendered in the text exposition format 0.0.4,
+//! and the HTTP endpoint for it ([`server::start`], started by `rsembed run
+//! --metrics-addr` and `rsembed-worker --http-addr`).
 //!
-//! Updating a metric is one relaxed atomic operation, so the stages update
-//! them inline. There are no labels: one process serves one worker, and task
-//! ids must never become label values.
+//! Updating a metric is one relaxed atomic operation (the histogram takes a
+//! short lock), so the stages update them inline. There are no labels: one
+//! process serves one worker, and task ids must never become label values.
 //!
 //! | metric | type | updated by |
 //! | --- | --- | --- |
@@ -19,9 +20,13 @@
 //! | `rsembed_worker_queue_tasks` | gauge | tasks embedded, being encoded and written |
 //! | `rsembed_worker_gpu_memory_used_bytes`, `_total_bytes` | gauge | engine thread, when NVML is present |
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
 
 use crate::engine::adaptive::StatsHandle;
 use crate::engine::{Backend, DeviceMemory};
@@ -62,48 +67,48 @@ pub const INFERENCE_BUCKETS: [f64; 14] = [
 ];
 
 /// A monotonic counter.
-#[derive(Debug, Default)]
-pub struct Counter(AtomicU64);
+#[derive(Debug, Default, Clone)]
+pub struct Counter(prometheus_client::metrics::counter::Counter<u64, AtomicU64>);
 
 impl Counter {
     /// Zero.
-    pub const fn new() -> Counter {
-        Counter(AtomicU64::new(0))
+    pub fn new() -> Counter {
+        Counter::default()
     }
     /// Adds `n`.
     pub fn inc_by(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
+        self.0.inc_by(n);
     }
     /// Raises the counter to `v` when it is below (for a count kept elsewhere).
     pub fn raise_to(&self, v: u64) {
-        self.0.fetch_max(v, Ordering::Relaxed);
+        self.0.inner().fetch_max(v, Ordering::Relaxed);
     }
     /// The value now.
     pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.get()
     }
 }
 
 /// An integer gauge.
-#[derive(Debug, Default)]
-pub struct Gauge(AtomicI64);
+#[derive(Debug, Default, Clone)]
+pub struct Gauge(prometheus_client::metrics::gauge::Gauge<i64, AtomicI64>);
 
 impl Gauge {
     /// Zero.
-    pub const fn new() -> Gauge {
-        Gauge(AtomicI64::new(0))
+    pub fn new() -> Gauge {
+        Gauge::default()
     }
     /// Sets the value.
     pub fn set(&self, v: i64) {
-        self.0.store(v, Ordering::Relaxed);
+        self.0.set(v);
     }
     /// Adds `d` (negative to subtract).
     pub fn add(&self, d: i64) {
-        self.0.fetch_add(d, Ordering::Relaxed);
+        self.0.inner().fetch_add(d, Ordering::Relaxed);
     }
     /// The value now.
     pub fn get(&self) -> i64 {
-        self.0.load(Ordering::Relaxed)
+        self.0.get()
     }
     /// Adds `n` now and subtracts it when the guard is dropped or released, so
     /// a queue depth stays right when a task is dropped half way.
@@ -135,13 +140,8 @@ impl Drop for Held<'_> {
 }
 
 /// A histogram with the fixed bounds [`INFERENCE_BUCKETS`].
-#[derive(Debug)]
-pub struct Histogram {
-    /// Observations per bucket, not cumulative; the last is above every bound.
-    counts: [AtomicU64; INFERENCE_BUCKETS.len() + 1],
-    sum_ns: AtomicU64,
-    count: AtomicU64,
-}
+#[derive(Debug, Clone)]
+pub struct Histogram(prometheus_client::metrics::histogram::Histogram);
 
 impl Default for Histogram {
     fn default() -> Self {
@@ -151,36 +151,53 @@ impl Default for Histogram {
 
 impl Histogram {
     /// Empty.
-    pub const fn new() -> Histogram {
-        Histogram {
-            counts: [const { AtomicU64::new(0) }; INFERENCE_BUCKETS.len() + 1],
-            sum_ns: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
+    pub fn new() -> Histogram {
+        Histogram(prometheus_client::metrics::histogram::Histogram::new(
+            INFERENCE_BUCKETS,
+        ))
     }
-    /// Records one observation of `seconds`.
+    /// Records one observation of `seconds`; a negative or non-finite one
+    /// (a clock step) counts as zero rather than poisoning the sum.
     pub fn observe(&self, seconds: f64) {
         let s = if seconds.is_finite() {
             seconds.max(0.0)
         } else {
             0.0
         };
-        let i = INFERENCE_BUCKETS
-            .iter()
-            .position(|b| s <= *b)
-            .unwrap_or(INFERENCE_BUCKETS.len());
-        self.counts[i].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns
-            .fetch_add((s * 1e9).round() as u64, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
+        self.0.observe(s);
     }
-    /// Observations so far.
-    pub fn count(&self) -> u64 {
-        self.count.load(Ordering::Relaxed)
-    }
-    /// Sum of the observations, in seconds.
-    pub fn sum(&self) -> f64 {
-        self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+}
+
+/// Device memory as NVML last reported it; rendered only once measured, so
+/// a CPU worker does not claim a 0-byte GPU.
+#[derive(Debug, Default)]
+struct GpuMemory {
+    present: AtomicBool,
+    used: AtomicI64,
+    total: AtomicI64,
+}
+
+impl Collector for GpuMemory {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if !self.present.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        for (name, help, value) in [
+            (
+                names::GPU_MEMORY_USED,
+                "Device memory in use, all processes (NVML).",
+                &self.used,
+            ),
+            (
+                names::GPU_MEMORY_TOTAL,
+                "Device memory in total (NVML).",
+                &self.total,
+            ),
+        ] {
+            let gauge = ConstGauge::new(value.load(Ordering::Relaxed));
+            gauge.encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
+        }
+        Ok(())
     }
 }
 
@@ -204,13 +221,13 @@ pub struct Registry {
     pub queue_batches: Gauge,
     /// [`names::QUEUE_TASKS`].
     pub queue_tasks: Gauge,
-    gpu_present: AtomicBool,
-    gpu_used: Gauge,
-    gpu_total: Gauge,
+    gpu: Arc<GpuMemory>,
     adaptive: Mutex<Option<StatsHandle>>,
+    /// The same metrics (shared atomics), as `prometheus-client` encodes them.
+    families: prometheus_client::registry::Registry,
 }
 
-static GLOBAL: Registry = Registry::new();
+static GLOBAL: LazyLock<Registry> = LazyLock::new(Registry::new);
 
 /// The process's registry.
 pub fn global() -> &'static Registry {
@@ -223,10 +240,21 @@ impl Default for Registry {
     }
 }
 
+/// `prometheus-client` appends `_total` to a counter's name and a full stop
+/// to every help text; the names and texts here are the exposed ones.
+fn counter_base(name: &'static str) -> &'static str {
+    name.strip_suffix("_total")
+        .expect("counter names end in _total")
+}
+
+fn help(text: &'static str) -> &'static str {
+    text.strip_suffix('.').unwrap_or(text)
+}
+
 impl Registry {
     /// Every metric at zero. Tests make their own; the process uses [`global`].
-    pub const fn new() -> Registry {
-        Registry {
+    pub fn new() -> Registry {
+        let r = Registry {
             chips: Counter::new(),
             failed_inputs: Counter::new(),
             ooms: Counter::new(),
@@ -236,11 +264,62 @@ impl Registry {
             queue_chips: Gauge::new(),
             queue_batches: Gauge::new(),
             queue_tasks: Gauge::new(),
-            gpu_present: AtomicBool::new(false),
-            gpu_used: Gauge::new(),
-            gpu_total: Gauge::new(),
+            gpu: Arc::default(),
             adaptive: Mutex::new(None),
+            families: prometheus_client::registry::Registry::default(),
+        };
+        let mut families = prometheus_client::registry::Registry::default();
+        for (name, text, c) in [
+            (names::CHIPS_TOTAL, "Chips embedded.", &r.chips),
+            (
+                names::FAILED_INPUTS_TOTAL,
+                "Inputs recorded as failed in errors/.",
+                &r.failed_inputs,
+            ),
+            (
+                names::OOM_TOTAL,
+                "Out-of-memory runs of the adaptive engine, warm-up probe included.",
+                &r.ooms,
+            ),
+        ] {
+            families.register(counter_base(name), help(text), c.0.clone());
         }
+        for (name, text, g) in [
+            (
+                names::BATCH_SIZE,
+                "Images per batch now: the adaptive bucket, or the fixed --batch-size.",
+                &r.batch_size,
+            ),
+            (
+                names::BATCH_CEILING,
+                "Largest batch bucket believed to fit now (the fixed size when fixed).",
+                &r.batch_ceiling,
+            ),
+            (
+                names::QUEUE_CHIPS,
+                "Decoded chips waiting for the batcher.",
+                &r.queue_chips,
+            ),
+            (
+                names::QUEUE_BATCHES,
+                "Batches sent to the engine and not yet answered (queued or running).",
+                &r.queue_batches,
+            ),
+            (
+                names::QUEUE_TASKS,
+                "Tasks embedded and being written.",
+                &r.queue_tasks,
+            ),
+        ] {
+            families.register(name, help(text), g.0.clone());
+        }
+        families.register_collector(Box::new(r.gpu.clone()));
+        families.register(
+            names::INFERENCE_SECONDS,
+            help("Wall time of one inference request (one batch)."),
+            r.inference_seconds.0.clone(),
+        );
+        Registry { families, ..r }
     }
 
     /// Follows an adaptive engine's statistics: bucket, ceiling and OOM count
@@ -268,9 +347,10 @@ impl Registry {
 
     /// Records device memory, as NVML reports it.
     pub fn set_device_memory(&self, m: DeviceMemory) {
-        self.gpu_used.set(m.used.min(i64::MAX as u64) as i64);
-        self.gpu_total.set(m.total.min(i64::MAX as u64) as i64);
-        self.gpu_present.store(true, Ordering::Relaxed);
+        let clamp = |v: u64| v.min(i64::MAX as u64) as i64;
+        self.gpu.used.store(clamp(m.used), Ordering::Relaxed);
+        self.gpu.total.store(clamp(m.total), Ordering::Relaxed);
+        self.gpu.present.store(true, Ordering::Relaxed);
     }
 
     /// What the engine thread publishes after building the backend and after
@@ -286,101 +366,14 @@ impl Registry {
         self.publish_adaptive();
     }
 
-    /// The text exposition format, version 0.0.4.
+    /// The text exposition format, version 0.0.4
+    /// ([`server::CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         self.publish_adaptive();
         let mut out = String::with_capacity(4096);
-        let mut metric = |name: &str, kind: &str, help: &str, value: String| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-            );
-        };
-        metric(
-            names::CHIPS_TOTAL,
-            "counter",
-            "Chips embedded.",
-            self.chips.get().to_string(),
-        );
-        metric(
-            names::FAILED_INPUTS_TOTAL,
-            "counter",
-            "Inputs recorded as failed in errors/.",
-            self.failed_inputs.get().to_string(),
-        );
-        metric(
-            names::OOM_TOTAL,
-            "counter",
-            "Out-of-memory runs of the adaptive engine, warm-up probe included.",
-            self.ooms.get().to_string(),
-        );
-        metric(
-            names::BATCH_SIZE,
-            "gauge",
-            "Images per batch now: the adaptive bucket, or the fixed --batch-size.",
-            self.batch_size.get().to_string(),
-        );
-        metric(
-            names::BATCH_CEILING,
-            "gauge",
-            "Largest batch bucket believed to fit now (the fixed size when fixed).",
-            self.batch_ceiling.get().to_string(),
-        );
-        metric(
-            names::QUEUE_CHIPS,
-            "gauge",
-            "Decoded chips waiting for the batcher.",
-            self.queue_chips.get().to_string(),
-        );
-        metric(
-            names::QUEUE_BATCHES,
-            "gauge",
-            "Batches sent to the engine and not yet answered (queued or running).",
-            self.queue_batches.get().to_string(),
-        );
-        metric(
-            names::QUEUE_TASKS,
-            "gauge",
-            "Tasks embedded and being written.",
-            self.queue_tasks.get().to_string(),
-        );
-        if self.gpu_present.load(Ordering::Relaxed) {
-            metric(
-                names::GPU_MEMORY_USED,
-                "gauge",
-                "Device memory in use, all processes (NVML).",
-                self.gpu_used.get().to_string(),
-            );
-            metric(
-                names::GPU_MEMORY_TOTAL,
-                "gauge",
-                "Device memory in total (NVML).",
-                self.gpu_total.get().to_string(),
-            );
-        }
-        self.render_histogram(&mut out);
+        // Writing to a String cannot fail, and our collector does not either.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.families);
         out
-    }
-
-    fn render_histogram(&self, out: &mut String) {
-        let h = &self.inference_seconds;
-        let name = names::INFERENCE_SECONDS;
-        let _ = writeln!(
-            out,
-            "# HELP {name} Wall time of one inference request (one batch).\n# TYPE {name} histogram"
-        );
-        let mut cumulative = 0u64;
-        for (i, le) in INFERENCE_BUCKETS.iter().enumerate() {
-            cumulative += h.counts[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
-        }
-        cumulative += h.counts[INFERENCE_BUCKETS.len()].load(Ordering::Relaxed);
-        // Observations are three separate atomic adds; a scrape between them
-        // must still see +Inf == _count and cumulative buckets.
-        let count = cumulative.max(h.count());
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", h.sum());
-        let _ = writeln!(out, "{name}_count {count}");
     }
 }
 

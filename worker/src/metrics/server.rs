@@ -3,17 +3,24 @@
 //! alive, `/readyz` whether it can take work ([`Health`]); anything else is a
 //! 404.
 //!
-//! One small task per connection, each with a deadline, so a slow or silent
-//! client holds nothing but its own socket; rendering is a few dozen atomic
-//! loads, so it never blocks the runtime. HTTP/1.0 style: one request per
-//! connection, closed after the answer.
+//! HTTP/1 is hyper's (docs/decisions.md): one task per connection, a bounded
+//! request head (longer is a 431), a deadline for the head and one for the
+//! whole connection, so a slow or silent client holds nothing but its own
+//! socket. Rendering is a few dozen atomic loads, so it never blocks the
+//! runtime. One request per connection, closed after the answer.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE as CONTENT_TYPE_HEADER};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio_util::sync::CancellationToken;
 
@@ -21,7 +28,7 @@ use crate::metrics::Registry;
 use crate::queue::{ConnectionProblem, ConnectionWatch};
 
 /// The content type of the text exposition format.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// Liveness: the process answers. Probes and the Helm chart use these paths.
 pub const HEALTHZ_PATH: &str = "/healthz";
@@ -30,8 +37,12 @@ pub const READYZ_PATH: &str = "/readyz";
 /// Prometheus text format.
 pub const METRICS_PATH: &str = "/metrics";
 
-/// The longest request head read; longer requests are answered 431.
+/// The most a connection buffers of a request; a head that does not fit is
+/// answered 431. hyper's smallest allowed limit, far above what probes and
+/// Prometheus send.
 const MAX_HEAD: usize = 8 << 10;
+/// How long a client may take to send the request head.
+const HEAD_DEADLINE: Duration = Duration::from_secs(5);
 /// How long one connection may take, from accept to the last byte written.
 const DEADLINE: Duration = Duration::from_secs(10);
 
@@ -144,7 +155,8 @@ pub async fn serve(
             Ok((stream, peer)) => {
                 let health = health.clone();
                 tokio::spawn(async move {
-                    match tokio::time::timeout(DEADLINE, answer(stream, registry, health)).await {
+                    match tokio::time::timeout(DEADLINE, connection(stream, registry, health)).await
+                    {
                         Ok(Ok(())) => {}
                         Ok(Err(e)) => {
                             tracing::debug!(%peer, cause = %e, "metrics connection failed")
@@ -162,75 +174,61 @@ pub async fn serve(
     }
 }
 
-async fn answer(
-    mut stream: TcpStream,
+/// Serves one connection with hyper's HTTP/1.
+async fn connection(
+    stream: TcpStream,
     registry: &'static Registry,
     health: Option<Arc<Health>>,
-) -> std::io::Result<()> {
-    let mut head = Vec::with_capacity(512);
-    let mut buf = [0u8; 1024];
-    let complete = loop {
-        if head.windows(4).any(|w| w == b"\r\n\r\n") || head.windows(2).any(|w| w == b"\n\n") {
-            break true;
-        }
-        if head.len() > MAX_HEAD {
-            break false;
-        }
-        let n = stream.read(&mut buf).await?;
-        if n == 0 {
-            break !head.is_empty();
-        }
-        head.extend_from_slice(&buf[..n]);
-    };
-    let (status, content_type, body) = if !complete {
-        (
-            "431 Request Header Fields Too Large",
-            "text/plain",
-            String::new(),
-        )
-    } else {
-        route(&head, registry, health.as_deref())
-    };
-    let is_head = head.starts_with(b"HEAD ");
-    let mut response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    if !is_head {
-        response.extend_from_slice(body.as_bytes());
-    }
-    stream.write_all(&response).await?;
-    stream.shutdown().await
+) -> hyper::Result<()> {
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let answer = route(req.method(), req.uri().path(), registry, health.as_deref());
+        async move { Ok::<_, Infallible>(answer) }
+    });
+    hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_DEADLINE)
+        .max_buf_size(MAX_HEAD)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service)
+        .await
 }
 
+/// The answer to one request. hyper leaves the body out for `HEAD` and sets
+/// `Content-Length` from it.
 fn route(
-    head: &[u8],
+    method: &Method,
+    path: &str,
     registry: &Registry,
     health: Option<&Health>,
-) -> (&'static str, &'static str, String) {
-    let line = head.split(|b| *b == b'\n').next().unwrap_or_default();
-    let line = String::from_utf8_lossy(line);
-    let mut parts = line.split_whitespace();
-    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = target.split('?').next().unwrap_or("");
-    match (method, path) {
-        ("GET" | "HEAD", METRICS_PATH) => ("200 OK", CONTENT_TYPE, registry.render()),
-        ("GET" | "HEAD", HEALTHZ_PATH) => ("200 OK", "text/plain", "ok\n".to_owned()),
-        ("GET" | "HEAD", READYZ_PATH) if health.is_some() => {
-            let why = health.map(Health::not_ready).unwrap_or_default();
-            if why.is_empty() {
-                ("200 OK", "text/plain", "ready\n".to_owned())
-            } else {
-                (
-                    "503 Service Unavailable",
-                    "text/plain",
-                    format!("not ready: {}\n", why.join(", ")),
-                )
+) -> Response<Full<Bytes>> {
+    let text = "text/plain";
+    let (status, content_type, body) = if method != Method::GET && method != Method::HEAD {
+        (StatusCode::NOT_FOUND, text, "not found\n".to_owned())
+    } else {
+        match path {
+            METRICS_PATH => (StatusCode::OK, CONTENT_TYPE, registry.render()),
+            HEALTHZ_PATH => (StatusCode::OK, text, "ok\n".to_owned()),
+            READYZ_PATH if health.is_some() => {
+                let why = health.map(Health::not_ready).unwrap_or_default();
+                if why.is_empty() {
+                    (StatusCode::OK, text, "ready\n".to_owned())
+                } else {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        text,
+                        format!("not ready: {}\n", why.join(", ")),
+                    )
+                }
             }
+            _ => (StatusCode::NOT_FOUND, text, "not found\n".to_owned()),
         }
-        _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
-    }
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE_HEADER, HeaderValue::from_static(content_type));
+    response
 }
 
 #[cfg(test)]
@@ -238,6 +236,7 @@ mod tests {
     use super::*;
     use crate::metrics::names;
     use std::collections::HashMap;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// One request over a real socket; returns the status line, the headers
     /// (lower-cased names) and the body.
@@ -344,12 +343,13 @@ mod tests {
             "GET / HTTP/1.1\r\n\r\n",
             "GET /metricsx HTTP/1.1\r\n\r\n",
             "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
-            "garbage\r\n\r\n",
         ] {
             let (status, _, body) = get(addr, req).await;
             assert_eq!(status, "HTTP/1.1 404 Not Found", "{req:?}");
             assert_eq!(body, "not found\n");
         }
+        let (status, _, _) = get(addr, "garbage\r\n\r\n").await;
+        assert_eq!(status, "HTTP/1.1 400 Bad Request");
         let (status, headers, body) = get(addr, "HEAD /metrics HTTP/1.1\r\n\r\n").await;
         assert_eq!(status, "HTTP/1.1 200 OK");
         assert!(body.is_empty());
@@ -370,6 +370,32 @@ mod tests {
         let (addr, _task) = start("127.0.0.1:0", reg, None, stop.clone()).await.unwrap();
         let _silent = TcpStream::connect(addr).await.unwrap();
         let (status, _, _) = get(addr, "GET /metrics HTTP/1.1\r\n\r\n").await;
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_oversized_head_is_refused_and_others_still_answered() {
+        let reg: &'static Registry = Box::leak(Box::new(Registry::new()));
+        let stop = CancellationToken::new();
+        let (addr, _task) = start("127.0.0.1:0", reg, None, stop.clone()).await.unwrap();
+        // Far past MAX_HEAD, sent without ever ending the head: the server
+        // must answer from what it has rather than buffer on.
+        let huge = format!(
+            "GET /metrics HTTP/1.1\r\nX-Pad: {}\r\n",
+            "a".repeat(4 * MAX_HEAD)
+        );
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        // The server may close before taking it all; the answer still comes.
+        let _ = s.write_all(huge.as_bytes()).await;
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw).await;
+        let raw = String::from_utf8_lossy(&raw);
+        assert!(
+            raw.starts_with("HTTP/1.1 431 Request Header Fields Too Large"),
+            "{raw}"
+        );
+        let (status, _, _) = get(addr, "GET /healthz HTTP/1.1\r\n\r\n").await;
         assert_eq!(status, "HTTP/1.1 200 OK");
         stop.cancel();
     }
