@@ -38,3 +38,13 @@ if ! command -v gdaltransform >/dev/null 2>&1; then
     exit 1
   fi
 fi
+# promtool (Debian `prometheus`) lints the worker's /metrics in worker_http.rs.
+if ! command -v promtool >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "promtool (package prometheus) is needed by the tests; install it" >&2
+    exit 1
+  fi
+fi

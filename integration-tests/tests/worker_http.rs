@@ -2,8 +2,11 @@
 //! real worker process against a real nats-server, as Kubernetes probes see
 //! them: ready once the model is loaded and probed and NATS is connected,
 //! not ready while NATS is down, ready again when it is back, and a SIGTERM
-//! drains and exits cleanly.
+//! drains and exits cleanly; and its `/metrics` passes `promtool check
+//! metrics`, the linter of the Prometheus project.
 
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use rsembed_integration_tests::cluster::Worker;
@@ -98,5 +101,74 @@ fn a_port_in_use_is_a_clear_error() {
     assert!(
         log.contains(&format!("--http-addr {addr}: cannot listen")),
         "{log}"
+    );
+}
+
+/// `promtool check metrics` over `text`: its exit status and what it said.
+fn promtool_check(text: &str) -> (std::process::ExitStatus, String) {
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool starts");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .expect("promtool reads the scrape");
+    let out = child.wait_with_output().expect("promtool ends");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status, said)
+}
+
+#[test]
+fn metrics_pass_promtool_check() {
+    if Command::new("promtool").arg("--version").output().is_err() {
+        eprintln!(
+            "SKIPPED: promtool is not installed (Debian package `prometheus`; \
+             scripts/setup-test-env.sh installs it)"
+        );
+        return;
+    }
+    let nats = NatsServer::start();
+    let port = free_port();
+    let addr = format!("127.0.0.1:{port}");
+    let w = Worker::start(&nats.url(), "linted", &["--http-addr", &addr], &[]);
+    // Ready: the model is loaded and probed, so the batch gauges are set.
+    wait_for(&w, port, "/readyz", Duration::from_secs(120), |c, _| {
+        c == 200
+    });
+    let (code, metrics) = get(port, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    for name in [
+        "rsembed_worker_chips_total",
+        "rsembed_worker_oom_total",
+        "rsembed_worker_batch_size",
+        "rsembed_worker_inference_seconds_count",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l.starts_with(&format!("{name} "))),
+            "{name} missing:\n{metrics}"
+        );
+    }
+    let (status, said) = promtool_check(&metrics);
+    assert!(
+        status.success() && said.trim().is_empty(),
+        "promtool check metrics: {status}\n{said}\n--- scrape:\n{metrics}"
+    );
+    // The check can fail: a counter without `_total` is reported.
+    let (status, said) = promtool_check(
+        "# HELP bad_counter A counter.\n# TYPE bad_counter counter\nbad_counter 1\n",
+    );
+    assert!(
+        !status.success() && said.contains("_total"),
+        "{status}: {said}"
     );
 }
