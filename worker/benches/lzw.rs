@@ -1,5 +1,6 @@
-//! TIFF LZW block decoding: our decoder (`src/raster/tiff/lzw.rs`) against
-//! weezl 0.2 and weezl 0.1, in the same run (issue 14, item 7).
+//! TIFF LZW block decoding: the reader's former decoder
+//! (`benches/support/lzw_ours.rs`) against weezl 0.2, which replaced it, and
+//! weezl 0.1, in the same run (issue 14, item 7).
 //!
 //! Inputs are whole LZW blocks as the TIFF reader hands them to the codec:
 //! every tile of the shared `rasterio/rgb_lzw.tif` (256×256 RGB u8),
@@ -17,9 +18,9 @@
 //! block). Run with `cargo bench -p rsembed-worker --bench lzw`; the ratios in
 //! docs/benchmarks.md are criterion's mean times, ours ÷ weezl.
 
-// The decoder itself, compiled into this bench: it is private to the crate.
-#[path = "../src/raster/tiff/lzw.rs"]
-#[allow(dead_code, unused_imports)]
+// The decoder the reader used before weezl 0.2.
+#[path = "support/lzw_ours.rs"]
+#[allow(dead_code)]
 mod lzw;
 
 use std::path::{Path, PathBuf};
