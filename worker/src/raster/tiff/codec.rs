@@ -140,25 +140,47 @@ fn read_exact(ctx: &BlockCtx, codec: &'static str, mut r: impl Read) -> Result<V
 }
 
 fn lzw(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
+    use weezl::{decode::Configuration, BitOrder, LzwStatus};
     let mut out = vec![0u8; ctx.expected];
-    let d = super::lzw::decode(input, &mut out).map_err(|e| {
-        err(
-            "LZW",
-            ctx.block,
-            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-        )
-    })?;
+    // Yielding when `out` is full stops the decoder there: what follows is
+    // probed one byte at a time below, never decoded into memory.
+    let mut dec = Configuration::with_tiff_size_switch(BitOrder::Msb, 8)
+        .with_yield_on_full_buffer(true)
+        .build();
+    let (mut i, mut o) = (0usize, 0usize);
+    // One call may stop early (a clear code, the decoder's own buffer), so
+    // call until the block is full or the stream stops making progress.
+    while o < out.len() {
+        let r = dec.decode_bytes(&input[i..], &mut out[o..]);
+        i += r.consumed_in;
+        o += r.consumed_out;
+        match r.status {
+            Ok(LzwStatus::Ok) if r.consumed_in + r.consumed_out > 0 => {}
+            Ok(_) => break,
+            Err(e) => return Err(err("LZW", ctx.block, e)),
+        }
+    }
     // GDAL (libtiff) accepts a block missing its end code as long as it is
     // complete, so only a short one fails.
-    if d.written < out.len() {
+    if o < out.len() {
         return Err(size_err(
             ctx,
             "LZW",
-            format!("stream ended after {} bytes", d.written),
+            format!("stream ended after {o} bytes"),
         ));
     }
-    if d.overflow {
-        return Err(size_err(ctx, "LZW", "stream holds more data".into()));
+    let mut extra = [0u8; 1];
+    while !dec.has_ended() {
+        let r = dec.decode_bytes(&input[i..], &mut extra);
+        i += r.consumed_in;
+        if r.consumed_out > 0 {
+            return Err(size_err(ctx, "LZW", "stream holds more data".into()));
+        }
+        match r.status {
+            Ok(LzwStatus::Ok) if r.consumed_in > 0 => {}
+            Ok(_) => break,
+            Err(e) => return Err(err("LZW", ctx.block, e)),
+        }
     }
     Ok(out)
 }
@@ -291,4 +313,98 @@ fn webp(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
     dec.read_image(&mut pix)
         .map_err(|e| err("WebP", ctx.block, e))?;
     fit(ctx, "WebP", w as usize, h as usize, ch, &pix)
+}
+
+#[cfg(test)]
+mod lzw_tests {
+    use super::*;
+
+    fn ctx(expected: usize) -> BlockCtx<'static> {
+        BlockCtx {
+            compression: 5,
+            block: 3,
+            width: 1,
+            rows: 1,
+            samples: 1,
+            photometric: 1,
+            jpeg_tables: None,
+            expected,
+        }
+    }
+
+    fn encode(data: &[u8]) -> Vec<u8> {
+        weezl::encode::Encoder::with_tiff_size_switch(weezl::BitOrder::Msb, 8)
+            .encode(data)
+            .unwrap()
+    }
+
+    fn xorshift(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    fn detail(e: TiffError) -> String {
+        match e {
+            TiffError::BlockSize { detail, .. } => detail,
+            e => panic!("expected a block size error, got {e}"),
+        }
+    }
+
+    #[test]
+    fn round_trips_and_sizes_are_exact() {
+        let mut st = 0x9E3779B97F4A7C15u64;
+        for case in 0..200 {
+            let n = 1 + (xorshift(&mut st) % 70_000) as usize;
+            // Low-entropy runs and noise, so codes reach 12 bits and the table fills.
+            let alphabet = 1 + (case % 7) * 40;
+            let data: Vec<u8> = (0..n)
+                .map(|i| match case % 3 {
+                    0 => (xorshift(&mut st) % alphabet as u64) as u8,
+                    1 => (i / (1 + case % 13)) as u8,
+                    _ => (i % 251) as u8 ^ (xorshift(&mut st) % 2) as u8,
+                })
+                .collect();
+            let enc = encode(&data);
+            assert!(decode(&ctx(n), &enc).unwrap() == data, "case {case}");
+            // Without the end code the complete block still decodes, as in GDAL.
+            let mut no_end = weezl::encode::Encoder::with_tiff_size_switch(weezl::BitOrder::Msb, 8);
+            let mut partial = vec![0u8; enc.len() + 16];
+            let r = no_end.encode_bytes(&data, &mut partial);
+            assert_eq!(r.consumed_in, n, "case {case}");
+            let cut = &partial[..r.consumed_out];
+            if let Ok(got) = decode(&ctx(n), cut) {
+                assert!(got == data, "case {case}: stream without end code");
+            }
+            let short = detail(decode(&ctx(n - 1), &enc).unwrap_err());
+            assert_eq!(short, "stream holds more data", "case {case}");
+            let long = detail(decode(&ctx(n + 1), &enc).unwrap_err());
+            assert_eq!(long, format!("stream ended after {n} bytes"), "case {case}");
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_or_short_never_a_panic() {
+        let mut st = 7u64;
+        for _ in 0..2000 {
+            let n = (xorshift(&mut st) % 600) as usize;
+            let input: Vec<u8> = (0..n).map(|_| xorshift(&mut st) as u8).collect();
+            let _ = decode(&ctx((xorshift(&mut st) % 5000) as usize), &input);
+        }
+        // 9-bit code 300 right after the start names nothing.
+        let bad = [(300u16 >> 1) as u8, ((300u16 & 1) << 7) as u8];
+        let e = decode(&ctx(10), &bad).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                TiffError::Decode {
+                    codec: "LZW",
+                    block: 3,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
 }

@@ -19,7 +19,6 @@ mod fetch;
 mod ifd;
 mod layout;
 mod limits;
-mod lzw;
 mod predictor;
 mod window;
 
