@@ -139,17 +139,13 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
             "{in_stream} tasks are still queued or held by workers (see `rsembed status`)"
         ));
     }
-    let plan: Vec<String> = match output.store.get(&output.child(TASKS_FILE)).await {
-        Ok(g) => String::from_utf8_lossy(&g.bytes().await?)
-            .lines()
-            .map(str::to_owned)
-            .filter(|l| !l.is_empty())
-            .collect(),
-        Err(object_store::Error::NotFound { .. }) => {
+    let out = JobOutput::new(output.clone());
+    let plan: Vec<String> = match out.plan().await? {
+        Some(plan) => plan,
+        None => {
             gaps.push(format!("{TASKS_FILE} is missing from the output"));
             Vec::new()
         }
-        Err(e) => return Err(e.into()),
     };
     let chips_on_disk = list_sizes(&output, "chips/").await?;
     let errors_on_disk = list_sizes(&output, "errors/").await?;
@@ -243,10 +239,7 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     if !report.gaps.is_empty() {
         return Ok(report);
     }
-    let out = JobOutput::new(output.clone());
-    report.superseded = out
-        .remove_stale(&planned_ids.iter().map(|s| s.to_string()).collect())
-        .await?;
+    report.superseded = out.remove_stale(&planned_ids).await?;
 
     let mut failures: Vec<ManifestFailure> = Vec::new();
     for f in error_files.values() {

@@ -202,7 +202,7 @@ impl JobOutput {
     /// earlier plan of an input that changed since, they hold chips the
     /// plan's own files hold too, or chips of inputs that are gone. Returns
     /// how many chip files went.
-    pub async fn remove_stale(&self, plan: &HashSet<String>) -> Result<u64> {
+    pub async fn remove_stale(&self, plan: &HashSet<&str>) -> Result<u64> {
         let mut removed = 0;
         for dir in TASK_DIRS {
             let prefix = self.loc.child(dir);
@@ -226,6 +226,22 @@ impl JobOutput {
             }
         }
         Ok(removed)
+    }
+
+    /// The plan's task ids from `tasks.txt`, in plan order; `None` when the
+    /// output has none (no `submit` has run).
+    pub async fn plan(&self) -> Result<Option<Vec<String>>> {
+        match self.loc.store.get(&self.loc.child(TASKS_FILE)).await {
+            Ok(g) => Ok(Some(
+                String::from_utf8_lossy(&g.bytes().await?)
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            )),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Writes `manifest.json`.

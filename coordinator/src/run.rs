@@ -311,7 +311,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     runner.engine.shutdown().await;
     // Files of tasks an earlier plan had and this one has not (the input
     // changed) would hold some chips twice: they go before the manifest.
-    let plan_ids = reports.iter().map(|r| r.task_id.clone()).collect();
+    let plan_ids = reports.iter().map(|r| r.task_id.as_str()).collect();
     let superseded = out.remove_stale(&plan_ids).await?;
     let failures: Vec<ManifestFailure> = reports
         .iter()
@@ -396,22 +396,17 @@ fn progress_line(elapsed: Duration, counters: &Counters, stats: &ListStats) -> S
     let listed = stats.listed.load(Ordering::Relaxed);
     let eta = if listed && done > 0 {
         let left = total.saturating_sub(done) as f64 * secs / done as f64;
-        hms(left)
+        crate::status::fmt_secs(left)
     } else {
         "-".into()
     };
     format!(
         "rsembed run: [{}] {done}/{total}{} inputs, {chips} chips, {:.1} chips/s, {} failed, ETA {eta}",
-        hms(secs),
+        crate::status::fmt_secs(secs),
         if listed { "" } else { "+ (listing)" },
         chips as f64 / secs,
         counters.failed.load(Ordering::Relaxed),
     )
-}
-
-fn hms(s: f64) -> String {
-    let s = s.max(0.0).round() as u64;
-    format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
 
 /// A progress bar on a terminal; a line every 30 s otherwise.

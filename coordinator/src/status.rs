@@ -6,8 +6,6 @@ use std::time::{Duration, Instant};
 
 use std::collections::{HashMap, HashSet};
 
-use object_store::ObjectStoreExt;
-
 use rsembed_schemas::job::{JobSpec, JOB_FILE};
 use rsembed_schemas::queue::TaskDone;
 use rsembed_worker::queue::state::Snapshot;
@@ -98,7 +96,8 @@ impl JobStatus {
     }
 }
 
-fn fmt_secs(s: f64) -> String {
+/// `s` seconds as `H:MM:SS`.
+pub(crate) fn fmt_secs(s: f64) -> String {
     let s = s.max(0.0).round() as u64;
     format!("{}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
 }
@@ -159,18 +158,10 @@ impl PlanCache {
             return Ok(None);
         };
         if self.submitted_at.as_deref() != Some(rec.submitted_at.as_str()) {
-            let rel = crate::output::TASKS_FILE;
-            self.ids = match output.store.get(&output.child(rel)).await {
-                Ok(g) => Some(
-                    String::from_utf8_lossy(&g.bytes().await?)
-                        .lines()
-                        .filter(|l| !l.is_empty())
-                        .map(str::to_owned)
-                        .collect(),
-                ),
-                Err(object_store::Error::NotFound { .. }) => None,
-                Err(e) => return Err(e.into()),
-            };
+            self.ids = crate::output::JobOutput::new(output.clone())
+                .plan()
+                .await?
+                .map(|ids| ids.into_iter().collect());
             self.submitted_at = Some(rec.submitted_at.clone());
         }
         Ok(self.ids.as_ref())
@@ -252,11 +243,17 @@ pub fn summarize(
         finished: tasks.is_some_and(|t| done + failed >= t) && queued == 0,
         workers_waiting: consumer.waiting,
         ack_pending: consumer.ack_pending,
-        note: note(stale.min(queued), in_flight, queued, consumer),
+        note: note(stale.min(queued), stale_after, in_flight, queued, consumer),
     }
 }
 
-fn note(stale: u64, in_flight: u64, queued: u64, c: ConsumerState) -> Option<String> {
+fn note(
+    stale: u64,
+    stale_after: Duration,
+    in_flight: u64,
+    queued: u64,
+    c: ConsumerState,
+) -> Option<String> {
     if queued == 0 {
         return None;
     }
@@ -265,7 +262,7 @@ fn note(stale: u64, in_flight: u64, queued: u64, c: ConsumerState) -> Option<Str
         parts.push(format!(
             "{stale} tasks marked running have had no heartbeat for over {}: no worker holds them, \
              and JetStream delivers them again",
-            fmt_secs((c.ack_wait * 2).as_secs_f64())
+            fmt_secs(stale_after.as_secs_f64())
         ));
     }
     if in_flight == 0 && c.waiting == 0 {
@@ -298,11 +295,7 @@ pub async fn consumer_state(q: &Queue) -> Result<ConsumerState> {
 /// Chips per second of the tasks finished in the last five minutes of
 /// finishing (the whole job's rate when it is shorter than that).
 fn rate(snap: &Snapshot) -> Option<f64> {
-    let parse = |s: &str| {
-        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
-            .ok()
-            .map(|t| t.unix_timestamp_nanos() as f64 / 1e9)
-    };
+    let parse = |s: &str| parse_time(s).map(|t| t.unix_timestamp_nanos() as f64 / 1e9);
     let mut ends: Vec<(f64, f64, u64)> = snap
         .done
         .values()

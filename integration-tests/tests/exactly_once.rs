@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
 use rsembed_integration_tests::cluster::{
@@ -210,13 +210,10 @@ fn a_second_output_is_a_second_job() {
     assert_exact(&b, 3 * CHIPS_PER_IMAGE);
 }
 
-#[test]
-fn an_interrupted_run_then_other_grouping_then_resume_then_overwrite() {
-    let dir = tempfile::tempdir().unwrap();
-    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
-    make_images(&input, 24);
-    // SIGKILL mid-run, as a crash: some tasks are done, some not.
-    let mut child = run_cmd(&input, &output, &tiny_model())
+/// `rsembed run` with 16-pixel chips, one input per task and one task at a
+/// time, started in the background, so a test can interrupt it between tasks.
+fn start_task_by_task(input: &Path, output: &Path, stderr: std::process::Stdio) -> Child {
+    run_cmd(input, output, &tiny_model())
         .args([
             "--chip-size",
             "16",
@@ -226,12 +223,16 @@ fn an_interrupted_run_then_other_grouping_then_resume_then_overwrite() {
             "1",
         ])
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(stderr)
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Waits until `output` holds `n` chip files, or the run has ended.
+fn wait_for_chip_files(output: &Path, n: usize, child: &mut Child) {
     let started = Instant::now();
     while !output.join("chips").exists()
-        || std::fs::read_dir(output.join("chips")).unwrap().count() < 2
+        || std::fs::read_dir(output.join("chips")).unwrap().count() < n
     {
         assert!(started.elapsed() < FINISH, "no task finished");
         if child.try_wait().unwrap().is_some() {
@@ -239,6 +240,16 @@ fn an_interrupted_run_then_other_grouping_then_resume_then_overwrite() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+#[test]
+fn an_interrupted_run_then_other_grouping_then_resume_then_overwrite() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 24);
+    // SIGKILL mid-run, as a crash: some tasks are done, some not.
+    let mut child = start_task_by_task(&input, &output, std::process::Stdio::null());
+    wait_for_chip_files(&output, 2, &mut child);
     let _ = child.kill();
     let _ = child.wait();
     assert!(
@@ -613,26 +624,8 @@ fn ctrl_c_on_run_says_that_a_rerun_resumes() {
     let dir = tempfile::tempdir().unwrap();
     let (input, output) = (dir.path().join("in"), dir.path().join("out"));
     make_images(&input, 40);
-    let child = run_cmd(&input, &output, &tiny_model())
-        .args([
-            "--chip-size",
-            "16",
-            "--task-files",
-            "1",
-            "--tasks-in-flight",
-            "1",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    while !output.join("chips").exists()
-        || std::fs::read_dir(output.join("chips")).unwrap().count() < 1
-    {
-        assert!(started.elapsed() < FINISH, "no task finished");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut child = start_task_by_task(&input, &output, std::process::Stdio::piped());
+    wait_for_chip_files(&output, 1, &mut child);
     let st = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
