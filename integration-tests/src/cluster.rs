@@ -158,7 +158,8 @@ pub fn submit_ok(nats: &str, input: &Path, output: &Path, extra: &[&str]) -> ser
     serde_json::from_slice(&out.stdout).expect("submit --json prints JSON")
 }
 
-fn try_status(nats: &str, output: &Path) -> Result<serde_json::Value, String> {
+/// `rsembed status --json`; its stderr when it fails.
+pub fn try_status(nats: &str, output: &Path) -> Result<serde_json::Value, String> {
     let out = rsembed()
         .arg("status")
         .arg("--nats")

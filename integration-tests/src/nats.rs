@@ -119,44 +119,7 @@ impl NatsServer {
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
         self.child = Some(child);
-        let started = Instant::now();
-        loop {
-            let child = self.child.as_mut().expect("just spawned");
-            if let Some(status) = child.try_wait().expect("wait on nats-server") {
-                self.child = None;
-                return Err(format!(
-                    "nats-server exited with {status} before accepting connections on port {}\n{}",
-                    self.port,
-                    self.log()
-                ));
-            }
-            if self.ready() {
-                return Ok(());
-            }
-            if started.elapsed() > STARTUP {
-                self.kill();
-                return Err(format!(
-                    "nats-server did not accept connections on port {} within {STARTUP:?}\n{}",
-                    self.port,
-                    self.log()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Whether the server answers and says JetStream is ready: it sends its
-    /// `INFO` line on connect and logs "Server is ready" once JetStream has
-    /// recovered its store.
-    fn ready(&self) -> bool {
-        let addr = (Ipv4Addr::LOCALHOST, self.port).into();
-        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
-            && self.log().matches("Server is ready").count() >= self.starts()
-    }
-
-    /// How many times the server has started in this log.
-    fn starts(&self) -> usize {
-        self.log().matches("Starting nats-server").count()
+        await_start(&mut self.child, "nats-server", self.port, self.log.path())
     }
 
     /// Kills the server with SIGKILL (no clean shutdown, as a crash) and waits
@@ -492,39 +455,12 @@ impl ClusterNode {
             .spawn()
             .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
         self.child = Some(child);
-        let started = Instant::now();
-        loop {
-            let child = self.child.as_mut().expect("just spawned");
-            if let Some(status) = child.try_wait().expect("wait on nats-server") {
-                self.child = None;
-                return Err(format!(
-                    "nats-server {} exited with {status} before accepting connections on port {}\n{}",
-                    self.name,
-                    self.port,
-                    self.log()
-                ));
-            }
-            if self.ready() {
-                return Ok(());
-            }
-            if started.elapsed() > STARTUP {
-                self.kill();
-                return Err(format!(
-                    "nats-server {} did not accept connections on port {} within {STARTUP:?}\n{}",
-                    self.name,
-                    self.port,
-                    self.log()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn ready(&self) -> bool {
-        let addr = (Ipv4Addr::LOCALHOST, self.port).into();
-        let log = self.log();
-        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
-            && log.matches("Server is ready").count() >= log.matches("Starting nats-server").count()
+        await_start(
+            &mut self.child,
+            &format!("nats-server {}", self.name),
+            self.port,
+            self.log.path(),
+        )
     }
 
     fn kill(&mut self) {
@@ -553,5 +489,49 @@ impl Drop for NatsCluster {
         for node in &mut self.nodes {
             node.kill();
         }
+    }
+}
+
+/// Waits until the nats-server just spawned into `child` accepts clients on
+/// `port` and has logged "Server is ready" once for every start in its log
+/// (JetStream has recovered its store); kills it and says why, with the log,
+/// when it exits first or takes longer than the start-up limit.
+fn await_start(
+    child: &mut Option<Child>,
+    what: &str,
+    port: u16,
+    log_path: &std::path::Path,
+) -> Result<(), String> {
+    let log = || std::fs::read_to_string(log_path).unwrap_or_default();
+    let ready = || {
+        let addr = (Ipv4Addr::LOCALHOST, port).into();
+        let log = log();
+        TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok()
+            && log.matches("Server is ready").count() >= log.matches("Starting nats-server").count()
+    };
+    let started = Instant::now();
+    loop {
+        let c = child.as_mut().expect("just spawned");
+        if let Some(status) = c.try_wait().expect("wait on nats-server") {
+            *child = None;
+            return Err(format!(
+                "{what} exited with {status} before accepting connections on port {port}\n{}",
+                log()
+            ));
+        }
+        if ready() {
+            return Ok(());
+        }
+        if started.elapsed() > STARTUP {
+            if let Some(mut c) = child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+            return Err(format!(
+                "{what} did not accept connections on port {port} within {STARTUP:?}\n{}",
+                log()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -10,11 +10,11 @@ use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use rsembed_integration_tests::binary;
 use rsembed_integration_tests::cluster::{
-    chip_counts, finalize, make_images, submit_ok, wait_finished, Worker,
+    chip_counts, finalize, make_images, submit_ok, try_status, wait_finished, Worker,
 };
 use rsembed_integration_tests::nats::NatsCluster;
-use rsembed_integration_tests::{binary, rsembed};
 
 /// The task stream (worker/src/queue/mod.rs, `QueueConfig::default`).
 const STREAM: &str = "RSEMBED_TASKS";
@@ -50,17 +50,7 @@ fn watch(nats: &str, output: &Path, log: &Path) -> Child {
 /// `rsembed status --json`'s done count; `None` while status fails (an
 /// election under way).
 fn done(nats: &str, output: &Path) -> Option<u64> {
-    let out = rsembed()
-        .arg("status")
-        .arg("--nats")
-        .arg(nats)
-        .arg("--output")
-        .arg(output)
-        .arg("--json")
-        .output()
-        .expect("rsembed starts");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    v["done"].as_u64()
+    try_status(nats, output).ok()?["done"].as_u64()
 }
 
 /// Waits until at least `n` tasks are done; panics after `limit`.
