@@ -17,7 +17,7 @@ pub enum Error {
     Output(String),
     /// The output holds another job.
     #[error("output: {0}")]
-    OtherJob(Box<crate::output::OtherJob>),
+    OtherJob(Box<crate::job::output::OtherJob>),
     /// The input holds nothing to embed.
     #[error("input: {0}")]
     NoInputs(String),

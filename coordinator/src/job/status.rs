@@ -14,9 +14,9 @@ use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
 
 use crate::cli::StatusArgs;
-use crate::deadletter;
 use crate::error::{Error, Result};
-use crate::run::read_json;
+use crate::job::deadletter;
+use crate::job::output::read_json;
 
 /// Where a job stands.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -158,7 +158,7 @@ impl PlanCache {
             return Ok(None);
         };
         if self.submitted_at.as_deref() != Some(rec.submitted_at.as_str()) {
-            self.ids = crate::output::JobOutput::new(output.clone())
+            self.ids = crate::job::output::JobOutput::new(output.clone())
                 .plan()
                 .await?
                 .map(|ids| ids.into_iter().collect());

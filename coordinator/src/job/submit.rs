@@ -27,13 +27,13 @@ use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
 use crate::cli::SubmitArgs;
-use crate::deadletter;
 use crate::error::{Error, Result};
-use crate::output::{Claim, JobOutput, Replace};
-use crate::plan;
-use crate::run::{check_output, now_rfc3339, tiling_spec};
+use crate::job::deadletter;
+use crate::job::output::{Claim, JobOutput, Replace};
+use crate::job::plan;
+use crate::job::run::{check_output, now_rfc3339, tiling_spec};
 
-pub use crate::output::TASKS_FILE;
+pub use crate::job::output::TASKS_FILE;
 
 /// Publish acks awaited at once: enough to keep the connection busy, few
 /// enough that a failed publish is noticed within a fraction of a second.
@@ -143,7 +143,7 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
             .done
             .await
             .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
-        return Err(crate::run::no_inputs(&input.url, &planner.stats));
+        return Err(crate::job::run::no_inputs(&input.url, &planner.stats));
     };
     if let Claim::Replace(old) = &claim {
         forget_job(&q, old).await?;
@@ -190,7 +190,7 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         seconds: 0.0,
     };
     let first = futures::stream::once(std::future::ready(first));
-    let mut tasks = std::pin::pin!(first.chain(crate::plan::receiver_stream(planner.tasks)));
+    let mut tasks = std::pin::pin!(first.chain(crate::job::plan::receiver_stream(planner.tasks)));
     let published = publish_tasks(
         &PublishJob {
             queue: &q,

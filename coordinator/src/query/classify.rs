@@ -31,11 +31,11 @@ use rsembed_worker::store::{Location, StoreCache};
 use serde_json::json;
 
 use crate::cli::ClassifyArgs;
-use crate::compact::AtomicUpload;
 use crate::error::{Error, Result};
-use crate::index::{embeddings, GroupRef, Index};
-use crate::scan::{default_concurrency, dots, scan_groups, sigmoid_score};
-use crate::search::check_model;
+use crate::query::compact::AtomicUpload;
+use crate::query::index::{embeddings, GroupRef, Index};
+use crate::query::scan::{default_concurrency, dots, scan_groups, sigmoid_score};
+use crate::query::search::check_model;
 
 /// Labels one run may have: each is a text-graph input and a dot product per chip.
 const MAX_LABELS: usize = 100_000;

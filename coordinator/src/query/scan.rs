@@ -10,7 +10,7 @@ use futures::{Stream, StreamExt};
 use parquet::arrow::arrow_reader::RowSelection;
 
 use crate::error::{Error, Result};
-use crate::index::{GroupRef, Index};
+use crate::query::index::{GroupRef, Index};
 
 /// Row groups scanned at once when the user does not say: two per core keeps
 /// one group's fetch overlapping another's decode and scoring.

@@ -34,8 +34,10 @@ use serde_json::{json, Value};
 
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
-use crate::index::{bbox_mask, embeddings, GroupRef, Index, Pruning};
-use crate::scan::{default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK};
+use crate::query::index::{bbox_mask, embeddings, GroupRef, Index, Pruning};
+use crate::query::scan::{
+    default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK,
+};
 
 /// One result, with what the output shows of its chip.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -496,7 +498,7 @@ async fn details(
             })?;
             r.rank = rank + 1;
             r.cosine = h.cosine;
-            r.score = scale_bias.map(|(s, b)| crate::scan::sigmoid_score(h.cosine, s, b));
+            r.score = scale_bias.map(|(s, b)| crate::query::scan::sigmoid_score(h.cosine, s, b));
             Ok(r)
         })
         .collect()

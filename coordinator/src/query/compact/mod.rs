@@ -110,10 +110,10 @@ use tokio::io::AsyncWriteExt;
 
 use crate::cli::CompactArgs;
 use crate::error::{Error, Result};
-use crate::index::{GroupRef, Index};
-use crate::run::put_json;
-use crate::scan::{default_concurrency, scan_groups};
-use crate::summary::human_bytes;
+use crate::job::output::put_json;
+use crate::job::summary::human_bytes;
+use crate::query::index::{GroupRef, Index};
+use crate::query::scan::{default_concurrency, scan_groups};
 
 /// Hilbert curve order per axis: 2^32 cells of 8 mm of longitude at the equator.
 pub const HILBERT_ORDER: u32 = 32;
