@@ -24,6 +24,9 @@ pub enum Error {
     /// A flag value that makes no sense.
     #[error("{0}")]
     Usage(String),
+    /// `search`, `classify` or `compact` failed.
+    #[error(transparent)]
+    Query(#[from] crate::query::Error),
     /// The run stopped before finishing.
     #[error("cancelled")]
     Cancelled,

@@ -8,6 +8,9 @@
 
 pub mod classify;
 pub mod compact;
+mod error;
 pub mod index;
 pub mod scan;
 pub mod search;
+
+pub use error::Error;

@@ -11,9 +11,10 @@ use futures::StreamExt;
 use rsembed_schemas::chip::col;
 
 use super::{Progress, HILBERT_ORDER, NO_CENTRE, SAMPLE_ROWS};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::query::index::{GroupRef, Index};
 use crate::query::scan::{default_concurrency, scan_groups};
+use crate::query::Error as QueryError;
 
 /// A row's sort key: Hilbert index of its centre, then its chip id.
 pub type Key = (u64, u128);
@@ -75,16 +76,15 @@ pub fn parse_chip_id(s: &str) -> Option<u128> {
 
 /// The sort keys of a batch's rows (it needs `chip_id` and the centres).
 pub(super) fn batch_keys(batch: &RecordBatch, uri: &str) -> Result<Vec<Key>> {
-    let bad = |what: &str| Error::Input(format!("{uri}: {what}"));
     let ids = batch
         .column_by_name(col::CHIP_ID)
         .and_then(|c| c.as_string_opt::<i32>())
-        .ok_or_else(|| bad("no Utf8 `chip_id` column"))?;
+        .ok_or_else(|| QueryError::column(uri, col::CHIP_ID, "Utf8"))?;
     let f64s = |name: &str| {
         batch
             .column_by_name(name)
             .and_then(|c| c.as_primitive_opt::<Float64Type>())
-            .ok_or_else(|| bad(&format!("no Float64 `{name}` column")))
+            .ok_or_else(|| QueryError::column(uri, name, "Float64"))
     };
     let (lon, lat) = (f64s(col::CENTRE_LON)?, f64s(col::CENTRE_LAT)?);
     (0..batch.num_rows())
@@ -94,10 +94,13 @@ pub(super) fn batch_keys(batch: &RecordBatch, uri: &str) -> Result<Vec<Key>> {
                 .then(|| parse_chip_id(ids.value(i)))
                 .flatten()
                 .ok_or_else(|| {
-                    bad(&format!(
-                        "chip_id {:?} is not 32 hex digits",
-                        ids.is_valid(i).then(|| ids.value(i))
-                    ))
+                    QueryError::dataset(
+                        uri,
+                        format!(
+                            "chip_id {:?} is not 32 hex digits",
+                            ids.is_valid(i).then(|| ids.value(i))
+                        ),
+                    )
                 })?;
             let key = hilbert_key(
                 lon.is_valid(i).then(|| lon.value(i)),

@@ -94,6 +94,7 @@ use crate::error::{Error, Result};
 use crate::job::output::put_json;
 use crate::job::summary::human_bytes;
 use crate::query::index::Index;
+use crate::query::Error as QueryError;
 
 use keys::{read_keys, split_keys};
 use source::{check_paths, check_source, copy_rest, duplicate, prepare_output};
@@ -231,11 +232,14 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     let manifest_bytes = match src.store.get(&src.child(MANIFEST_FILE)).await {
         Ok(g) => g.bytes().await?,
         Err(object_store::Error::NotFound { .. }) => {
-            return Err(Error::Input(format!(
-                "{} has no {MANIFEST_FILE}: compact reads finished jobs only \
-                 (run `rsembed finalize` first, or let `rsembed run` finish)",
-                src.url
-            )))
+            return Err(QueryError::Dataset {
+                uri: src.url.to_string(),
+                problem: format!(
+                    "has no {MANIFEST_FILE}: compact reads finished jobs only \
+                     (run `rsembed finalize` first, or let `rsembed run` finish)"
+                ),
+            }
+            .into())
         }
         Err(e) => return Err(e.into()),
     };
@@ -253,29 +257,40 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     let bytes_in: u64 = index.parts.iter().map(|p| p.size).sum();
     let keys = read_keys(&index, &progress).await?;
     if keys.digest.rows != manifest.rows {
-        return Err(Error::Input(format!(
-            "{}: its chip files hold {} rows, but its manifest says {}: \
-             the dataset changed since it was finalized",
-            src.url, keys.digest.rows, manifest.rows
-        )));
+        return Err(QueryError::dataset(
+            &src.url,
+            format!(
+                "its chip files hold {} rows, but its manifest says {}: \
+                 the dataset changed since it was finalized",
+                keys.digest.rows, manifest.rows
+            ),
+        )
+        .into());
     }
     if let Some(id) = keys.duplicate {
-        return Err(duplicate(&src, id));
+        return Err(duplicate(&src, id).into());
     }
     let bytes_per_row = bytes_in.div_ceil(manifest.rows.max(1)).max(1);
     let rows_per_file = (args.target_size / bytes_per_row).max(1);
     let files = usize::try_from(manifest.rows.div_ceil(rows_per_file).max(1)).unwrap_or(usize::MAX);
     if files > MAX_FILES {
-        return Err(Error::Usage(format!(
-            "--target-size {}: that is {files} files of {rows_per_file} rows \
-             (about {bytes_per_row} bytes each); the most is {MAX_FILES}",
-            args.target_size
-        )));
+        return Err(QueryError::flag(
+            "--target-size",
+            format!(
+                "{}: that is {files} files of {rows_per_file} rows \
+                 (about {bytes_per_row} bytes each); the most is {MAX_FILES}",
+                args.target_size
+            ),
+        )
+        .into());
     }
     let splits = Arc::new(split_keys(&keys.sample, files));
     prepare_output(&out, args.overwrite).await?;
     out.probe_local_write("chips/part-00000.parquet")
-        .map_err(|e| Error::Output(format!("cannot write to {}: {e}", out.url)))?;
+        .map_err(|e| QueryError::Write {
+            path: out.url.to_string(),
+            source: Box::new(e),
+        })?;
     tracing::info!(
         rows = manifest.rows,
         bytes_per_row,
@@ -306,7 +321,10 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     let handle = tokio::runtime::Handle::current();
     let done = tokio::task::spawn_blocking(move || handle.block_on(spill_and_write(job)))
         .await
-        .map_err(|e| Error::Output(format!("compaction thread failed: {e}")))??;
+        .map_err(|source| QueryError::Task {
+            what: "compaction thread",
+            source,
+        })??;
     drop(dir);
     let Rewritten {
         parts,
@@ -317,11 +335,15 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
 
     let rows_out: u64 = parts.iter().map(|f| f.rows).sum();
     if rows_out != manifest.rows || written != keys.digest {
-        return Err(Error::Output(format!(
-            "the rows written ({rows_out}, chip ids {written}) are not the rows read \
-             ({}, chip ids {}): no manifest written, the output is incomplete",
-            manifest.rows, keys.digest
-        )));
+        return Err(QueryError::Incomplete {
+            path: out.url.to_string(),
+            problem: format!(
+                "the rows written ({rows_out}, chip ids {written}) are not the rows read \
+                 ({}, chip ids {}): no manifest written, the output is incomplete",
+                manifest.rows, keys.digest
+            ),
+        }
+        .into());
     }
 
     copy_rest(&src, &out, &manifest).await?;
@@ -415,7 +437,10 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
                 let mut stream = index.stream(g, &COLUMNS, None)?;
                 let mut batches = Vec::new();
                 while let Some(b) = stream.next().await {
-                    batches.push(b.map_err(|e| Error::Input(format!("{uri}: {e}")))?);
+                    batches.push(b.map_err(|source| QueryError::Read {
+                        uri: uri.clone(),
+                        source,
+                    })?);
                 }
                 Ok::<_, Error>((g, batches))
             }
@@ -448,10 +473,14 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
         let sorted = sort_bucket(Spill::read(&path)?, &source)?;
         let _ = std::fs::remove_file(&path);
         if sorted.order.len() as u64 != rows {
-            return Err(Error::Output(format!(
-                "spill of bucket {b}: read back {} rows of {rows}: is the spill folder's disk full?",
-                sorted.order.len()
-            )));
+            return Err(QueryError::SpillCorrupt {
+                path,
+                problem: format!(
+                    "read back {} rows of {rows}: is the spill folder's disk full?",
+                    sorted.order.len()
+                ),
+            }
+            .into());
         }
         if let (Some(prev), Some(first)) = (last, sorted.first) {
             assert!(prev < first, "buckets overlap: this is a bug");

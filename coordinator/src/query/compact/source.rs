@@ -12,22 +12,29 @@ use rsembed_schemas::meta::FileMeta;
 use rsembed_worker::store::Location;
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::query::index::Index;
+use crate::query::Error as QueryError;
 
 pub(super) fn check_paths(src: &Location, out: &Location) -> Result<()> {
     let s = src.url.as_str().trim_end_matches('/');
     let o = out.url.as_str().trim_end_matches('/');
     if s == o {
-        return Err(Error::Usage(format!(
-            "--output {o} is the dataset being compacted: write the compaction elsewhere"
-        )));
+        return Err(QueryError::flag(
+            "--output",
+            format!("{o} is the dataset being compacted: write the compaction elsewhere"),
+        )
+        .into());
     }
     for dir in ["chips", "errors"] {
         if o.starts_with(&format!("{s}/{dir}/")) || o == format!("{s}/{dir}") {
-            return Err(Error::Usage(format!(
-                "--output {o} is inside the source's {dir}/, where readers of the source would find it"
-            )));
+            return Err(QueryError::flag(
+                "--output",
+                format!(
+                    "{o} is inside the source's {dir}/, where readers of the source would find it"
+                ),
+            )
+            .into());
         }
     }
     Ok(())
@@ -56,11 +63,14 @@ pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()
         return Ok(());
     }
     if !overwrite {
-        return Err(Error::Output(format!(
-            "{} already holds a dataset ({}): pass --overwrite to replace it, or pick another --output",
-            out.url,
-            found.join(", ")
-        )));
+        return Err(QueryError::OutputRefused {
+            path: out.url.to_string(),
+            problem: format!(
+                "already holds a dataset ({}): pass --overwrite to replace it, or pick another --output",
+                found.join(", ")
+            ),
+        }
+        .into());
     }
     tracing::warn!(output = %out.url, "--overwrite: deleting the dataset there");
     for p in [out.child(MANIFEST_FILE), out.child(JOB_FILE)]
@@ -81,32 +91,39 @@ pub(super) fn check_source(index: &Index, manifest: &Manifest) -> Result<FileMet
     let mut meta: Option<&FileMeta> = None;
     for (part, entry) in index.parts.iter().zip(&manifest.files) {
         if part.rows() != entry.rows {
-            return Err(Error::Input(format!(
-                "{}: {} rows, but the manifest says {}: the dataset changed since it was finalized",
-                part.uri,
-                part.rows(),
-                entry.rows
-            )));
+            return Err(QueryError::dataset(
+                &part.uri,
+                format!(
+                    "{} rows, but the manifest says {}: the dataset changed since it was finalized",
+                    part.rows(),
+                    entry.rows
+                ),
+            )
+            .into());
         }
         if !same_fields(part.meta.schema().fields(), want.fields()) {
-            return Err(Error::Input(format!(
-                "{}: its columns are not the chip schema version {}: {:?}",
-                part.uri,
-                rsembed_schemas::SCHEMA_VERSION,
-                part.meta.schema().fields()
-            )));
+            return Err(QueryError::dataset(
+                &part.uri,
+                format!(
+                    "its columns are not the chip schema version {}: {:?}",
+                    rsembed_schemas::SCHEMA_VERSION,
+                    part.meta.schema().fields()
+                ),
+            )
+            .into());
         }
         let m = part.file_meta.as_ref().ok_or_else(|| {
-            Error::Input(format!(
-                "{}: no `rsembed` metadata: not a chip file of a job",
-                part.uri
-            ))
+            QueryError::dataset(&part.uri, "no `rsembed` metadata: not a chip file of a job")
         })?;
         if m.job_id != manifest.job_id {
-            return Err(Error::Input(format!(
-                "{}: written by job {}, but the manifest is job {}'s",
-                part.uri, m.job_id, manifest.job_id
-            )));
+            return Err(QueryError::dataset(
+                &part.uri,
+                format!(
+                    "written by job {}, but the manifest is job {}'s",
+                    m.job_id, manifest.job_id
+                ),
+            )
+            .into());
         }
         meta.get_or_insert(m);
     }
@@ -165,14 +182,16 @@ pub(super) fn conform(
     RecordBatch::try_new(schema.clone(), columns)
 }
 
-pub(super) fn duplicate(src: &Location, id: u128) -> Error {
-    Error::Input(format!(
-        "{}: chip_id {id:032x} is in it more than once (find its copies with \
-         `SELECT filename, * FROM read_parquet('{}/chips/*.parquet', filename=true) \
-         WHERE chip_id = '{id:032x}'`): a dataset must hold each chip once",
-        src.url,
-        src.url.as_str().trim_end_matches('/')
-    ))
+pub(super) fn duplicate(src: &Location, id: u128) -> QueryError {
+    QueryError::dataset(
+        &src.url,
+        format!(
+            "chip_id {id:032x} is in it more than once (find its copies with \
+             `SELECT filename, * FROM read_parquet('{}/chips/*.parquet', filename=true) \
+             WHERE chip_id = '{id:032x}'`): a dataset must hold each chip once",
+            src.url.as_str().trim_end_matches('/')
+        ),
+    )
 }
 
 /// Copies `job.json` and the error files of the source, checking the latter
@@ -194,12 +213,14 @@ pub(super) async fn copy_rest(src: &Location, out: &Location, manifest: &Manifes
         let bytes = src.store.get(&src.child(&f.path)).await?.bytes().await?;
         let sha = hex::encode(Sha256::digest(&bytes));
         if sha != f.sha256 {
-            return Err(Error::Input(format!(
-                "{}/{}: sha256 {sha}, but the manifest says {}: the dataset changed since it was finalized",
-                src.url.as_str().trim_end_matches('/'),
-                f.path,
-                f.sha256
-            )));
+            return Err(QueryError::dataset(
+                format!("{}/{}", src.url.as_str().trim_end_matches('/'), f.path),
+                format!(
+                    "sha256 {sha}, but the manifest says {}: the dataset changed since it was finalized",
+                    f.sha256
+                ),
+            )
+            .into());
         }
         out.store
             .put(&out.child(&f.path), PutPayload::from(bytes))

@@ -18,10 +18,21 @@ use rsembed_worker::sink::parquet::CHIP_ROW_GROUP_ROWS;
 use super::keys::{batch_keys, bucket_of, Key};
 use super::source::conform;
 use super::{SPILL_BUFFER_BYTES, SPILL_FRAME_BYTES};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::query::Error as QueryError;
 
-pub(super) fn spill_err(p: &FsPath, e: std::io::Error) -> Error {
-    Error::Output(format!("spill folder {}: {e}", p.display()))
+pub(super) fn spill_err(p: &FsPath, source: std::io::Error) -> QueryError {
+    QueryError::Spill {
+        path: p.to_path_buf(),
+        source,
+    }
+}
+
+fn frame_err(p: &FsPath, e: impl std::error::Error + Send + Sync + 'static) -> QueryError {
+    QueryError::SpillFrame {
+        path: p.to_path_buf(),
+        source: Box::new(e),
+    }
 }
 
 // ---- Pass 2: route into spill buckets ----------------------------------------
@@ -58,8 +69,10 @@ impl Spill {
 
     /// Sends each row of `batch` to its bucket.
     pub(super) fn route(&mut self, batch: RecordBatch, splits: &[Key], uri: &str) -> Result<()> {
-        let batch =
-            conform(&batch, &self.schema).map_err(|e| Error::Input(format!("{uri}: {e}")))?;
+        let batch = conform(&batch, &self.schema).map_err(|source| QueryError::Rows {
+            uri: uri.to_owned(),
+            source,
+        })?;
         let buckets: Vec<u32> = batch_keys(&batch, uri)?
             .into_iter()
             .map(|k| bucket_of(splits, k) as u32)
@@ -73,8 +86,13 @@ impl Spill {
         let mut order: Vec<u32> = (0..buckets.len() as u32).collect();
         order.sort_by_key(|&i| buckets[i as usize]);
         for run in order.chunk_by(|a, b| buckets[*a as usize] == buckets[*b as usize]) {
-            let rows = take_record_batch(&batch, &UInt32Array::from(run.to_vec()))
-                .map_err(rsembed_worker::Error::from)?;
+            let rows =
+                take_record_batch(&batch, &UInt32Array::from(run.to_vec())).map_err(|source| {
+                    QueryError::Rows {
+                        uri: uri.to_owned(),
+                        source,
+                    }
+                })?;
             self.push(buckets[run[0] as usize] as usize, rows)?;
         }
         Ok(())
@@ -116,14 +134,14 @@ impl Spill {
             .set_statistics_enabled(EnabledStatistics::None)
             .set_max_row_group_row_count(None)
             .build();
+        let path = self.path(b);
         let mut w = ArrowWriter::try_new(Vec::new(), self.schema.clone(), Some(props))
-            .map_err(rsembed_worker::Error::from)?;
+            .map_err(|e| frame_err(&path, e))?;
         for batch in &batches {
-            w.write(batch).map_err(rsembed_worker::Error::from)?;
+            w.write(batch).map_err(|e| frame_err(&path, e))?;
         }
         drop(batches);
-        let frame = w.into_inner().map_err(rsembed_worker::Error::from)?;
-        let path = self.path(b);
+        let frame = w.into_inner().map_err(|e| frame_err(&path, e))?;
         let mut f = OpenOptions::new()
             .create(true)
             .append(true)
@@ -141,12 +159,15 @@ impl Spill {
     }
 
     /// The rows of a spill file, frame by frame; none when it does not exist.
+    /// A frame longer than what is left of the file is refused before its
+    /// buffer is allocated: a corrupt length must not abort the process.
     pub(super) fn read(path: &FsPath) -> Result<Vec<RecordBatch>> {
         let f = match File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(spill_err(path, e)),
+            Err(e) => return Err(spill_err(path, e).into()),
         };
+        let mut left = f.metadata().map_err(|e| spill_err(path, e))?.len();
         let mut r = BufReader::new(f);
         let mut out = Vec::new();
         loop {
@@ -154,19 +175,54 @@ impl Spill {
             match r.read_exact(&mut len) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-                Err(e) => return Err(spill_err(path, e)),
+                Err(e) => return Err(spill_err(path, e).into()),
             }
-            let n = usize::try_from(u64::from_le_bytes(len))
-                .map_err(|_| Error::Output(format!("spill {}: corrupt frame", path.display())))?;
-            let mut frame = vec![0u8; n];
+            left = left.saturating_sub(8);
+            let n = u64::from_le_bytes(len);
+            if n > left {
+                return Err(QueryError::SpillCorrupt {
+                    path: path.to_path_buf(),
+                    problem: format!("a frame of {n} bytes, but {left} bytes are left in the file"),
+                }
+                .into());
+            }
+            left -= n;
+            let mut frame = vec![0u8; n as usize];
             r.read_exact(&mut frame).map_err(|e| spill_err(path, e))?;
             let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(frame))
                 .and_then(|b| b.with_batch_size(CHIP_ROW_GROUP_ROWS).build())
-                .map_err(rsembed_worker::Error::from)?;
+                .map_err(|e| frame_err(path, e))?;
             for batch in reader {
-                out.push(batch.map_err(rsembed_worker::Error::from)?);
+                out.push(batch.map_err(|e| frame_err(path, e))?);
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frame_longer_than_the_file_is_refused_before_it_is_allocated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bucket-00000.spill");
+        // A length no allocator can serve, then a few bytes.
+        let mut bytes = (u64::MAX / 2).to_le_bytes().to_vec();
+        bytes.extend_from_slice(b"PAR1");
+        std::fs::write(&path, &bytes).unwrap();
+        let err = Spill::read(&path)
+            .err()
+            .expect("a corrupt spill is an error");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("bucket-00000.spill") && msg.contains("4 bytes are left"),
+            "{msg}"
+        );
+        assert!(matches!(
+            err,
+            crate::Error::Query(QueryError::SpillCorrupt { .. })
+        ));
     }
 }

@@ -24,7 +24,8 @@ use tokio::io::AsyncWriteExt;
 
 use super::keys::{batch_keys, find_duplicate, IdDigest, Key};
 use super::{UPLOAD_CONCURRENCY, WRITE_BATCH_ROWS};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::query::Error as QueryError;
 
 // ---- Pass 3: sort a bucket and write it --------------------------------------
 
@@ -49,10 +50,14 @@ pub(super) fn sort_bucket(batches: Vec<RecordBatch>, uri: &str) -> Result<Sorted
     rows.sort_unstable_by_key(|r| r.0);
     let keys: Vec<Key> = rows.iter().map(|r| r.0).collect();
     if let Some(id) = find_duplicate(&keys) {
-        return Err(Error::Input(format!(
-            "{uri}: chip_id {id:032x} is in it more than once: a dataset must hold each chip once \
-             (no manifest written, the output is incomplete)"
-        )));
+        return Err(QueryError::dataset(
+            uri,
+            format!(
+                "chip_id {id:032x} is in it more than once: a dataset must hold each chip once \
+                 (no manifest written, the output is incomplete)"
+            ),
+        )
+        .into());
     }
     let mut digest = IdDigest::default();
     keys.iter().for_each(|k| digest.add(k.1));
@@ -155,8 +160,13 @@ pub(super) async fn write_part(
     // `geo` and `rsembed` in the Arrow schema too, as in job files (Arrow C++ reads only those).
     let schema = schema_with_file_metadata(&schema, &props);
     let upload = AtomicUpload::new(&out.store, out.child(rel), UPLOAD_CONCURRENCY);
-    let mut w = AsyncArrowWriter::try_new(upload, schema.clone(), Some(props))
-        .map_err(rsembed_worker::Error::from)?;
+    let path = out.uri_of(&out.child(rel));
+    let mut w = AsyncArrowWriter::try_new(upload, schema.clone(), Some(props)).map_err(|e| {
+        QueryError::Write {
+            path: path.clone(),
+            source: Box::new(e),
+        }
+    })?;
     let refs: Vec<&RecordBatch> = sorted.batches.iter().collect();
     let written: std::result::Result<_, ParquetError> = async {
         for chunk in sorted.order.chunks(WRITE_BATCH_ROWS) {
@@ -172,19 +182,23 @@ pub(super) async fn write_part(
         Ok(md) => md,
         Err(e) => {
             upload.abort().await;
-            return Err(Error::Output(format!(
-                "cannot write {}: {e}",
-                out.uri_of(&out.child(rel))
-            )));
+            return Err(QueryError::Write {
+                path,
+                source: Box::new(e),
+            }
+            .into());
         }
     };
     let rows = md.file_metadata().num_rows().max(0) as u64;
     if rows != sorted.order.len() as u64 {
-        return Err(Error::Output(format!(
-            "{}: its footer says {rows} rows, {} were written",
-            out.uri_of(&out.child(rel)),
-            sorted.order.len()
-        )));
+        return Err(QueryError::Incomplete {
+            path,
+            problem: format!(
+                "its footer says {rows} rows, {} were written",
+                sorted.order.len()
+            ),
+        }
+        .into());
     }
     let file = ManifestFile {
         path: rel.to_owned(),
