@@ -353,7 +353,7 @@ async fn forget_job(q: &Queue, old_job: &str) -> Result<()> {
         .purge()
         .filter(queue::task_subject(old_job))
         .await
-        .map_err(|e| Error::Nats(format!("purging job {old_job}'s tasks: {e}")))?;
+        .map_err(|e| Error::nats(format!("purging job {old_job}'s tasks"), e))?;
     q.state.purge_job(old_job).await?;
     Ok(())
 }
