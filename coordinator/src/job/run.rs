@@ -171,6 +171,7 @@ pub(crate) use rsembed_worker::now_rfc3339;
 /// Runs a whole job in this process and returns its summary.
 pub async fn run(args: RunArgs) -> Result<Summary> {
     let started = Instant::now();
+    super::log_config("run", &super::redacted_run(&args));
     let stores = StoreCache::default();
     let input = stores.location(&args.input)?;
     let output = stores.location(&args.output)?;

@@ -380,6 +380,9 @@ pub fn watch_line(s: &JobStatus, elapsed: Duration) -> String {
 
 /// Runs `rsembed status`.
 pub async fn status(args: StatusArgs) -> Result<JobStatus> {
+    if args.watch {
+        super::log_config("status", &super::redacted_status(&args));
+    }
     let stores = StoreCache::default();
     let output = stores.location(&args.output)?;
     let q = open(&args.nats, "rsembed-status").await?;

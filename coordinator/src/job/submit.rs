@@ -92,6 +92,7 @@ impl SubmitSummary {
 /// Runs `rsembed submit`.
 pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let started = Instant::now();
+    super::log_config("submit", &super::redacted_submit(&args));
     let stores = StoreCache::default();
     let input = stores.location(&args.input)?;
     let output = stores.location(&args.output)?;
