@@ -212,9 +212,7 @@ mod tests {
         let mut bytes = (u64::MAX / 2).to_le_bytes().to_vec();
         bytes.extend_from_slice(b"PAR1");
         std::fs::write(&path, &bytes).unwrap();
-        let err = Spill::read(&path)
-            .err()
-            .expect("a corrupt spill is an error");
+        let err = Spill::read(&path).expect_err("a corrupt spill is an error");
         let msg = err.to_string();
         assert!(
             msg.contains("bucket-00000.spill") && msg.contains("4 bytes are left"),
