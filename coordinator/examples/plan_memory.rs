@@ -20,7 +20,7 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
-use rsembed_coordinator::plan::{plan, Grouping, ListStats, Sharding};
+use rsembed_coordinator::job::plan::{plan, Grouping, ListStats, Sharding};
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::Task;
 use rsembed_worker::raster::tiff::TiffLimits;

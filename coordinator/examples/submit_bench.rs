@@ -23,9 +23,9 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rsembed_coordinator::cli::TilingArgs;
+use rsembed_coordinator::job::run::tiling_spec;
+use rsembed_coordinator::job::submit::{publish_tasks, PublishJob, SubmitSummary};
 use rsembed_coordinator::queue::{self, Queue, QueueConfig};
-use rsembed_coordinator::run::tiling_spec;
-use rsembed_coordinator::submit::{publish_tasks, PublishJob, SubmitSummary};
 use rsembed_schemas::job::{ModelRef, TilingSpec};
 use rsembed_schemas::queue::{TaskMessage, MESSAGE_FORMAT};
 use rsembed_schemas::task::{Task, TaskInput};
@@ -188,7 +188,7 @@ async fn ours(bin: &Path, tasks: Vec<Task>, model: &ModelRef, tiling: &TilingSpe
     };
     // The capacity `submit` gives the planner's channel.
     let (tx, rx) = mpsc::channel::<Task>(256);
-    let mut rx = std::pin::pin!(rsembed_coordinator::plan::receiver_stream(rx));
+    let mut rx = std::pin::pin!(rsembed_coordinator::job::plan::receiver_stream(rx));
     let started = Instant::now();
     let producer = tokio::spawn(async move {
         for t in tasks {
@@ -200,7 +200,7 @@ async fn ours(bin: &Path, tasks: Vec<Task>, model: &ModelRef, tiling: &TilingSpe
     publish_tasks(
         &PublishJob {
             queue: &q,
-            output: &rsembed_coordinator::output::JobOutput::new(output.clone()),
+            output: &rsembed_coordinator::job::output::JobOutput::new(output.clone()),
             model,
             tiling,
             done: &done,

@@ -9,7 +9,7 @@ pub use rsembed_worker::engine::args::{BatchPolicy, EngineArgs};
 use rsembed_worker::engine::session::{parse_byte_size, Device, SessionConfig};
 
 use crate::fetch_model::GraphCheck;
-use crate::plan::Grouping;
+use crate::job::plan::Grouping;
 use rsembed_worker::queue::{parse_duration, NatsArgs, QueueConfig};
 
 /// rsembed: remote-sensing archives to searchable Git-RSCLIP embeddings, as GeoParquet.

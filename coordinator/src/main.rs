@@ -5,9 +5,12 @@ use std::sync::atomic::Ordering;
 
 use clap::Parser;
 use rsembed_coordinator::cli::{Cli, Command, PlanArgs};
-use rsembed_coordinator::plan;
+use rsembed_coordinator::job::plan;
 use rsembed_coordinator::{
-    classify, compact, fetch_model, finalize, run, search, status, submit, text,
+    fetch_model,
+    job::{finalize, run, status, submit},
+    query::{classify, compact, search},
+    text,
 };
 use rsembed_schemas::job::TilingSpec;
 use tracing_subscriber::EnvFilter;
@@ -267,7 +270,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         println!(
             "  {:<15}{}",
             "bytes",
-            rsembed_coordinator::summary::human_bytes(bytes)
+            rsembed_coordinator::job::summary::human_bytes(bytes)
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use rsembed_coordinator::compact::{hilbert_key, parse_chip_id, Key};
+use rsembed_coordinator::query::compact::{hilbert_key, parse_chip_id, Key};
 use rsembed_integration_tests::*;
 use serde_json::Value;
 

@@ -29,7 +29,8 @@ use rsembed_schemas::job::{Manifest, MANIFEST_FILE};
 use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
 use rsembed_worker::store::{Location, StoreCache};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::query::Error as QueryError;
 
 /// Footers read at once when an index opens.
 const FOOTER_CONCURRENCY: usize = 16;
@@ -104,10 +105,11 @@ impl Index {
             list_parts(stores, &loc).await?
         };
         if listed.is_empty() {
-            return Err(Error::Input(format!(
-                "{}: no chip files (expected chips/*.parquet under it, or a .parquet file)",
-                loc.url
-            )));
+            return Err(QueryError::dataset(
+                &loc.url,
+                "no chip files (expected chips/*.parquet under it, or a .parquet file)",
+            )
+            .into());
         }
         let store = root.store.clone();
         let read = Arc::new(AtomicU64::new(0));
@@ -125,10 +127,14 @@ impl Index {
         for p in &parts[1..] {
             let d = p.embed_dim()?;
             if d != embed_dim {
-                return Err(Error::Input(format!(
-                    "{}: embedding dimension {d}, but {} has {embed_dim}: an index holds one model's embeddings",
-                    p.uri, parts[0].uri
-                )));
+                return Err(QueryError::dataset(
+                    &p.uri,
+                    format!(
+                        "embedding dimension {d}, but {} has {embed_dim}: an index holds one model's embeddings",
+                        parts[0].uri
+                    ),
+                )
+                .into());
             }
         }
         let models: std::collections::BTreeSet<&str> = parts
@@ -137,13 +143,16 @@ impl Index {
             .map(|m| m.model_sha256.as_str())
             .collect();
         if models.len() > 1 {
-            return Err(Error::Input(format!(
-                "{}: its files were embedded by {} different models (vision graph sha256 {}); \
-                 their embeddings are not comparable",
-                root.url,
-                models.len(),
-                models.into_iter().collect::<Vec<_>>().join(", ")
-            )));
+            return Err(QueryError::dataset(
+                &root.url,
+                format!(
+                    "its files were embedded by {} different models (vision graph sha256 {}); \
+                     their embeddings are not comparable",
+                    models.len(),
+                    models.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+            )
+            .into());
         }
         Ok(Index {
             root,
@@ -222,11 +231,12 @@ impl Index {
         let roots: Vec<usize> = columns
             .iter()
             .map(|c| {
-                schema.index_of(c).map_err(|_| {
-                    Error::Input(format!("{}: no column `{c}` in this chip file", part.uri))
+                schema.index_of(c).map_err(|_| QueryError::MissingColumn {
+                    uri: part.uri.clone(),
+                    column: (*c).to_owned(),
                 })
             })
-            .collect::<Result<_>>()?;
+            .collect::<Result<_, QueryError>>()?;
         let mask = ProjectionMask::roots(part.meta.parquet_schema(), roots);
         let mut b = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, part.meta.clone())
             .with_projection(mask)
@@ -235,8 +245,10 @@ impl Index {
         if let Some(s) = selection {
             b = b.with_row_selection(s);
         }
-        b.build()
-            .map_err(|e| Error::Input(format!("{}: {e}", part.uri)))
+        Ok(b.build().map_err(|source| QueryError::Read {
+            uri: part.uri.clone(),
+            source,
+        })?)
     }
 }
 
@@ -255,10 +267,7 @@ impl Part {
     pub fn embed_dim(&self) -> Result<usize> {
         let schema = self.meta.schema();
         let f = schema.field_with_name(col::EMBEDDING).map_err(|_| {
-            Error::Input(format!(
-                "{}: no `embedding` column: not an rsembed chip file",
-                self.uri
-            ))
+            QueryError::dataset(&self.uri, "no `embedding` column: not an rsembed chip file")
         })?;
         match f.data_type() {
             DataType::FixedSizeList(item, d)
@@ -266,10 +275,11 @@ impl Part {
             {
                 Ok(*d as usize)
             }
-            t => Err(Error::Input(format!(
-                "{}: `embedding` is {t}, not FixedSizeList<Float32, D>",
-                self.uri
-            ))),
+            t => Err(QueryError::dataset(
+                &self.uri,
+                format!("`embedding` is {t}, not FixedSizeList<Float32, D>"),
+            )
+            .into()),
         }
     }
 }
@@ -308,9 +318,11 @@ async fn read_manifest(loc: &Location) -> Result<Option<(Vec<(Path, u64)>, Manif
     match loc.store.get(&loc.child(MANIFEST_FILE)).await {
         Ok(r) => {
             let bytes = r.bytes().await?;
-            let m: Manifest = serde_json::from_slice(&bytes).map_err(|e| {
-                Error::Input(format!("{}/{MANIFEST_FILE}: not a manifest: {e}", loc.url))
-            })?;
+            let m: Manifest =
+                serde_json::from_slice(&bytes).map_err(|source| QueryError::Manifest {
+                    uri: format!("{}/{MANIFEST_FILE}", loc.url),
+                    source,
+                })?;
             let files = m
                 .files
                 .iter()
@@ -384,15 +396,12 @@ async fn open_part(
                     (size, reader.size) = (real, real);
                     ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default())
                         .await
-                        .map_err(|e| {
-                            Error::Input(format!("{uri}: not a readable Parquet file: {e}"))
+                        .map_err(|source| QueryError::NotParquet {
+                            uri: uri.clone(),
+                            source,
                         })?
                 }
-                None => {
-                    return Err(Error::Input(format!(
-                        "{uri}: not a readable Parquet file: {e}"
-                    )))
-                }
+                None => return Err(QueryError::NotParquet { uri, source: e }.into()),
             }
         }
     };
@@ -532,38 +541,43 @@ impl BboxColumns {
 pub fn embeddings<'a>(batch: &'a RecordBatch, dim: usize, uri: &str) -> Result<&'a [f32]> {
     let c = batch
         .column_by_name(col::EMBEDDING)
-        .ok_or_else(|| Error::Input(format!("{uri}: no embedding column in the batch")))?;
+        .ok_or_else(|| QueryError::MissingColumn {
+            uri: uri.to_owned(),
+            column: col::EMBEDDING.to_owned(),
+        })?;
     let list = c
         .as_any()
         .downcast_ref::<FixedSizeListArray>()
-        .ok_or_else(|| Error::Input(format!("{uri}: embedding is not a fixed-size list")))?;
+        .ok_or_else(|| QueryError::column(uri, col::EMBEDDING, "a fixed-size list"))?;
     if list.null_count() > 0 || list.value_length() as usize != dim {
-        return Err(Error::Input(format!(
-            "{uri}: embedding column has nulls or a dimension other than {dim}"
-        )));
+        return Err(QueryError::dataset(
+            uri,
+            format!("embedding column has nulls or a dimension other than {dim}"),
+        )
+        .into());
     }
     let values = list
         .values()
         .as_any()
         .downcast_ref::<Float32Array>()
-        .ok_or_else(|| Error::Input(format!("{uri}: embedding values are not float32")))?;
+        .ok_or_else(|| QueryError::column(uri, "embedding values", "float32"))?;
     let start = list.offset() * dim;
     let all = values.values();
     all.get(start..start + list.len() * dim)
-        .ok_or_else(|| Error::Input(format!("{uri}: embedding values are short")))
+        .ok_or_else(|| QueryError::dataset(uri, "embedding values are short").into())
 }
 
 /// Per row of `batch`: whether its bbox intersects `b` (false for a null bbox).
-pub fn bbox_mask(batch: &RecordBatch, b: [f64; 4]) -> Result<Vec<bool>> {
+pub fn bbox_mask(batch: &RecordBatch, b: [f64; 4], uri: &str) -> Result<Vec<bool>> {
     use arrow_array::{Float64Array, StructArray};
     let s = batch
         .column_by_name(col::BBOX)
         .and_then(|c| c.as_any().downcast_ref::<StructArray>())
-        .ok_or_else(|| Error::Input("bbox column is not a struct".into()))?;
+        .ok_or_else(|| QueryError::column(uri, col::BBOX, "a struct"))?;
     let f = |name: &str| -> Result<&Float64Array> {
         s.column_by_name(name)
             .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
-            .ok_or_else(|| Error::Input(format!("bbox has no float64 field {name}")))
+            .ok_or_else(|| QueryError::column(uri, &format!("bbox.{name}"), "float64").into())
     };
     let (x0, y0, x1, y1) = (f("xmin")?, f("ymin")?, f("xmax")?, f("ymax")?);
     let [w, so, e, n] = b;

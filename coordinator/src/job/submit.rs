@@ -27,13 +27,13 @@ use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
 use crate::cli::SubmitArgs;
-use crate::deadletter;
 use crate::error::{Error, Result};
-use crate::output::{Claim, JobOutput, Replace};
-use crate::plan;
-use crate::run::{check_output, now_rfc3339, tiling_spec};
+use crate::job::deadletter;
+use crate::job::output::{Claim, JobOutput, Replace};
+use crate::job::plan;
+use crate::job::run::{check_output, now_rfc3339, tiling_spec};
 
-pub use crate::output::TASKS_FILE;
+pub use crate::job::output::TASKS_FILE;
 
 /// Publish acks awaited at once: enough to keep the connection busy, few
 /// enough that a failed publish is noticed within a fraction of a second.
@@ -92,6 +92,7 @@ impl SubmitSummary {
 /// Runs `rsembed submit`.
 pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let started = Instant::now();
+    super::log_config("submit", &super::redacted_submit(&args));
     let stores = StoreCache::default();
     let input = stores.location(&args.input)?;
     let output = stores.location(&args.output)?;
@@ -143,7 +144,7 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
             .done
             .await
             .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
-        return Err(crate::run::no_inputs(&input.url, &planner.stats));
+        return Err(crate::job::run::no_inputs(&input.url, &planner.stats));
     };
     if let Claim::Replace(old) = &claim {
         forget_job(&q, old).await?;
@@ -190,7 +191,7 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         seconds: 0.0,
     };
     let first = futures::stream::once(std::future::ready(first));
-    let mut tasks = std::pin::pin!(first.chain(crate::plan::receiver_stream(planner.tasks)));
+    let mut tasks = std::pin::pin!(first.chain(crate::job::plan::receiver_stream(planner.tasks)));
     let published = publish_tasks(
         &PublishJob {
             queue: &q,
@@ -353,7 +354,7 @@ async fn forget_job(q: &Queue, old_job: &str) -> Result<()> {
         .purge()
         .filter(queue::task_subject(old_job))
         .await
-        .map_err(|e| Error::Nats(format!("purging job {old_job}'s tasks: {e}")))?;
+        .map_err(|e| Error::nats(format!("purging job {old_job}'s tasks"), e))?;
     q.state.purge_job(old_job).await?;
     Ok(())
 }

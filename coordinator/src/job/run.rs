@@ -24,9 +24,9 @@ use rsembed_worker::store::{Location, StoreCache};
 
 use crate::cli::{RunArgs, TilingArgs};
 use crate::error::{Error, Result};
-use crate::output::{self, Claim, JobOutput, Replace, MANIFEST_FAILURES_LISTED};
-use crate::plan::{self, ListStats};
-use crate::summary::Summary;
+use crate::job::output::{self, Claim, JobOutput, Replace, MANIFEST_FAILURES_LISTED};
+use crate::job::plan::{self, ListStats};
+use crate::job::summary::Summary;
 
 /// The tiling a job records, with defaults filled from the model.
 pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
@@ -137,8 +137,6 @@ pub(crate) async fn check_output(out: &Location) -> Result<CreatedDir> {
     Ok(created)
 }
 
-pub(crate) use crate::output::{put_json, read_json};
-
 /// Looks for a finished task's files, for resume. `None` when the task must run.
 async fn finished(out: &Location, task: &Task) -> Result<Option<TaskReport>> {
     let Some((chips_file, empty_inputs)) = describe(out, &task.chips_path()).await? else {
@@ -173,6 +171,7 @@ pub(crate) use rsembed_worker::now_rfc3339;
 /// Runs a whole job in this process and returns its summary.
 pub async fn run(args: RunArgs) -> Result<Summary> {
     let started = Instant::now();
+    super::log_config("run", &super::redacted_run(&args));
     let stores = StoreCache::default();
     let input = stores.location(&args.input)?;
     let output = stores.location(&args.output)?;
@@ -396,13 +395,13 @@ fn progress_line(elapsed: Duration, counters: &Counters, stats: &ListStats) -> S
     let listed = stats.listed.load(Ordering::Relaxed);
     let eta = if listed && done > 0 {
         let left = total.saturating_sub(done) as f64 * secs / done as f64;
-        crate::status::fmt_secs(left)
+        crate::job::status::fmt_secs(left)
     } else {
         "-".into()
     };
     format!(
         "rsembed run: [{}] {done}/{total}{} inputs, {chips} chips, {:.1} chips/s, {} failed, ETA {eta}",
-        crate::status::fmt_secs(secs),
+        crate::job::status::fmt_secs(secs),
         if listed { "" } else { "+ (listing)" },
         chips as f64 / secs,
         counters.failed.load(Ordering::Relaxed),

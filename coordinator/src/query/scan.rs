@@ -10,7 +10,8 @@ use futures::{Stream, StreamExt};
 use parquet::arrow::arrow_reader::RowSelection;
 
 use crate::error::{Error, Result};
-use crate::index::{GroupRef, Index};
+use crate::query::index::{GroupRef, Index};
+use crate::query::Error as QueryError;
 
 /// Row groups scanned at once when the user does not say: two per core keeps
 /// one group's fetch overlapping another's decode and scoring.
@@ -51,16 +52,20 @@ where
                 let mut stream = index.stream(g, &columns, None)?;
                 let mut offset = 0usize;
                 while let Some(batch) = stream.next().await {
-                    let batch = batch
-                        .map_err(|e| Error::Input(format!("{}: {e}", index.parts[g.part].uri)))?;
+                    let batch = batch.map_err(|source| QueryError::Read {
+                        uri: index.parts[g.part].uri.clone(),
+                        source,
+                    })?;
                     fold(&mut acc, g, offset, &batch)?;
                     offset += batch.num_rows();
                 }
                 Ok::<_, Error>((g, acc))
             });
             async move {
-                task.await
-                    .map_err(|e| Error::Input(format!("scan task failed: {e}")))?
+                task.await.map_err(|source| QueryError::Task {
+                    what: "scan task",
+                    source,
+                })?
             }
         })
         .buffered(concurrency.max(1))
@@ -239,9 +244,7 @@ pub fn normalize(v: &mut [f32]) -> Result<()> {
         .sum::<f64>()
         .sqrt();
     if !n.is_finite() || n == 0.0 {
-        return Err(Error::Usage(
-            "the query vector has zero or non-finite length".into(),
-        ));
+        return Err(QueryError::ZeroVector.into());
     }
     for x in v {
         *x = (f64::from(*x) / n) as f32;

@@ -34,8 +34,11 @@ use serde_json::{json, Value};
 
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
-use crate::index::{bbox_mask, embeddings, GroupRef, Index, Pruning};
-use crate::scan::{default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK};
+use crate::query::index::{bbox_mask, embeddings, GroupRef, Index, Pruning};
+use crate::query::scan::{
+    default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK,
+};
+use crate::query::Error as QueryError;
 
 /// One result, with what the output shows of its chip.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -223,7 +226,9 @@ pub async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats
             let n = batch.num_rows();
             cos.resize(n, 0.0);
             dots(rows, dim, &query, cos);
-            let mask = bbox.map(|b| bbox_mask(batch, b)).transpose()?;
+            let mask = bbox
+                .map(|b| bbox_mask(batch, b, &uris[g.part]))
+                .transpose()?;
             let mut kept = 0u64;
             for (i, &c) in cos.iter().enumerate() {
                 if mask.as_ref().is_some_and(|m| !m[i]) {
@@ -266,10 +271,14 @@ pub async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats
 /// The model must be the one the index was embedded with.
 pub fn check_model(index: &Index, m: &ModelDir) -> Result<()> {
     if m.manifest.embed_dim != index.embed_dim {
-        return Err(Error::Usage(format!(
-            "--model {} has embedding dimension {}, the index {}: not the model it was embedded with",
-            m.manifest.name, m.manifest.embed_dim, index.embed_dim
-        )));
+        return Err(QueryError::flag(
+            "--model",
+            format!(
+                "{} has embedding dimension {}, the index {}: not the model it was embedded with",
+                m.manifest.name, m.manifest.embed_dim, index.embed_dim
+            ),
+        )
+        .into());
     }
     if let Some((name, sha)) = index.model() {
         if name != m.manifest.name {
@@ -303,20 +312,26 @@ fn text_query(m: &ModelDir, args: &SearchArgs, texts: &[String]) -> Result<Vec<f
 
 /// A query vector from a file holding one JSON array.
 fn vector_query(path: &std::path::Path, dim: usize) -> Result<Vec<f32>> {
-    let bytes = std::fs::read(path)
-        .map_err(|e| Error::Usage(format!("--vector {}: {e}", path.display())))?;
-    let mut v: Vec<f32> = serde_json::from_slice(&bytes).map_err(|e| {
-        Error::Usage(format!(
-            "--vector {}: want one JSON array of numbers (as `rsembed text` prints): {e}",
-            path.display()
-        ))
+    let bytes = std::fs::read(path).map_err(|e| QueryError::FlagFile {
+        flag: "--vector",
+        path: path.to_owned(),
+        source: Box::new(e),
     })?;
+    let mut v: Vec<f32> =
+        serde_json::from_slice(&bytes).map_err(|source| QueryError::VectorFile {
+            path: path.to_owned(),
+            source,
+        })?;
     if v.len() != dim {
-        return Err(Error::Usage(format!(
-            "--vector {}: {} numbers, but the index's embeddings have {dim}",
-            path.display(),
-            v.len()
-        )));
+        return Err(QueryError::flag(
+            "--vector",
+            format!(
+                "{}: {} numbers, but the index's embeddings have {dim}",
+                path.display(),
+                v.len()
+            ),
+        )
+        .into());
     }
     normalize(&mut v)?;
     Ok(v)
@@ -353,15 +368,16 @@ async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec
         }
     }
     let want = Arc::new(id.to_owned());
+    let parts = index.clone();
     let mut scan = Box::pin(scan_groups(
         index.clone(),
         groups,
         vec![col::CHIP_ID],
         default_concurrency(),
         || None::<usize>,
-        move |found: &mut Option<usize>, _g, offset, batch: &RecordBatch| {
+        move |found: &mut Option<usize>, g: GroupRef, offset, batch: &RecordBatch| {
             if found.is_none() {
-                let ids = string_col(batch, col::CHIP_ID)?;
+                let ids = string_col(batch, col::CHIP_ID, &parts.parts[g.part].uri)?;
                 *found = (0..ids.len())
                     .find(|&i| ids.is_valid(i) && ids.value(i) == want.as_str())
                     .map(|i| offset + i);
@@ -377,17 +393,21 @@ async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec
         }
     }
     let Some((g, row)) = hit else {
-        return Err(Error::Usage(format!(
-            "--like {id}: no chip with this id in the index"
-        )));
+        return Err(
+            QueryError::flag("--like", format!("{id}: no chip with this id in the index")).into(),
+        );
     };
     let sel = selection_of(&[row], index.parts[g.part].group_rows(g.row_group));
     let mut s = index.stream(g, &[col::EMBEDDING], Some(sel))?;
+    let uri = &index.parts[g.part].uri;
     let batch = s
         .next()
         .await
-        .ok_or_else(|| Error::Input(format!("--like {id}: its row vanished")))?
-        .map_err(|e| Error::Input(format!("{}: {e}", index.parts[g.part].uri)))?;
+        .ok_or_else(|| QueryError::dataset(uri, format!("--like {id}: its row vanished")))?
+        .map_err(|source| QueryError::Read {
+            uri: uri.clone(),
+            source,
+        })?;
     let mut v =
         embeddings(&batch, index.embed_dim, &index.parts[g.part].uri)?[..index.embed_dim].to_vec();
     normalize(&mut v)?;
@@ -425,16 +445,19 @@ async fn details(
         let mut s = index.stream(g, &columns, Some(sel))?;
         let mut next = wanted.iter();
         while let Some(batch) = s.next().await {
-            let batch =
-                batch.map_err(|e| Error::Input(format!("{}: {e}", index.parts[g.part].uri)))?;
-            let ids = string_col(&batch, col::CHIP_ID)?;
-            let uris = string_col(&batch, col::SOURCE_URI)?;
-            let crs = string_col(&batch, col::CRS)?;
+            let uri = &index.parts[g.part].uri;
+            let batch = batch.map_err(|source| QueryError::Read {
+                uri: uri.clone(),
+                source,
+            })?;
+            let ids = string_col(&batch, col::CHIP_ID, uri)?;
+            let uris = string_col(&batch, col::SOURCE_URI, uri)?;
+            let crs = string_col(&batch, col::CRS, uri)?;
             let ints = |name: &str| -> Result<&Int32Array> {
                 batch
                     .column_by_name(name)
                     .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
-                    .ok_or_else(|| Error::Input(format!("column `{name}` is not int32")))
+                    .ok_or_else(|| QueryError::column(uri, name, "int32").into())
             };
             let (x, y, w, h) = (
                 ints(col::X)?,
@@ -445,18 +468,18 @@ async fn details(
             let valid = batch
                 .column_by_name(col::VALID_FRACTION)
                 .and_then(|c| c.as_any().downcast_ref::<Float32Array>())
-                .ok_or_else(|| Error::Input("valid_fraction is not float32".into()))?;
+                .ok_or_else(|| QueryError::column(uri, col::VALID_FRACTION, "float32"))?;
             let f64s = |name: &str| -> Result<&Float64Array> {
                 batch
                     .column_by_name(name)
                     .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
-                    .ok_or_else(|| Error::Input(format!("column `{name}` is not float64")))
+                    .ok_or_else(|| QueryError::column(uri, name, "float64").into())
             };
             let (lon, lat) = (f64s(col::CENTRE_LON)?, f64s(col::CENTRE_LAT)?);
             let geom = batch
                 .column_by_name(col::GEOMETRY)
                 .and_then(|c| c.as_any().downcast_ref::<BinaryArray>())
-                .ok_or_else(|| Error::Input("geometry is not binary".into()))?;
+                .ok_or_else(|| QueryError::column(uri, col::GEOMETRY, "binary"))?;
             for i in 0..batch.num_rows() {
                 let Some(&row) = next.next() else { break };
                 let opt_f = |a: &Float64Array| a.is_valid(i).then(|| a.value(i));
@@ -489,24 +512,27 @@ async fn details(
         .enumerate()
         .map(|(rank, h)| {
             let mut r = rows.remove(&(h.group, h.row)).ok_or_else(|| {
-                Error::Input(format!(
-                    "{}: row {} of row group {} could not be read back",
-                    index.parts[h.group.part].uri, h.row, h.group.row_group
-                ))
+                QueryError::dataset(
+                    &index.parts[h.group.part].uri,
+                    format!(
+                        "row {} of row group {} could not be read back",
+                        h.row, h.group.row_group
+                    ),
+                )
             })?;
             r.rank = rank + 1;
             r.cosine = h.cosine;
-            r.score = scale_bias.map(|(s, b)| crate::scan::sigmoid_score(h.cosine, s, b));
+            r.score = scale_bias.map(|(s, b)| crate::query::scan::sigmoid_score(h.cosine, s, b));
             Ok(r)
         })
         .collect()
 }
 
-fn string_col<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a StringArray> {
+fn string_col<'a>(batch: &'a RecordBatch, name: &str, uri: &str) -> Result<&'a StringArray> {
     batch
         .column_by_name(name)
         .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-        .ok_or_else(|| Error::Input(format!("column `{name}` is not a string column")))
+        .ok_or_else(|| QueryError::column(uri, name, "a string column").into())
 }
 
 /// A WKB polygon (either byte order, 2D) as a GeoJSON geometry; `None` for

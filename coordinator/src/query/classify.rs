@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use arrow_array::builder::{Float32Builder, ListBuilder, StringBuilder, StructBuilder};
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
+use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use parquet::arrow::AsyncArrowWriter;
@@ -31,11 +31,12 @@ use rsembed_worker::store::{Location, StoreCache};
 use serde_json::json;
 
 use crate::cli::ClassifyArgs;
-use crate::compact::AtomicUpload;
 use crate::error::{Error, Result};
-use crate::index::{embeddings, GroupRef, Index};
-use crate::scan::{default_concurrency, dots, scan_groups, sigmoid_score};
-use crate::search::check_model;
+use crate::query::compact::AtomicUpload;
+use crate::query::index::{embeddings, GroupRef, Index};
+use crate::query::scan::{default_concurrency, dots, scan_groups, sigmoid_score};
+use crate::query::search::check_model;
+use crate::query::Error as QueryError;
 
 /// Labels one run may have: each is a text-graph input and a dot product per chip.
 const MAX_LABELS: usize = 100_000;
@@ -81,10 +82,11 @@ pub fn read_labels(text: &str) -> Result<Vec<String>> {
             continue;
         }
         if !seen.insert(l.to_owned()) {
-            return Err(Error::Usage(format!(
-                "--labels line {}: `{l}` is given twice",
-                i + 1
-            )));
+            return Err(QueryError::flag(
+                "--labels",
+                format!("line {}: `{l}` is given twice", i + 1),
+            )
+            .into());
         }
         out.push(l.to_owned());
         if out.len() > MAX_LABELS {
@@ -134,16 +136,20 @@ fn top_fields() -> Fields {
 pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
     let t0 = Instant::now();
     if !args.template.contains("{}") {
-        return Err(Error::Usage(format!(
-            "--template `{}` has no `{{}}` for the label",
-            args.template
-        )));
+        return Err(QueryError::flag(
+            "--template",
+            format!("`{}` has no `{{}}` for the label", args.template),
+        )
+        .into());
     }
     if args.top == 0 {
-        return Err(Error::Usage("--top must be at least 1".into()));
+        return Err(QueryError::flag("--top", "must be at least 1").into());
     }
-    let text = std::fs::read_to_string(&args.labels)
-        .map_err(|e| Error::Usage(format!("--labels {}: {e}", args.labels.display())))?;
+    let text = std::fs::read_to_string(&args.labels).map_err(|e| QueryError::FlagFile {
+        flag: "--labels",
+        path: args.labels.clone(),
+        source: Box::new(e),
+    })?;
     let labels = read_labels(&text)?;
     let stores = StoreCache::default();
     let out_loc = stores.location(&args.output)?;
@@ -189,8 +195,12 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
     // In the Arrow schema too, where PyArrow looks.
     let schema = rsembed_worker::sink::parquet::schema_with_file_metadata(&output_schema(), &props);
     let sink = AtomicUpload::new(&out_loc.store, out_loc.prefix.clone(), 8);
-    let mut writer =
-        AsyncArrowWriter::try_new(sink, schema.clone(), Some(props)).map_err(parquet_err)?;
+    let mut writer = AsyncArrowWriter::try_new(sink, schema.clone(), Some(props)).map_err(|e| {
+        QueryError::Write {
+            path: out_loc.url.to_string(),
+            source: Box::new(e),
+        }
+    })?;
 
     let (groups, _) = index.row_groups(None);
     let labels = Arc::new(labels);
@@ -210,19 +220,23 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
             let ids = batch
                 .column_by_name(col::CHIP_ID)
                 .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-                .ok_or_else(|| {
-                    Error::Input(format!("{}: chip_id is not a string", uris[g.part]))
-                })?;
-            acc.push(label_batch(
-                &fold_schema,
-                ids,
-                rows,
-                dim,
-                &label_rows,
-                &fold_labels,
-                top,
-                (scale, bias),
-            )?);
+                .ok_or_else(|| QueryError::column(&uris[g.part], col::CHIP_ID, "a string"))?;
+            acc.push(
+                label_batch(
+                    &fold_schema,
+                    ids,
+                    rows,
+                    dim,
+                    &label_rows,
+                    &fold_labels,
+                    top,
+                    (scale, bias),
+                )
+                .map_err(|source| QueryError::Rows {
+                    uri: uris[g.part].clone(),
+                    source,
+                })?,
+            );
             Ok(())
         },
     ));
@@ -232,8 +246,9 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         .enumerate()
         .map(|(i, l)| (l.as_str(), i))
         .collect();
-    let write_err = |e: parquet::errors::ParquetError| {
-        Error::Output(format!("cannot write {}: {e}", out_loc.url))
+    let write_err = |e: parquet::errors::ParquetError| QueryError::Write {
+        path: out_loc.url.to_string(),
+        source: Box::new(e),
     };
     let written: Result<u64> = async {
         let mut rows = 0u64;
@@ -268,11 +283,11 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         }
     };
     if rows != index.rows() {
-        return Err(Error::Output(format!(
-            "{}: wrote {rows} rows but the index has {}",
-            out_loc.url,
-            index.rows()
-        )));
+        return Err(QueryError::Incomplete {
+            path: out_loc.url.to_string(),
+            problem: format!("wrote {rows} rows but the index has {}", index.rows()),
+        }
+        .into());
     }
     let mut best_counts: Vec<(String, u64)> = labels
         .iter()
@@ -295,22 +310,36 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
 async fn check_output(out: &Location, overwrite: bool) -> Result<()> {
     match out.store.head(&out.prefix).await {
         Ok(_) if !overwrite => {
-            return Err(Error::Output(format!(
-                "{} already exists: pass --overwrite to replace it, or pick another --output",
-                out.url
-            )))
+            return Err(QueryError::OutputRefused {
+                path: out.url.to_string(),
+                problem: "already exists: pass --overwrite to replace it, or pick another --output"
+                    .into(),
+            }
+            .into())
         }
         Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-        Err(e) => return Err(Error::Output(format!("cannot use {}: {e}", out.url))),
+        Err(e) => {
+            return Err(QueryError::Write {
+                path: out.url.to_string(),
+                source: Box::new(e),
+            }
+            .into())
+        }
     }
     if out.local_dir().is_some_and(|p| p.is_dir()) {
-        return Err(Error::Output(format!(
-            "{} is a folder: --output names the Parquet file to write",
-            out.url
-        )));
+        return Err(QueryError::OutputRefused {
+            path: out.url.to_string(),
+            problem: "is a folder: --output names the Parquet file to write".into(),
+        }
+        .into());
     }
-    out.probe_local_write("")
-        .map_err(|e| Error::Output(format!("cannot write {}: {e}", out.url)))
+    out.probe_local_write("").map_err(|e| {
+        QueryError::Write {
+            path: out.url.to_string(),
+            source: Box::new(e),
+        }
+        .into()
+    })
 }
 
 fn parquet_err(e: parquet::errors::ParquetError) -> Error {
@@ -328,7 +357,7 @@ fn label_batch(
     labels: &[String],
     top: usize,
     (scale, bias): (f64, f64),
-) -> Result<RecordBatch> {
+) -> std::result::Result<RecordBatch, ArrowError> {
     let n = ids.len();
     let nl = labels.len();
     let mut chip_id = StringBuilder::with_capacity(n, n * 32);
@@ -379,7 +408,6 @@ fn label_batch(
         Arc::new(list.finish()),
     ];
     RecordBatch::try_new(schema.clone(), cols)
-        .map_err(|e| Error::Output(format!("label batch: {e}")))
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ use rsembed_worker::queue::Queue;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::run::now_rfc3339;
+use crate::job::run::now_rfc3339;
 
 /// The durable consumer coordinator commands share on the dead-letter stream.
 const CONSUMER: &str = "rsembed-coordinator";
@@ -40,7 +40,7 @@ pub async fn reconcile(q: &Queue) -> Result<u64> {
     let dl =
         q.js.get_stream(&q.config.deadletter_stream)
             .await
-            .map_err(|e| Error::Nats(format!("dead-letter stream: {e}")))?;
+            .map_err(|e| Error::nats("dead-letter stream", e))?;
     let c = dl
         .get_or_create_consumer(
             CONSUMER,
@@ -52,7 +52,7 @@ pub async fn reconcile(q: &Queue) -> Result<u64> {
             },
         )
         .await
-        .map_err(|e| Error::Nats(format!("dead-letter consumer: {e}")))?;
+        .map_err(|e| Error::nats("dead-letter consumer", e))?;
     let mut recorded = 0;
     loop {
         let mut batch = c
@@ -61,10 +61,10 @@ pub async fn reconcile(q: &Queue) -> Result<u64> {
             .expires(Duration::from_millis(300))
             .messages()
             .await
-            .map_err(|e| Error::Nats(format!("reading dead letters: {e}")))?;
+            .map_err(|e| Error::nats("reading dead letters", e))?;
         let mut got = 0;
         while let Some(m) = batch.next().await {
-            let m = m.map_err(|e| Error::Nats(format!("reading dead letters: {e}")))?;
+            let m = m.map_err(|e| Error::nats("reading dead letters", e))?;
             got += 1;
             match serde_json::from_slice::<Advisory>(&m.payload) {
                 Ok(a) if a.kind.ends_with(".max_deliver") => {
@@ -79,7 +79,7 @@ pub async fn reconcile(q: &Queue) -> Result<u64> {
             }
             m.double_ack()
                 .await
-                .map_err(|e| Error::Nats(format!("acking a dead letter: {e}")))?;
+                .map_err(|e| Error::nats("acking a dead letter", e))?;
         }
         if got == 0 {
             break;
@@ -132,6 +132,6 @@ async fn dead_task(q: &Queue, a: &Advisory) -> Result<bool> {
     q.stream
         .delete_message(a.stream_seq)
         .await
-        .map_err(|e| Error::Nats(format!("removing dead task {task}: {e}")))?;
+        .map_err(|e| Error::nats(format!("removing dead task {task}"), e))?;
     Ok(true)
 }

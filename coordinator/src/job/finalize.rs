@@ -20,10 +20,10 @@ use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
 
 use crate::cli::FinalizeArgs;
-use crate::deadletter;
 use crate::error::Result;
-use crate::output::{self, JobOutput, TASKS_FILE};
-use crate::status::{done_for, job_of, open, queued};
+use crate::job::deadletter;
+use crate::job::output::{self, JobOutput, TASKS_FILE};
+use crate::job::status::{done_for, job_of, open, queued};
 
 /// How many failed inputs the manifest lists by name (the count is exact).
 const FAILURES_LISTED: usize = 1000;

@@ -14,9 +14,9 @@ use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
 
 use crate::cli::StatusArgs;
-use crate::deadletter;
 use crate::error::{Error, Result};
-use crate::run::read_json;
+use crate::job::deadletter;
+use crate::job::output::read_json;
 
 /// Where a job stands.
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -119,12 +119,12 @@ pub async fn queued(q: &Queue, job: &str) -> Result<u64> {
         .stream
         .info_with_subjects(queue::task_subject(job))
         .await
-        .map_err(|e| Error::Nats(format!("task stream info: {e}")))?;
+        .map_err(|e| Error::nats("task stream info", e))?;
     let mut n = 0;
     while let Some((_, count)) = info
         .try_next()
         .await
-        .map_err(|e| Error::Nats(format!("task stream info: {e}")))?
+        .map_err(|e| Error::nats("task stream info", e))?
     {
         n += count as u64;
     }
@@ -158,7 +158,7 @@ impl PlanCache {
             return Ok(None);
         };
         if self.submitted_at.as_deref() != Some(rec.submitted_at.as_str()) {
-            self.ids = crate::output::JobOutput::new(output.clone())
+            self.ids = crate::job::output::JobOutput::new(output.clone())
                 .plan()
                 .await?
                 .map(|ids| ids.into_iter().collect());
@@ -284,7 +284,7 @@ pub async fn consumer_state(q: &Queue) -> Result<ConsumerState> {
     let info = c
         .info()
         .await
-        .map_err(|e| Error::Nats(format!("consumer info: {e}")))?;
+        .map_err(|e| Error::nats("consumer info", e))?;
     Ok(ConsumerState {
         waiting: info.num_waiting as u64,
         ack_pending: info.num_ack_pending as u64,
@@ -322,7 +322,10 @@ fn rate(snap: &Snapshot) -> Option<f64> {
 fn transient(e: &Error) -> bool {
     use rsembed_worker::queue::QueueError;
     match e {
-        Error::Store(_) | Error::Nats(_) => true,
+        Error::Store(_)
+        | Error::Nats { .. }
+        | Error::NatsTimeout { .. }
+        | Error::NatsDisconnected => true,
         Error::Queue(q) => !matches!(
             q,
             QueueError::Option { .. } | QueueError::Json { .. } | QueueError::OldServer { .. }
@@ -377,6 +380,9 @@ pub fn watch_line(s: &JobStatus, elapsed: Duration) -> String {
 
 /// Runs `rsembed status`.
 pub async fn status(args: StatusArgs) -> Result<JobStatus> {
+    if args.watch {
+        super::log_config("status", &super::redacted_status(&args));
+    }
     let stores = StoreCache::default();
     let output = stores.location(&args.output)?;
     let q = open(&args.nats, "rsembed-status").await?;
@@ -406,13 +412,12 @@ pub async fn status(args: StatusArgs) -> Result<JobStatus> {
         let poll = tokio::select! {
             r = tokio::time::timeout(limit.max(Duration::from_secs(1)), status_once(&q, &output, &mut plans)) => {
                 r.unwrap_or_else(|_| {
-                    Err(Error::Nats(format!(
-                        "no answer from NATS for {}",
-                        fmt_secs(limit.as_secs_f64())
-                    )))
+                    Err(Error::NatsTimeout {
+                        waited: fmt_secs(limit.as_secs_f64()),
+                    })
                 })
             }
-            () = disconnected(&client) => Err(Error::Nats("not connected to NATS".into())),
+            () = disconnected(&client) => Err(Error::NatsDisconnected),
         };
         let s = match poll {
             Ok(s) => {

@@ -1,0 +1,230 @@
+//! Compaction's checks around the rewrite: the flags' paths, the output it
+//! may use, the source against its manifest, parts conformed to the chip
+//! schema, and the files copied as they are.
+
+use arrow_array::{make_array, Array, ArrayRef, RecordBatch};
+use arrow_schema::{ArrowError, DataType, Fields, SchemaRef};
+use futures::TryStreamExt;
+use object_store::{ObjectStoreExt, PutPayload};
+use rsembed_schemas::chip::chip_schema;
+use rsembed_schemas::job::{Manifest, JOB_FILE, MANIFEST_FILE};
+use rsembed_schemas::meta::FileMeta;
+use rsembed_worker::store::Location;
+use sha2::{Digest, Sha256};
+
+use crate::error::Result;
+use crate::query::index::Index;
+use crate::query::Error as QueryError;
+
+pub(super) fn check_paths(src: &Location, out: &Location) -> Result<()> {
+    let s = src.url.as_str().trim_end_matches('/');
+    let o = out.url.as_str().trim_end_matches('/');
+    if s == o {
+        return Err(QueryError::flag(
+            "--output",
+            format!("{o} is the dataset being compacted: write the compaction elsewhere"),
+        )
+        .into());
+    }
+    for dir in ["chips", "errors"] {
+        if o.starts_with(&format!("{s}/{dir}/")) || o == format!("{s}/{dir}") {
+            return Err(QueryError::flag(
+                "--output",
+                format!(
+                    "{o} is inside the source's {dir}/, where readers of the source would find it"
+                ),
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an output that holds a dataset, or (with `overwrite`) deletes it:
+/// the manifest first, so no reader ever sees its old file list with new files.
+pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()> {
+    let mut found = Vec::new();
+    for f in [MANIFEST_FILE, JOB_FILE] {
+        match out.store.head(&out.child(f)).await {
+            Ok(_) => found.push(f.to_owned()),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut listed = Vec::new();
+    for dir in ["chips", "errors"] {
+        let l: Vec<_> = out.store.list(Some(&out.child(dir))).try_collect().await?;
+        if !l.is_empty() {
+            found.push(format!("{dir}/"));
+        }
+        listed.extend(l.into_iter().map(|m| m.location));
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    if !overwrite {
+        return Err(QueryError::OutputRefused {
+            path: out.url.to_string(),
+            problem: format!(
+                "already holds a dataset ({}): pass --overwrite to replace it, or pick another --output",
+                found.join(", ")
+            ),
+        }
+        .into());
+    }
+    tracing::warn!(output = %out.url, "--overwrite: deleting the dataset there");
+    for p in [out.child(MANIFEST_FILE), out.child(JOB_FILE)]
+        .into_iter()
+        .chain(listed)
+    {
+        match out.store.delete(&p).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// The source's files agree with its manifest and each other; returns their metadata.
+pub(super) fn check_source(index: &Index, manifest: &Manifest) -> Result<FileMeta> {
+    let want = chip_schema(index.embed_dim);
+    let mut meta: Option<&FileMeta> = None;
+    for (part, entry) in index.parts.iter().zip(&manifest.files) {
+        if part.rows() != entry.rows {
+            return Err(QueryError::dataset(
+                &part.uri,
+                format!(
+                    "{} rows, but the manifest says {}: the dataset changed since it was finalized",
+                    part.rows(),
+                    entry.rows
+                ),
+            )
+            .into());
+        }
+        if !same_fields(part.meta.schema().fields(), want.fields()) {
+            return Err(QueryError::dataset(
+                &part.uri,
+                format!(
+                    "its columns are not the chip schema version {}: {:?}",
+                    rsembed_schemas::SCHEMA_VERSION,
+                    part.meta.schema().fields()
+                ),
+            )
+            .into());
+        }
+        let m = part.file_meta.as_ref().ok_or_else(|| {
+            QueryError::dataset(&part.uri, "no `rsembed` metadata: not a chip file of a job")
+        })?;
+        if m.job_id != manifest.job_id {
+            return Err(QueryError::dataset(
+                &part.uri,
+                format!(
+                    "written by job {}, but the manifest is job {}'s",
+                    m.job_id, manifest.job_id
+                ),
+            )
+            .into());
+        }
+        meta.get_or_insert(m);
+    }
+    Ok(meta
+        .expect("an opened index has a part: this is a bug")
+        .clone())
+}
+
+/// Whether two lists of fields are the same logical columns: names, types and
+/// order, aside from the names of list items and from metadata. A file that
+/// PyArrow rewrote names its list items `element` where arrow-rs writes
+/// `item`, and holds the same data.
+pub(super) fn same_fields(a: &Fields, b: &Fields) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b.iter())
+            .all(|(x, y)| x.name() == y.name() && same_type(x.data_type(), y.data_type()))
+}
+
+fn same_type(a: &DataType, b: &DataType) -> bool {
+    match (a, b) {
+        (DataType::List(x), DataType::List(y))
+        | (DataType::LargeList(x), DataType::LargeList(y)) => {
+            same_type(x.data_type(), y.data_type())
+        }
+        (DataType::FixedSizeList(x, n), DataType::FixedSizeList(y, m)) => {
+            n == m && same_type(x.data_type(), y.data_type())
+        }
+        (DataType::Struct(x), DataType::Struct(y)) => same_fields(x, y),
+        _ => a == b,
+    }
+}
+
+/// `batch` with the columns typed exactly as `schema` says, for columns of
+/// the same logical type ([`same_fields`]): only the list item names change.
+pub(super) fn conform(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+) -> std::result::Result<RecordBatch, ArrowError> {
+    let columns = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                return Ok(c.clone());
+            }
+            let data = c
+                .to_data()
+                .into_builder()
+                .data_type(f.data_type().clone())
+                .build()?;
+            Ok(make_array(data))
+        })
+        .collect::<std::result::Result<Vec<ArrayRef>, ArrowError>>()?;
+    RecordBatch::try_new(schema.clone(), columns)
+}
+
+pub(super) fn duplicate(src: &Location, id: u128) -> QueryError {
+    QueryError::dataset(
+        &src.url,
+        format!(
+            "chip_id {id:032x} is in it more than once (find its copies with \
+             `SELECT filename, * FROM read_parquet('{}/chips/*.parquet', filename=true) \
+             WHERE chip_id = '{id:032x}'`): a dataset must hold each chip once",
+            src.url.as_str().trim_end_matches('/')
+        ),
+    )
+}
+
+/// Copies `job.json` and the error files of the source, checking the latter
+/// against the manifest.
+pub(super) async fn copy_rest(src: &Location, out: &Location, manifest: &Manifest) -> Result<()> {
+    match src.store.get(&src.child(JOB_FILE)).await {
+        Ok(g) => {
+            let bytes = g.bytes().await?;
+            out.store
+                .put(&out.child(JOB_FILE), PutPayload::from(bytes))
+                .await?;
+        }
+        Err(object_store::Error::NotFound { .. }) => {
+            tracing::warn!(source = %src.url, "the source has no {JOB_FILE}; the output has none either");
+        }
+        Err(e) => return Err(e.into()),
+    }
+    for f in &manifest.error_files {
+        let bytes = src.store.get(&src.child(&f.path)).await?.bytes().await?;
+        let sha = hex::encode(Sha256::digest(&bytes));
+        if sha != f.sha256 {
+            return Err(QueryError::dataset(
+                format!("{}/{}", src.url.as_str().trim_end_matches('/'), f.path),
+                format!(
+                    "sha256 {sha}, but the manifest says {}: the dataset changed since it was finalized",
+                    f.sha256
+                ),
+            )
+            .into());
+        }
+        out.store
+            .put(&out.child(&f.path), PutPayload::from(bytes))
+            .await?;
+    }
+    Ok(())
+}
