@@ -19,7 +19,7 @@ use ::png::{BitDepth, ColorType, Decoder, Transformations};
 use crate::image::{DecodeError, DecodeLimits, Rgb8};
 
 /// Whether `bytes` start with the PNG signature.
-pub fn is_png(bytes: &[u8]) -> bool {
+pub(crate) fn is_png(bytes: &[u8]) -> bool {
     bytes.starts_with(b"\x89PNG\r\n\x1a\n")
 }
 

@@ -76,7 +76,7 @@ impl Projector {
     }
 
     /// Lon/lat in degrees of a map coordinate; `None` outside the projection's domain.
-    pub fn to_lonlat(&self, x: f64, y: f64) -> Option<(f64, f64)> {
+    pub(crate) fn to_lonlat(&self, x: f64, y: f64) -> Option<(f64, f64)> {
         self.lonlat(x, y, true)
     }
 

@@ -5,8 +5,8 @@
 //! is cut on the grid. Reads go through a [`RangeRead`] (object storage, in the
 //! worker) for the tiles a chip needs.
 //!
-//! [`plan`] opens a scene and decides its bands, georeferencing, grid and
-//! stretch (and gives the planner the same grid); [`read`] reads a chip's
+//! `plan.rs` opens a scene and decides its bands, georeferencing, grid and
+//! stretch (and gives the planner the same grid); `read.rs` reads a chip's
 //! window of every band file and scales it to 8 bits.
 
 mod plan;
