@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Bounded fuzzing of the worker's TIFF reader (cargo-fuzz project in fuzz/).
+# Bounded fuzzing of rsembed-raster's TIFF and JPEG readers (cargo-fuzz project in fuzz/).
 #
 #   scripts/fuzz.sh [seconds_per_target]
 #

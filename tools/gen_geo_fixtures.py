@@ -7,7 +7,7 @@ Needs only the Python standard library and the GDAL 3.6 command-line tools
     python3 tools/gen_geo_fixtures.py [--data /work/shared/data/geotiff]
 
 GDAL is the reference: each fixture holds the raw tag values (as the TIFF reader
-hands them to worker/src/raster/geo), GDAL's geotransform and CRS, and
+hands them to worker/raster/src/geo), GDAL's geotransform and CRS, and
 gdaltransform's lon/lat (OGC:CRS84) for points on the outline and the centre of a
 few chip windows. The TIFFs made for the synthetic cases are temporary; their
 tags live in the JSON.

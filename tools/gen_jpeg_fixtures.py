@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Fixtures and reference checks for the JPEG decoder (worker/src/raster/jpeg).
+"""Fixtures and reference checks for the JPEG decoder (worker/raster/src/jpeg).
 
 The reference is Pillow's decoder (libjpeg-turbo 3.x); every case is also
 decoded with djpeg (Debian's libjpeg-turbo 2.1.5, `djpeg -dct int`) where it
 can express the case, to confirm both libjpeg-turbo versions agree.
 
     tools/gen_jpeg_fixtures.py write    # regenerate fixtures/jpeg/cases.bin
-    cargo build --release -p rsembed-worker --example jpeg_dump
+    cargo build --release -p rsembed-raster --example jpeg_dump
     tools/gen_jpeg_fixtures.py sweep    # broad comparison against that build
 
 Run with a Python that has Pillow and numpy; `cjpeg`/`djpeg` come from the

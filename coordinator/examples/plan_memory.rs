@@ -21,9 +21,9 @@ use object_store::{
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
 use rsembed_coordinator::job::plan::{plan, Grouping, ListStats, Sharding};
+use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::Task;
-use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::store::{Location, StoreCache};
 use tokio::sync::mpsc;
 

@@ -24,14 +24,14 @@ use std::time::Instant;
 use clap::Parser;
 use futures::StreamExt;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use rsembed_raster::geo::{polygon_wkb, Footprint};
 use rsembed_schemas::ids::{chip_id, IdHasher, Window};
 use rsembed_schemas::job::{
     GroupingSpec, JobSpec, Manifest, ManifestFile, ModelRef, TilingSpec, JOB_FILE, MANIFEST_FILE,
 };
 use rsembed_schemas::meta::FileMeta;
-use rsembed_worker::raster::geo::polygon_wkb;
 use rsembed_worker::sink::parquet::{chip_file_metadata, encode_chips, put};
-use rsembed_worker::sink::rows::{chip_batch, extent, ChipRow, Footprint};
+use rsembed_worker::sink::rows::{chip_batch, extent, ChipRow};
 use rsembed_worker::store::{Location, StoreCache};
 use serde_json::json;
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use rsembed_worker::raster::tiff::RangeRead;
+use rsembed_raster::tiff::RangeRead;
 
 /// The fuzz input served as an object-store object.
 pub struct MemReader(pub Bytes);

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rsembed_worker::raster::jpeg::{decode, read_header, ColorTransform, Limits};
+use rsembed_raster::jpeg::{decode, read_header, ColorTransform, Limits};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {

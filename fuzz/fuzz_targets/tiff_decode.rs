@@ -9,7 +9,7 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use rsembed_worker::raster::tiff::{TiffFile, TiffLimits, WindowData};
+use rsembed_raster::tiff::{TiffFile, TiffLimits, WindowData};
 
 fn limits() -> TiffLimits {
     TiffLimits {

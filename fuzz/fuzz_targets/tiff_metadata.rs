@@ -7,8 +7,8 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use rsembed_worker::raster::geo::{crs_from_geokeys, geotransform, parse_geokeys};
-use rsembed_worker::raster::tiff::{TiffFile, TiffLimits};
+use rsembed_raster::geo::{crs_from_geokeys, geotransform, parse_geokeys};
+use rsembed_raster::tiff::{TiffFile, TiffLimits};
 
 fuzz_target!(|data: &[u8]| {
     let opened = futures::executor::block_on(TiffFile::open(

@@ -5,7 +5,7 @@
 //! The files are made by patching a small committed GeoTIFF
 //! (`fixtures/tiff/u8_deflate_tp.tif`: little-endian classic TIFF, 16×16 deflate
 //! tiles) in its first IFD. Decompression bombs and IFD loops through overviews
-//! are covered at the reader level (`worker/src/raster/tiff/tests_hostile.rs`).
+//! are covered at the reader level (`worker/raster/src/tiff/tests_hostile.rs`).
 
 use std::path::Path;
 use std::time::Duration;

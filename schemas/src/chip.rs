@@ -1,7 +1,9 @@
 //! Arrow schemas of the rows rsembed writes: `chips/*.parquet` and `errors/*.parquet`.
 
+#[cfg(feature = "arrow")]
 use std::sync::Arc;
 
+#[cfg(feature = "arrow")]
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 
 /// Column names of the chip schema, in file order.
@@ -37,6 +39,7 @@ pub mod col {
 }
 
 /// Fields of the `bbox` struct column, in GeoParquet covering order.
+#[cfg(feature = "arrow")]
 pub fn bbox_fields() -> Fields {
     Fields::from(vec![
         Field::new("xmin", DataType::Float64, false),
@@ -47,6 +50,7 @@ pub fn bbox_fields() -> Fields {
 }
 
 /// The Arrow type of the embedding column for dimension `embed_dim`.
+#[cfg(feature = "arrow")]
 pub fn embedding_type(embed_dim: usize) -> DataType {
     DataType::FixedSizeList(
         Arc::new(Field::new("item", DataType::Float32, false)),
@@ -55,6 +59,7 @@ pub fn embedding_type(embed_dim: usize) -> DataType {
 }
 
 /// The chip row schema, version [`crate::SCHEMA_VERSION`].
+#[cfg(feature = "arrow")]
 pub fn chip_schema(embed_dim: usize) -> SchemaRef {
     use col::*;
     Arc::new(Schema::new(vec![
@@ -86,6 +91,7 @@ pub mod error_col {
 }
 
 /// The schema of `errors/*.parquet`.
+#[cfg(feature = "arrow")]
 pub fn error_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new(error_col::SOURCE_URI, DataType::Utf8, false),
@@ -120,7 +126,7 @@ impl ErrorStage {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "arrow"))]
 mod tests {
     use super::*;
 

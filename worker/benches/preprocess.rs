@@ -12,10 +12,10 @@ use std::io::Cursor;
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
+use rsembed_raster::image::{decode_rgb8, DecodeLimits};
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::preprocess::resize::{resize_u8, Filter};
 use rsembed_worker::preprocess::Preprocessor;
-use rsembed_worker::raster::image::{decode_rgb8, DecodeLimits};
 
 /// The same deterministic pattern `bench/compare.py` draws.
 fn pattern(w: u32, h: u32) -> image::RgbImage {

@@ -32,13 +32,14 @@ use std::time::{Duration, Instant};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::ObjectStore;
+use rsembed_raster::scale::ScaleSpec;
+use rsembed_raster::scene::Scene;
+use rsembed_raster::tiff::{RangeRead, TiffLimits};
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::ChipBlock;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::preprocess::Preprocessor;
-use rsembed_worker::raster::scale::ScaleSpec;
-use rsembed_worker::raster::scene::{Scene, StoreRange};
-use rsembed_worker::raster::tiff::{RangeRead, TiffLimits};
+use rsembed_worker::store::StoreRange;
 
 fn tiling() -> TilingSpec {
     TilingSpec {

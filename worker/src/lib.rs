@@ -13,7 +13,6 @@ pub mod model;
 pub mod pipeline;
 pub mod preprocess;
 pub mod queue;
-pub mod raster;
 pub mod serve;
 pub mod sink;
 pub mod store;

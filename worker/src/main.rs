@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use rsembed_raster::image::DecodeLimits;
+use rsembed_raster::tiff::TiffLimits;
 use rsembed_worker::engine::args::{start_engine, EngineArgs};
 use rsembed_worker::error::chain;
 use rsembed_worker::metrics;
@@ -15,8 +17,6 @@ use rsembed_worker::model::ModelDir;
 use rsembed_worker::pipeline::{Commit, Counters, StoreErrors, TaskRunner};
 use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::queue::{parse_duration, ConnectionWatch, NatsArgs, Queue, QueueConfig};
-use rsembed_worker::raster::image::DecodeLimits;
-use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::serve::{default_name, ServeConfig, Worker};
 use rsembed_worker::store::StoreCache;
 use tokio_util::sync::CancellationToken;

@@ -33,6 +33,10 @@ use std::sync::Arc;
 use futures::stream::FuturesOrdered;
 use futures::{Future, StreamExt};
 use object_store::ObjectStoreExt;
+use rsembed_raster::geo::Footprint;
+use rsembed_raster::image::{decode_rgb8, DecodeLimits};
+use rsembed_raster::scale::ScaleSpec;
+use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::ids::{chip_id, Window};
 use rsembed_schemas::job::ManifestFile;
@@ -46,13 +50,10 @@ use crate::engine::PixelBatch;
 use crate::error::{chain, Error, Result};
 use crate::metrics::{self, Held};
 use crate::preprocess::Preprocessor;
-use crate::raster::image::{decode_rgb8, DecodeLimits};
-use crate::raster::scale::ScaleSpec;
-use crate::raster::tiff::TiffLimits;
 use crate::sink::parquet::{
     chip_file_metadata, encode, encode_chips, error_file_metadata, put, put_once,
 };
-use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow, Footprint};
+use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow};
 use crate::store::{Location, StoreCache};
 
 mod archive;
@@ -231,9 +232,9 @@ impl TaskRunner {
                             let scene_ctx = scene_ctx.clone();
                             let archive_ctx = archive_ctx.clone();
                             async move {
-                                if crate::raster::tar::is_archive(&input.uri) {
+                                if rsembed_raster::tar::is_archive(&input.uri) {
                                     archive::produce_archive(archive_ctx, input, tx).await;
-                                } else if crate::raster::scene::is_tiff(&input.uri) {
+                                } else if rsembed_raster::scene::is_tiff(&input.uri) {
                                     scene::produce_scene(scene_ctx, input, tx).await;
                                 } else {
                                     let item =

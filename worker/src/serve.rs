@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
+use rsembed_raster::scale::ScaleSpec;
 use rsembed_schemas::job::ModelRef;
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::queue::{
@@ -40,7 +41,6 @@ use crate::error::{chain, Error};
 use crate::now_rfc3339;
 use crate::pipeline::{JobContext, TaskRunner};
 use crate::queue::Queue;
-use crate::raster::scale::ScaleSpec;
 
 /// How the worker pulls and gives up.
 #[derive(Debug, Clone)]

@@ -5,16 +5,16 @@
 
 use std::path::{Path, PathBuf};
 
+use rsembed_raster::image::{decode_rgb8, is_tiff_content, DecodeLimits, Rgb8};
+use rsembed_raster::scale::ScaleSpec;
+use rsembed_raster::scene::{MemRange, Scene};
+use rsembed_raster::tiff::TiffLimits;
 use rsembed_worker::engine::session::SessionConfig;
 use rsembed_worker::engine::text::TextEncoder;
 use rsembed_worker::engine::vision::OrtVision;
 use rsembed_worker::engine::{Backend, PixelBatch};
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::preprocess::Preprocessor;
-use rsembed_worker::raster::image::{decode_rgb8, is_tiff_content, DecodeLimits, Rgb8};
-use rsembed_worker::raster::scale::ScaleSpec;
-use rsembed_worker::raster::scene::{MemRange, Scene};
-use rsembed_worker::raster::tiff::TiffLimits;
 use serde_json::Value;
 
 fn root() -> PathBuf {

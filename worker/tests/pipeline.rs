@@ -15,6 +15,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_array::{Array, FixedSizeListArray, Float32Array, StringArray};
+use rsembed_raster::image::DecodeLimits;
+use rsembed_raster::scale::ScaleSpec;
+use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::model::PreprocessorConfig;
@@ -27,9 +30,6 @@ use rsembed_worker::pipeline::{
     Commit, Counters, JobContext, StoreErrors, TaskRunner, BATCHES_IN_FLIGHT,
 };
 use rsembed_worker::preprocess::Preprocessor;
-use rsembed_worker::raster::image::DecodeLimits;
-use rsembed_worker::raster::scale::ScaleSpec;
-use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::store::StoreCache;
 
 /// The queue gauges are process-wide: the tests of this file take turns.

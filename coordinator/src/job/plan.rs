@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
+use rsembed_raster::scene::{is_tiff, plan_band_grid, plan_grid};
+use rsembed_raster::tiff::{RangeRead, TiffLimits};
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::{ends_group, BandFile, ChipBlock, Task, TaskInput};
-use rsembed_worker::raster::scene::{is_tiff, plan_band_grid, plan_grid, StoreRange};
-use rsembed_worker::raster::tiff::{RangeRead, TiffLimits};
-use rsembed_worker::store::{Location, StoreCache};
+use rsembed_worker::store::{Location, StoreCache, StoreRange};
 use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
@@ -84,7 +84,7 @@ fn is_image_name(name: &str) -> bool {
         // Dotfiles: macOS `._x.jpg` resource forks, editor swap files.
         return false;
     }
-    rsembed_worker::raster::tar::is_archive(base)
+    rsembed_raster::tar::is_archive(base)
         || base
             .rsplit_once('.')
             .map(|(_, ext)| IMAGE_EXTENSIONS.iter().any(|e| ext.eq_ignore_ascii_case(e)))

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
+use rsembed_raster::image::DecodeLimits;
+use rsembed_raster::scale::ScaleSpec;
+use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::job::{JobSpec, ManifestFailure, ManifestFile, TilingSpec};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
@@ -16,9 +19,6 @@ use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::pipeline::{Commit, Counters, JobContext, StoreErrors, TaskReport, TaskRunner};
 use rsembed_worker::preprocess::Preprocessor;
-use rsembed_worker::raster::image::DecodeLimits;
-use rsembed_worker::raster::scale::ScaleSpec;
-use rsembed_worker::raster::tiff::TiffLimits;
 use rsembed_worker::sink::parquet::{describe_bytes, empty_inputs_of};
 use rsembed_worker::store::{Location, StoreCache};
 

@@ -101,7 +101,7 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     // Refused here rather than by every worker.
     tiling
         .scale
-        .parse::<rsembed_worker::raster::scale::ScaleSpec>()
+        .parse::<rsembed_raster::scale::ScaleSpec>()
         .map_err(Error::Usage)?;
     let model_ref = model.model_ref(args.fp16)?;
     let qcfg = args.queue.config().map_err(Error::Usage)?;

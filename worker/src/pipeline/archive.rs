@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use futures::TryStreamExt;
 use object_store::ObjectStoreExt;
+use rsembed_raster::image::{decode_rgb8, is_tiff_content, DecodeLimits};
+use rsembed_raster::tar::{member_uri, walk, Entry, TarLimits};
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::ids::Window;
 use rsembed_schemas::task::TaskInput;
@@ -17,8 +19,6 @@ use tokio::sync::mpsc;
 use crate::pipeline::scene::{produce_member_scene, SceneContext};
 use crate::pipeline::{input_error, Counters, Item, Prepared};
 use crate::preprocess::Preprocessor;
-use crate::raster::image::{decode_rgb8, is_tiff_content, DecodeLimits};
-use crate::raster::tar::{member_uri, walk, Entry, TarLimits};
 use crate::sink::rows::ErrorRow;
 use crate::store::StoreCache;
 

@@ -4,7 +4,9 @@
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-
+use rsembed_raster::scale::{ScaleSpec, StretchCache};
+use rsembed_raster::scene::{MemRange, Scene, StretchMemo};
+use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::TaskInput;
@@ -12,10 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::pipeline::{input_error, Counters, Item, Prepared};
 use crate::preprocess::Preprocessor;
-use crate::raster::scale::{ScaleSpec, StretchCache};
-use crate::raster::scene::{MemRange, Scene, StoreRange, StretchMemo};
-use crate::raster::tiff::TiffLimits;
-use crate::store::StoreCache;
+use crate::store::{StoreCache, StoreRange};
 
 /// What the scene path needs besides the input.
 pub struct SceneContext {
@@ -68,7 +67,7 @@ fn reader(
     ctx: &SceneContext,
     uri: &str,
     size: u64,
-) -> Result<Arc<dyn crate::raster::tiff::RangeRead>, OpenError> {
+) -> Result<Arc<dyn rsembed_raster::tiff::RangeRead>, OpenError> {
     let loc = ctx
         .stores
         .location(uri)

@@ -2,9 +2,9 @@
 
 pub mod resize;
 
+use rsembed_raster::image::Rgb8;
 use rsembed_schemas::model::PreprocessorConfig;
 
-use crate::raster::image::Rgb8;
 use resize::Filter;
 
 /// Why an image could not be turned into model input.

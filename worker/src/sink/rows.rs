@@ -7,22 +7,11 @@ use arrow_array::builder::{
     StringBuilder, StructBuilder,
 };
 use arrow_array::{ArrayRef, RecordBatch};
+use rsembed_raster::geo::Footprint;
 use rsembed_schemas::chip::{bbox_fields, chip_schema, error_schema, ErrorStage};
 use rsembed_schemas::ids::Window;
 
 use crate::error::Result;
-
-/// Where a chip lies on Earth; absent for images without georeferencing and
-/// for chips outside the projection's domain.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Footprint {
-    /// WKB polygon in lon/lat.
-    pub wkb: Vec<u8>,
-    /// xmin, ymin, xmax, ymax in lon/lat.
-    pub bbox: [f64; 4],
-    /// Centre of the window, lon/lat.
-    pub centre: [f64; 2],
-}
 
 /// One row of `chips/*.parquet`.
 #[derive(Debug, Clone, PartialEq)]

@@ -218,7 +218,8 @@ mod tests {
 
     fn chip_rows(ids: &[u128], dim: usize) -> RecordBatch {
         use rsembed_schemas::ids::Window;
-        use rsembed_worker::sink::rows::{chip_batch, ChipRow, Footprint};
+        use rsembed_raster::geo::Footprint;
+        use rsembed_worker::sink::rows::{chip_batch, ChipRow};
         let rows: Vec<ChipRow> = ids
             .iter()
             .map(|&id| {

@@ -15,7 +15,7 @@
 //! Decoders: `ours`; `weezl-0.2` (a decoder built per block, MSB, 8-bit, TIFF
 //! size switch, yield on a full buffer, as the codec would call it);
 //! `weezl-0.2-reused` (one decoder, `reset` per block); `weezl-0.1` (built per
-//! block). Run with `cargo bench -p rsembed-worker --bench lzw`; the ratios in
+//! block). Run with `cargo bench -p rsembed-raster --bench lzw`; the ratios in
 //! docs/benchmarks.md are criterion's mean times, ours ÷ weezl.
 
 // The decoder the reader used before weezl 0.2.
@@ -184,7 +184,7 @@ fn with_weezl01(block: &[u8], expected: usize) -> Vec<u8> {
 }
 
 fn inputs() -> Vec<Input> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let data = std::env::var_os("RSEMBED_BENCH_DATA")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("../shared/data/geotiff"));

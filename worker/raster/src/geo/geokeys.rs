@@ -101,7 +101,7 @@ impl GeoKeys {
     }
 
     /// The string of an ASCII key.
-    pub fn ascii(&self, key: u16) -> Option<&str> {
+    pub(crate) fn ascii(&self, key: u16) -> Option<&str> {
         match self.keys.get(&key)? {
             GeoKeyValue::Ascii(s) => Some(s),
             _ => None,

@@ -20,11 +20,14 @@ mod decoder;
 mod error;
 mod huffman;
 mod idct;
+mod markers;
 mod progressive;
+mod sequential;
 mod upsample;
 
-pub use decoder::{decode, read_header, ColorTransform, Header, Image, Limits};
+pub use decoder::{decode, ColorTransform, Header, Image, Limits};
 pub use error::Error;
+pub use markers::read_header;
 
 #[cfg(test)]
 mod tests;

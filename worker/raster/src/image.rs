@@ -1,5 +1,5 @@
 //! Whole images (PNG, JPEG): one chip each. TIFFs, whole or not, are read by
-//! the project's own reader as scenes (`raster::scene`), wherever they come from.
+//! the project's own reader as scenes ([`crate::scene`]), wherever they come from.
 
 /// Bounds on what one image may make us allocate. Inputs are hostile: a 60-byte
 /// PNG can claim to be 100 000 × 100 000 pixels.
@@ -91,8 +91,8 @@ pub fn decode_rgb8(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeErr
     if bytes.is_empty() {
         return Err(DecodeError::Empty);
     }
-    if crate::raster::png::is_png(bytes) {
-        return crate::raster::png::decode(bytes, limits);
+    if crate::png::is_png(bytes) {
+        return crate::png::decode(bytes, limits);
     }
     if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
         return decode_jpeg(bytes, limits);
@@ -122,7 +122,7 @@ pub fn decode_rgb8(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeErr
 /// and report success, as browsers want; an embedding of half an image is
 /// worse than an error record, so any entropy-coding error fails the input.
 fn decode_jpeg(bytes: &[u8], limits: DecodeLimits) -> Result<Rgb8, DecodeError> {
-    use crate::raster::jpeg::{self, ColorTransform, Error as JpegError};
+    use crate::jpeg::{self, ColorTransform, Error as JpegError};
     let jl = jpeg::Limits {
         max_width: limits.max_dimension,
         max_height: limits.max_dimension,
@@ -212,7 +212,7 @@ mod tests {
 
     fn fixture(name: &str) -> Vec<u8> {
         let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../fixtures/images")
+            .join("../../fixtures/images")
             .join(name);
         std::fs::read(p).unwrap()
     }

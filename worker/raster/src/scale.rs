@@ -39,7 +39,7 @@ impl std::str::FromStr for ScaleSpec {
 
 /// A per-band linear map to 0–255.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Stretch {
+pub(crate) struct Stretch {
     /// (min, max) per band; `None` means clamp as is.
     pub bands: Vec<Option<(f64, f64)>>,
 }
@@ -77,7 +77,7 @@ impl Stretch {
 ///
 /// Selection, not a sort: a 16-bit scene's sample is a million values per
 /// band. `values` is reordered; NaNs must already be filtered out.
-pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
+pub(crate) fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
     if values.is_empty() {
         return None;
     }
@@ -90,7 +90,7 @@ pub fn quantile(values: &mut [f64], q: f64) -> Option<f64> {
 ///
 /// A band whose percentiles coincide (a constant band) keeps a one-unit range,
 /// so it maps to a flat value instead of dividing by zero.
-pub fn percentile_stretch(mut samples: Vec<Vec<f64>>) -> Stretch {
+pub(crate) fn percentile_stretch(mut samples: Vec<Vec<f64>>) -> Stretch {
     let bands = samples
         .iter_mut()
         .map(|s| {
@@ -130,7 +130,7 @@ impl Default for StretchCache {
 
 impl StretchCache {
     /// The stretch remembered under `key`, or `compute`'s, remembered when it succeeds.
-    pub async fn get_or_compute<E>(
+    pub(crate) async fn get_or_compute<E>(
         &self,
         key: &str,
         compute: impl std::future::Future<Output = Result<Stretch, E>>,

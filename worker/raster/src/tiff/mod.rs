@@ -33,7 +33,7 @@ mod tests_real;
 
 use std::sync::Arc;
 
-pub use crate::raster::geo::GeoTiffTags;
+pub use crate::geo::GeoTiffTags;
 pub use error::TiffError;
 pub use limits::TiffLimits;
 

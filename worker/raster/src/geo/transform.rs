@@ -91,7 +91,7 @@ pub fn geotransform(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raster::geo::parse_geokeys;
+    use crate::geo::parse_geokeys;
 
     fn point_keys() -> GeoKeys {
         let t = GeoTiffTags {

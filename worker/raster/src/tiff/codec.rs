@@ -266,7 +266,7 @@ fn require_8bit(ctx: &BlockCtx, codec: &str) -> Result<(), TiffError> {
 }
 
 fn jpeg(ctx: &BlockCtx, input: &[u8]) -> Result<Vec<u8>, TiffError> {
-    use crate::raster::jpeg::{self, ColorTransform, Error as JpegError, Limits};
+    use crate::jpeg::{self, ColorTransform, Error as JpegError, Limits};
     require_8bit(ctx, "JPEG")?;
     // As libtiff with JPEGCOLORMODE_RGB, which GDAL sets: YCbCr is converted to
     // RGB, anything else (RGB, grey) is passed through as stored.

@@ -53,7 +53,7 @@ impl ChipGrid {
     }
 
     /// The windows of a block of the grid, row-major, clipped to the grid.
-    pub fn block_windows(&self, b: ChipBlock) -> Vec<Window> {
+    pub(crate) fn block_windows(&self, b: ChipBlock) -> Vec<Window> {
         let (cols, rows) = (self.columns(), self.rows());
         let mut out = Vec::new();
         for j in b.row..b.row.saturating_add(b.rows).min(rows) {

@@ -84,7 +84,7 @@ pub fn crs_from_geokeys(keys: &GeoKeys) -> Result<Option<Crs>, GeoError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raster::geo::{parse_geokeys, GeoTiffTags};
+    use crate::geo::{parse_geokeys, GeoTiffTags};
 
     fn keys(dir: Vec<u16>, doubles: Vec<f64>) -> GeoKeys {
         let t = GeoTiffTags {
@@ -166,9 +166,9 @@ mod tests {
                 ..Default::default()
             };
             if let Ok(Some(k)) = parse_geokeys(&t) {
-                let _ = crate::raster::geo::geotransform(&t, Some(&k));
+                let _ = crate::geo::geotransform(&t, Some(&k));
                 if let Ok(Some(crs)) = crs_from_geokeys(&k) {
-                    let _ = crate::raster::geo::Projector::new(&crs);
+                    let _ = crate::geo::Projector::new(&crs);
                 }
             }
         }

@@ -5,7 +5,7 @@ use super::*;
 use std::path::PathBuf;
 
 /// Relative to the crate root; regenerate with `tools/gen_jpeg_fixtures.py write`.
-const FIXTURE: &str = "../fixtures/jpeg/cases.bin";
+const FIXTURE: &str = "../../fixtures/jpeg/cases.bin";
 
 struct Case {
     name: String,

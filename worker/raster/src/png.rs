@@ -16,10 +16,10 @@ use std::io::Cursor;
 
 use ::png::{BitDepth, ColorType, Decoder, Transformations};
 
-use crate::raster::image::{DecodeError, DecodeLimits, Rgb8};
+use crate::image::{DecodeError, DecodeLimits, Rgb8};
 
 /// Whether `bytes` start with the PNG signature.
-pub fn is_png(bytes: &[u8]) -> bool {
+pub(crate) fn is_png(bytes: &[u8]) -> bool {
     bytes.starts_with(b"\x89PNG\r\n\x1a\n")
 }
 

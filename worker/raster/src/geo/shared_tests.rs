@@ -4,7 +4,7 @@
 use super::parity_tests::{fixtures, tags_of};
 use super::GeoTiffTags;
 
-const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/geotiff");
+const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/geotiff");
 
 /// Minimal first-IFD reader (classic and BigTIFF), only to prove the fixture
 /// tags are those of the shared files.

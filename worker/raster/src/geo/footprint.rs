@@ -20,7 +20,10 @@ const MAX_DEPTH: u32 = 10;
 /// OGC:CRS84: WGS 84 geographic, lon/lat.
 const CRS84: &str = "+proj=longlat +datum=WGS84 +no_defs";
 
-/// A chip footprint.
+/// Where a chip lies on Earth: a chip's footprint, as its row stores it.
+///
+/// Absent (`None` where it is held) for images without georeferencing and
+/// for chips outside the projection's domain.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Footprint {
     /// WKB Polygon (little-endian, 2D), closed counter-clockwise ring, lon/lat.
@@ -73,7 +76,7 @@ impl Projector {
     }
 
     /// Lon/lat in degrees of a map coordinate; `None` outside the projection's domain.
-    pub fn to_lonlat(&self, x: f64, y: f64) -> Option<(f64, f64)> {
+    pub(crate) fn to_lonlat(&self, x: f64, y: f64) -> Option<(f64, f64)> {
         self.lonlat(x, y, true)
     }
 
@@ -264,8 +267,8 @@ fn signed_area(ring: &[(f64, f64)]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raster::geo::parity_tests::dist_to_segment;
-    use crate::raster::geo::wkb::decode_polygon;
+    use crate::geo::parity_tests::dist_to_segment;
+    use crate::geo::wkb::decode_polygon;
 
     #[test]
     fn mercator_edges_need_no_extra_vertices() {

@@ -5,13 +5,13 @@
 use std::fs;
 
 fn main() {
-    let mut transform = rsembed_worker::raster::jpeg::ColorTransform::Auto;
+    let mut transform = rsembed_raster::jpeg::ColorTransform::Auto;
     for arg in std::env::args().skip(1) {
         if let Some(t) = arg.strip_prefix("--transform=") {
             transform = match t {
-                "none" => rsembed_worker::raster::jpeg::ColorTransform::None,
-                "ycc" => rsembed_worker::raster::jpeg::ColorTransform::YCbCrToRgb,
-                _ => rsembed_worker::raster::jpeg::ColorTransform::Auto,
+                "none" => rsembed_raster::jpeg::ColorTransform::None,
+                "ycc" => rsembed_raster::jpeg::ColorTransform::YCbCrToRgb,
+                _ => rsembed_raster::jpeg::ColorTransform::Auto,
             };
             continue;
         }
@@ -20,11 +20,11 @@ fn main() {
             None => (arg.clone(), None),
         };
         let data = fs::read(&img).expect("read image");
-        match rsembed_worker::raster::jpeg::decode(
+        match rsembed_raster::jpeg::decode(
             tables.as_deref(),
             &data,
             transform,
-            &rsembed_worker::raster::jpeg::Limits::default(),
+            &rsembed_raster::jpeg::Limits::default(),
         ) {
             Ok(im) => {
                 fs::write(format!("{img}.out"), &im.data).expect("write output");

@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::wkb::decode_polygon;
 use super::*;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/geo");
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/geo");
 /// The contract: footprints within 1e-7 degrees of the true outline.
 const MAX_ERR_DEG: f64 = 1e-7;
 

@@ -49,8 +49,9 @@ impl RangeRead for MemReader {
     }
 }
 
-pub(crate) const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/tiff");
-pub(crate) const SHARED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/data/geotiff");
+pub(crate) const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures/tiff");
+pub(crate) const SHARED: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/geotiff");
 
 pub(crate) fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(format!("{FIXTURES}/{name}")).unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -60,7 +61,7 @@ pub(crate) fn fixture(name: &str) -> Vec<u8> {
 pub(crate) fn fuzz_regression(name: &str) -> Vec<u8> {
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../fuzz/regressions/tiff_decode"
+        "/../../fuzz/regressions/tiff_decode"
     );
     std::fs::read(format!("{dir}/{name}"))
         .unwrap_or_else(|e| panic!("the fuzz regression input {name} is committed: {e}"))

@@ -1,0 +1,202 @@
+//! TIFF and GeoTIFF inputs: chips of a raster with their footprints.
+//!
+//! A TIFF without georeferencing, or one no larger than a chip, is one chip
+//! (x = y = 0, its own size), as DESIGN.md's chip grid says; any other GeoTIFF
+//! is cut on the grid. Reads go through a [`RangeRead`] (object storage, in the
+//! worker) for the tiles a chip needs.
+//!
+//! `plan.rs` opens a scene and decides its bands, georeferencing, grid and
+//! stretch (and gives the planner the same grid); `read.rs` reads a chip's
+//! window of every band file and scales it to 8 bits.
+
+mod plan;
+mod read;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use rsembed_schemas::ids::Window;
+use rsembed_schemas::task::ChipBlock;
+
+use crate::geo::{self, Crs, Footprint, GeoTransform, Projector};
+use crate::grid::ChipGrid;
+use crate::image::Rgb8;
+use crate::scale::{Stretch, StretchCache};
+use crate::tiff::{RangeRead, TiffError, TiffFile};
+
+pub use plan::{plan_band_grid, plan_grid};
+
+/// Whether an input is read as a (Geo)TIFF scene rather than a whole image.
+pub fn is_tiff(uri: &str) -> bool {
+    // Band-file scenes are named `<prefix>{B4,B3,B2}<rest>`, so the same test holds.
+    let lower = uri.to_ascii_lowercase();
+    lower.ends_with(".tif") || lower.ends_with(".tiff")
+}
+
+/// An object already in memory (a tar member), read through the same
+/// interface as storage, so it gives exactly what the stored file gives.
+/// Reads are not counted: the bytes were counted when they were fetched.
+pub struct MemRange(Bytes);
+
+impl MemRange {
+    /// A reader of `bytes`.
+    pub fn new(bytes: Bytes) -> Self {
+        MemRange(bytes)
+    }
+}
+
+impl RangeRead for MemRange {
+    fn size(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn read_range(&self, start: u64, end: u64) -> BoxFuture<'_, std::io::Result<Bytes>> {
+        let len = self.0.len();
+        let end = usize::try_from(end).unwrap_or(len).min(len);
+        let start = usize::try_from(start).unwrap_or(len).min(end);
+        let b = self.0.slice(start..end);
+        async move { Ok(b) }.boxed()
+    }
+}
+
+/// Where a scene's `--scale auto` stretch is remembered, and under which key.
+pub struct StretchMemo<'a> {
+    /// The process's cache.
+    pub cache: &'a StretchCache,
+    /// What identifies the scene's content and bands: URIs, versions, sizes, `--bands`.
+    pub key: String,
+}
+
+/// Why a scene could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SceneError {
+    /// The TIFF reader refused it.
+    #[error(transparent)]
+    Tiff(#[from] TiffError),
+    /// The GeoKey directory is malformed.
+    #[error("bad GeoKey directory: {0}")]
+    GeoKeys(#[source] geo::GeoError),
+    /// Band files whose grids do not line up.
+    #[error("band file {uri}: {reason}")]
+    Misaligned {
+        /// The file at fault.
+        uri: String,
+        /// How it differs.
+        reason: String,
+    },
+    /// `--bands` names a band the raster lacks.
+    #[error("--bands {asked:?} but the raster has {bands} band(s)")]
+    NoSuchBand {
+        /// 1-based bands asked for.
+        asked: Vec<u32>,
+        /// Bands present.
+        bands: usize,
+    },
+}
+
+/// One chip cut from a scene.
+#[derive(Debug, Clone)]
+pub struct SceneChip {
+    /// Window fed to the model, padding included.
+    pub window: Window,
+    /// Share of real, non-nodata pixels.
+    pub valid_fraction: f32,
+    /// Source CRS label, when the scene's CRS is known.
+    pub crs: Option<String>,
+    /// Lon/lat footprint, when the scene is georeferenced and the chip is in the projection's domain.
+    pub footprint: Option<Footprint>,
+    /// The chip in 8 bits; invalid pixels are 0.
+    pub rgb: Rgb8,
+}
+
+/// One file of a scene and the channels it provides.
+struct Source {
+    tiff: TiffFile,
+    /// 0-based bands of this file, in channel order.
+    bands: Vec<usize>,
+    /// How many pixels of the scene grid one pixel of this file covers per axis
+    /// (1 for the finest file; band files on a coarser grid are upsampled).
+    factor: u32,
+}
+
+/// An opened scene: headers, bands, stretch and georeferencing, read once per task.
+pub struct Scene {
+    sources: Vec<Source>,
+    width: u32,
+    height: u32,
+    stretch: Stretch,
+    geo: Option<(GeoTransform, Crs, Projector)>,
+    /// The chip grid; `None` for a whole-image chip (plain TIFFs and rasters no larger than a chip).
+    pub grid: Option<ChipGrid>,
+    /// Source CRS label (`EPSG:32618`), when known.
+    pub crs_label: Option<String>,
+    /// `stretch` as 16-bit lookup tables (192 KiB), for 16-bit sources.
+    u16_luts: std::sync::OnceLock<[Box<[u8; 65536]>; 3]>,
+}
+
+impl Scene {
+    /// The windows of the scene, or of one block of its grid.
+    pub fn windows(&self, block: Option<ChipBlock>) -> Vec<Window> {
+        match (&self.grid, block) {
+            (Some(g), Some(b)) => g.block_windows(b),
+            (Some(g), None) => g.windows(0..g.rows()).collect(),
+            (None, _) => vec![Window {
+                x: 0,
+                y: 0,
+                width: self.width as i32,
+                height: self.height as i32,
+            }],
+        }
+    }
+
+    /// Reads one chip; `None` when its valid fraction is below `min_valid`
+    /// (or it has no valid pixel when `min_valid` is `None`).
+    pub async fn chip(
+        &self,
+        window: Window,
+        min_valid: Option<f32>,
+    ) -> Result<Option<SceneChip>, SceneError> {
+        let w = self.read(window).await?;
+        let valid = w.valid.iter().filter(|v| **v).count();
+        let valid_fraction = valid as f32 / w.valid.len().max(1) as f32;
+        let keep = match min_valid {
+            Some(m) => valid > 0 && valid_fraction >= m,
+            None => valid > 0,
+        };
+        if !keep {
+            return Ok(None);
+        }
+        let footprint = self.geo.as_ref().and_then(|(gt, _, p)| {
+            p.footprint(
+                gt,
+                window.x.into(),
+                window.y.into(),
+                window.width.into(),
+                window.height.into(),
+            )
+        });
+        Ok(Some(SceneChip {
+            window,
+            valid_fraction,
+            crs: self.crs_label.clone(),
+            footprint,
+            rgb: self.to_rgb8(&w),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mem_range_clamps_to_the_object() {
+        let r = MemRange::new(Bytes::from_static(b"0123456789"));
+        let read = |a, b| futures::executor::block_on(r.read_range(a, b)).unwrap();
+        assert_eq!(r.size(), 10);
+        assert_eq!(&read(2, 5)[..], b"234");
+        assert_eq!(&read(8, 100)[..], b"89");
+        assert!(read(50, 60).is_empty());
+        assert!(read(6, 3).is_empty());
+    }
+}
