@@ -13,14 +13,10 @@ use rsembed_worker::error::chain;
 use rsembed_worker::http::Health;
 use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
-use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::pull::{default_name, ServeConfig, Worker};
 use rsembed_worker::queue::{parse_duration, ConnectionWatch, NatsArgs, Queue, QueueConfig};
-use rsembed_worker::raster::image::DecodeLimits;
-use rsembed_worker::raster::tiff::TiffLimits;
-use rsembed_worker::sink::commit::Commit;
 use rsembed_worker::store::StoreCache;
-use rsembed_worker::task::{Counters, StoreErrors, TaskRunner};
+use rsembed_worker::task::{Mode, PipelineArgs, TaskRunner};
 use tokio_util::sync::CancellationToken;
 
 /// rsembed pull worker: runs the tasks of every job submitted with this model.
@@ -43,16 +39,9 @@ struct Args {
     /// Inference.
     #[command(flatten)]
     engine: EngineArgs,
-    /// Tasks held at once; each is pulled only when a slot is free. Two keep the
-    /// model busy while one task is written.
-    #[arg(long, env = "RSEMBED_TASKS_IN_FLIGHT", default_value_t = 2)]
-    tasks_in_flight: usize,
-    /// Inputs decoded at once. Default: the number of cores.
-    #[arg(long, env = "RSEMBED_DECODE_THREADS")]
-    decode_threads: Option<usize>,
-    /// Largest whole image (PNG/JPEG) one input may decode to, in pixels.
-    #[arg(long, env = "RSEMBED_MAX_PIXELS", default_value_t = 1 << 28)]
-    max_pixels: u64,
+    /// Tasks and decoding.
+    #[command(flatten)]
+    pipeline: PipelineArgs,
     /// After SIGTERM: how long running tasks may take to finish before they are
     /// handed back (nak'd without delay, so another worker takes them at once).
     #[arg(long, env = "RSEMBED_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
@@ -190,26 +179,17 @@ async fn serve(args: Args) -> Result<(), String> {
     // start_engine returns once the graph is loaded and the probe has run.
     health.set_model_loaded();
     health.set_probe_done();
-    let runner = Arc::new(TaskRunner {
-        stores: StoreCache::default(),
-        preprocessor: Arc::new(Preprocessor::new(&model.preprocessor)),
+    let runner = Arc::new(TaskRunner::new(
+        &args.pipeline,
+        &model,
         engine,
-        batch_size: policy.max(),
-        decode_concurrency: args
-            .decode_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
-        limits: DecodeLimits {
-            max_alloc: args.max_pixels.saturating_mul(4),
-            ..DecodeLimits::default()
-        },
-        tiff_limits: TiffLimits::default(),
-        store_errors: StoreErrors::FailTask,
-        commit: Commit::CreateOnce,
-        counters: Arc::new(Counters::default()),
-    });
+        policy,
+        StoreCache::default(),
+        Mode::Pull,
+    ));
     let cfg = ServeConfig {
         name,
-        tasks_in_flight: args.tasks_in_flight,
+        tasks_in_flight: args.pipeline.tasks_in_flight,
         shutdown_grace: args.shutdown_grace,
         retry_delay: args.retry_delay,
         mismatch_delay: args.mismatch_delay,

@@ -1,4 +1,8 @@
-//! Running one task: fetch → decode + preprocess (CPU pool) → batch → infer → write.
+//! Running one task: the readers ([`crate::input`]) fetch, decode and
+//! preprocess (CPU pool) → the batcher ([`crate::batch`]) → the engine
+//! ([`crate::engine`]) → rows and files ([`crate::sink`]). A [`TaskReport`]
+//! goes back to the caller: `rsembed run`, or the pull worker
+//! ([`crate::pull`]), which records it and acks the task.
 //!
 //! ```text
 //! inputs ─► decoders (buffer_unordered(decode_concurrency), CPU work in spawn_blocking)
@@ -6,9 +10,12 @@
 //!        ─► up to BATCHES_IN_FLIGHT batches at the engine thread ─► rows (in order) ─► Parquet
 //! ```
 //!
+//! Both binaries build their [`TaskRunner`] the same way: [`TaskRunner::new`]
+//! from the one set of [`PipelineArgs`] flags.
+//!
 //! The stages are joined by bounded channels, so a slow model holds back the
 //! decoders instead of letting decoded pixels pile up in memory. The batcher
-//! keeps [`BATCHES_IN_FLIGHT`] batches at the engine, so the engine finds the
+//! keeps [`BATCHES_IN_FLIGHT`](crate::batch::BATCHES_IN_FLIGHT) batches at the engine, so the engine finds the
 //! next batch in its queue when it finishes one instead of waiting for the
 //! batcher to hear the answer and fill another; while those run, the batcher
 //! keeps filling the next batch and the decoders keep filling the channel.
@@ -36,9 +43,11 @@ use rsembed_schemas::task::Task;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use crate::engine::flags::BatchPolicy;
 use crate::engine::handle::EngineHandle;
 use crate::error::{Error, Result};
 use crate::metrics;
+use crate::model::ModelDir;
 use crate::preprocess::Preprocessor;
 use crate::raster::image::DecodeLimits;
 use crate::raster::scale::ScaleSpec;
@@ -84,6 +93,92 @@ pub struct TaskRunner {
     pub commit: Commit,
     /// Counters for progress.
     pub counters: Arc<Counters>,
+}
+
+/// The task runner's flags, shared by `rsembed run` and `rsembed-worker`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PipelineArgs {
+    /// Tasks run at once (a pull worker takes a task only when one of these
+    /// slots is free); two keep the model busy while one task is written.
+    #[arg(long, env = "RSEMBED_TASKS_IN_FLIGHT", default_value_t = 2)]
+    pub tasks_in_flight: usize,
+    /// Inputs decoded at once. Default: the number of cores.
+    #[arg(long, env = "RSEMBED_DECODE_THREADS")]
+    pub decode_threads: Option<usize>,
+    /// Largest whole image (PNG/JPEG) one input may decode to, in pixels: a hostile
+    /// header can claim anything, and this bounds the allocation (4 bytes per pixel).
+    /// TIFF scenes are read window by window under the reader's own limits.
+    #[arg(long, env = "RSEMBED_MAX_PIXELS", default_value_t = 1 << 28)]
+    pub max_pixels: u64,
+}
+
+impl Default for PipelineArgs {
+    fn default() -> Self {
+        PipelineArgs {
+            tasks_in_flight: 2,
+            decode_threads: None,
+            max_pixels: 1 << 28,
+        }
+    }
+}
+
+impl PipelineArgs {
+    /// Inputs decoded at once: `--decode-threads`, or the number of cores.
+    pub fn decode_concurrency(&self) -> usize {
+        self.decode_threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+            .max(1)
+    }
+
+    /// Decoder bounds for whole images under `--max-pixels`.
+    pub fn decode_limits(&self) -> DecodeLimits {
+        DecodeLimits {
+            max_alloc: self.max_pixels.saturating_mul(4),
+            ..DecodeLimits::default()
+        }
+    }
+}
+
+/// Who runs the tasks, which decides how failures and files are handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `rsembed run`: one writer; a storage error is an error row
+    /// ([`StoreErrors::Record`]) and files are plain puts ([`Commit::Overwrite`]).
+    Embedded,
+    /// `rsembed-worker`: redeliveries may race; a storage error fails the task
+    /// for a retry ([`StoreErrors::FailTask`]) and files are created once
+    /// ([`Commit::CreateOnce`]).
+    Pull,
+}
+
+impl TaskRunner {
+    /// The runner of a process: `model`'s preprocessing, `engine` (started
+    /// with `policy`), inputs read through `stores`, and the task flags `args`.
+    pub fn new(
+        args: &PipelineArgs,
+        model: &ModelDir,
+        engine: EngineHandle,
+        policy: BatchPolicy,
+        stores: StoreCache,
+        mode: Mode,
+    ) -> TaskRunner {
+        let (store_errors, commit) = match mode {
+            Mode::Embedded => (StoreErrors::Record, Commit::Overwrite),
+            Mode::Pull => (StoreErrors::FailTask, Commit::CreateOnce),
+        };
+        TaskRunner {
+            stores,
+            preprocessor: Arc::new(Preprocessor::new(&model.preprocessor)),
+            engine,
+            batch_size: policy.max(),
+            decode_concurrency: args.decode_concurrency(),
+            limits: args.decode_limits(),
+            tiff_limits: TiffLimits::default(),
+            store_errors,
+            commit,
+            counters: Arc::new(Counters::default()),
+        }
+    }
 }
 
 /// What one job's tasks share: where they go and how chips are cut and

@@ -24,6 +24,44 @@ mod archive;
 mod image;
 mod scene;
 
+/// What an input is, by its name: the one place that decides which reader
+/// takes it, for the planner (which objects of a listing are inputs) and the
+/// task (which reader runs). Case-insensitive, by the name's ending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputKind {
+    /// A whole image (PNG, JPEG): one chip.
+    Image,
+    /// A TIFF (GeoTIFF, COG, or one band file of a scene): cut into chips.
+    Scene,
+    /// A tar archive, plain or gzip: every image or TIFF member is read.
+    Archive,
+}
+
+impl InputKind {
+    /// Endings of whole images.
+    pub const IMAGE: [&'static str; 3] = [".png", ".jpg", ".jpeg"];
+    /// Endings of TIFF scenes.
+    pub const SCENE: [&'static str; 2] = [".tif", ".tiff"];
+    /// Endings of tar archives.
+    pub const ARCHIVE: [&'static str; 3] = [".tar", ".tar.gz", ".tgz"];
+
+    /// The kind of the input named `uri` (a URI or a file name); `None` for
+    /// a name that is not an input (the planner skips it).
+    pub fn of(uri: &str) -> Option<InputKind> {
+        let lower = uri.to_ascii_lowercase();
+        let ends = |endings: &[&str]| endings.iter().any(|e| lower.ends_with(e));
+        if ends(&Self::ARCHIVE) {
+            Some(InputKind::Archive)
+        } else if ends(&Self::SCENE) {
+            Some(InputKind::Scene)
+        } else if ends(&Self::IMAGE) {
+            Some(InputKind::Image)
+        } else {
+            None
+        }
+    }
+}
+
 /// What the input stage sends on: a chip ready for the model, or an error row.
 pub(crate) type Item = std::result::Result<Prepared, ErrorRow>;
 
@@ -81,15 +119,21 @@ pub(crate) fn spawn_readers(
                     let scene_ctx = scene_ctx.clone();
                     let archive_ctx = archive_ctx.clone();
                     async move {
-                        if crate::raster::tar::is_archive(&input.uri) {
-                            archive::produce_archive(archive_ctx, input, tx).await;
-                        } else if crate::raster::scene::is_tiff(&input.uri) {
-                            scene::produce_scene(scene_ctx, input, tx).await;
-                        } else {
-                            let item =
-                                image::prepare(stores, pre, limits, counters.clone(), input).await;
-                            // A closed channel means the task is being dropped.
-                            let _ = tx.send(item).await;
+                        // The planner sends only inputs; any other name is
+                        // decoded as an image, which sniffs its content and
+                        // names the input in its error when it is none.
+                        match InputKind::of(&input.uri).unwrap_or(InputKind::Image) {
+                            InputKind::Archive => {
+                                archive::produce_archive(archive_ctx, input, tx).await
+                            }
+                            InputKind::Scene => scene::produce_scene(scene_ctx, input, tx).await,
+                            InputKind::Image => {
+                                let item =
+                                    image::prepare(stores, pre, limits, counters.clone(), input)
+                                        .await;
+                                // A closed channel means the task is being dropped.
+                                let _ = tx.send(item).await;
+                            }
                         }
                         counters.inputs.fetch_add(1, Ordering::Relaxed);
                     }
@@ -113,5 +157,31 @@ pub(crate) fn input_error(
         stage,
         error: message,
         store_error: crate::error::is_store_error(err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::InputKind;
+
+    #[test]
+    fn kind_by_name() {
+        for (name, kind) in [
+            ("s3://b/a/c.PNG", Some(InputKind::Image)),
+            ("x.jpeg", Some(InputKind::Image)),
+            ("x.jpg", Some(InputKind::Image)),
+            ("scene.TIF", Some(InputKind::Scene)),
+            ("gs://b/B4.tiff", Some(InputKind::Scene)),
+            ("s3://b/x.TAR", Some(InputKind::Archive)),
+            ("chips/batch1.tar.gz", Some(InputKind::Archive)),
+            ("A.TGZ", Some(InputKind::Archive)),
+            ("a.tar.zst", None),
+            ("labels.csv", None),
+            ("noext", None),
+            ("tar", None),
+            ("png", None),
+        ] {
+            assert_eq!(InputKind::of(name), kind, "{name}");
+        }
     }
 }
