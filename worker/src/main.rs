@@ -97,6 +97,7 @@ fn main() -> ExitCode {
     }
     let args = Args::parse();
     init_logs(&args.log_format);
+    tracing::info!(config = %effective_config(&args), "effective configuration");
     // Before anything opens a TLS connection (NATS, object stores).
     rsembed_worker::queue::install_crypto_provider();
     let rt = match tokio::runtime::Runtime::new() {
@@ -113,6 +114,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Every resolved flag (command line, environment, default) on one line, for
+/// the start-up log. Secrets never appear: `NatsArgs`'s `Debug` hides
+/// passwords and tokens, and the user information of `--nats` URLs.
+fn effective_config(args: &Args) -> String {
+    format!("{args:?}")
 }
 
 fn init_logs(format: &str) {
@@ -231,4 +239,46 @@ fn listen_for_signals(stop: CancellationToken) {
         }
         stop.cancel();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effective_config_hides_secrets() {
+        let args = Args::try_parse_from([
+            "rsembed-worker",
+            "--nats",
+            "nats://alice:url-secret@a:4222,nats://tok-in-url@b:4222",
+            "--nats-user",
+            "bob",
+            "--nats-password",
+            "flag-secret",
+            "--nats-token",
+            "token-secret",
+            "--model",
+            "/models/m",
+            "--tasks-in-flight",
+            "3",
+            "--max-pixels",
+            "1000",
+        ])
+        .unwrap();
+        let line = effective_config(&args);
+        for secret in ["url-secret", "flag-secret", "token-secret", "tok-in-url"] {
+            assert!(!line.contains(secret), "{secret} is printed: {line}");
+        }
+        // Resolved values are there, so the line says how the worker runs.
+        for shown in [
+            "nats://<hidden>@a:4222,nats://<hidden>@b:4222",
+            "bob",
+            "tasks_in_flight: 3",
+            "max_pixels: 1000",
+            "/models/m",
+            "shutdown_grace: 30s",
+        ] {
+            assert!(line.contains(shown), "{shown} is missing: {line}");
+        }
+    }
 }

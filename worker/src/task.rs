@@ -124,14 +124,14 @@ impl Default for PipelineArgs {
 
 impl PipelineArgs {
     /// Inputs decoded at once: `--decode-threads`, or the number of cores.
-    pub fn decode_concurrency(&self) -> usize {
+    pub(crate) fn decode_concurrency(&self) -> usize {
         self.decode_threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
             .max(1)
     }
 
     /// Decoder bounds for whole images under `--max-pixels`.
-    pub fn decode_limits(&self) -> DecodeLimits {
+    pub(crate) fn decode_limits(&self) -> DecodeLimits {
         DecodeLimits {
             max_alloc: self.max_pixels.saturating_mul(4),
             ..DecodeLimits::default()

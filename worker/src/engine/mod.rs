@@ -7,6 +7,7 @@ pub mod handle;
 pub mod nvml;
 pub mod runtime;
 pub mod session;
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod start;
 pub mod text;

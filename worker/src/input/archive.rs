@@ -24,7 +24,7 @@ use crate::store::StoreCache;
 use crate::task::Counters;
 
 /// What the archive path needs besides the input.
-pub struct ArchiveContext {
+pub(crate) struct ArchiveContext {
     /// Stores for input URIs.
     pub stores: StoreCache,
     /// Model preprocessing.
@@ -49,7 +49,11 @@ fn member_error(uri: String, stage: ErrorStage, error: String) -> Item {
 
 /// Streams one archive into `tx`: a chip per image member, an error row per
 /// rejected or undecodable member, and one for the archive if it breaks off.
-pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mpsc::Sender<Item>) {
+pub(crate) async fn produce_archive(
+    ctx: Arc<ArchiveContext>,
+    input: TaskInput,
+    tx: mpsc::Sender<Item>,
+) {
     let loc = match ctx.stores.location(&input.uri) {
         Ok(l) => l,
         Err(e) => {

@@ -1,9 +1,9 @@
 //! Reading inputs: each task input is fetched, decoded and preprocessed into
-//! chips ready for the model ([`Prepared`]), or into an error row naming the
-//! input and the cause; both go to the batcher ([`crate::batch`]) as [`Item`]s.
+//! chips ready for the model (`Prepared`), or into an error row naming the
+//! input and the cause; both go to the batcher ([`crate::batch`]) as `Item`s.
 //!
-//! A whole image ([`image`]) is one chip; a TIFF scene ([`scene`]) and a tar
-//! archive ([`archive`]) are read chip by chip.
+//! A whole image (`input/image.rs`) is one chip; a TIFF scene (`input/scene.rs`) and a tar
+//! archive (`input/archive.rs`) are read chip by chip.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -1,17 +1,54 @@
-//! Answering JetStream for a task: ack, nak with a delay, or terminate after
-//! recording the failure, and recording completion in the job-state bucket.
+//! Answering JetStream for a task: in-progress acks and heartbeats while it
+//! runs, then ack, nak with a delay, or terminate after recording the
+//! failure, and recording completion in the job-state bucket.
 
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
-use rsembed_schemas::queue::{TaskDone, TaskError, TaskFailed, TaskMessage};
-use tokio_util::sync::CancellationToken;
+use rsembed_schemas::queue::{TaskDone, TaskError, TaskFailed, TaskMessage, TaskRunning};
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::error::{chain, Error};
 use crate::now_rfc3339;
 use crate::pull::{Outcome, Worker};
 
 impl Worker {
+    /// Keeps a running task held: an in-progress ack every
+    /// progress interval (JetStream restarts the task's `ack_wait` clock)
+    /// and a heartbeat in the job state, until the guard drops.
+    pub(super) fn heartbeat(
+        &self,
+        m: &jetstream::Message,
+        job: &str,
+        task: &str,
+        mut running: TaskRunning,
+    ) -> DropGuard {
+        let every = self.progress;
+        let stop = CancellationToken::new();
+        let s = stop.clone();
+        let m = m.clone();
+        let state = self.queue.state.clone();
+        let (job, task) = (job.to_owned(), task.to_owned());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(every) => {},
+                    _ = s.cancelled() => return,
+                }
+                // JetStream restarts the task's ack_wait clock.
+                if let Err(e) = m.ack_with(AckKind::Progress).await {
+                    tracing::debug!(error = %e, "progress ack failed");
+                }
+                // `status` tells a live holder from a dead one by this.
+                running.heartbeat_at = Some(now_rfc3339());
+                if let Err(e) = state.put_running(&job, &task, &running).await {
+                    tracing::debug!(error = %chain(&e), "heartbeat not recorded");
+                }
+            }
+        });
+        stop.drop_guard()
+    }
+
     /// Records a finished task as done, trying again for up to
     /// [`RECORD_PATIENCE`] while the state bucket cannot take the write (a
     /// JetStream leader election on a cluster takes seconds): handing the task

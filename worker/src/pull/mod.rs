@@ -352,7 +352,7 @@ impl Worker {
             Ok(c) => c,
             Err(why) => return self.give_up(m, &msg, delivered, why).await,
         };
-        let mut running = TaskRunning {
+        let running = TaskRunning {
             worker: self.cfg.name.clone(),
             started_at: now_rfc3339(),
             delivery: delivered,
@@ -363,32 +363,7 @@ impl Worker {
         }
 
         let started = Instant::now();
-        let ticker = {
-            let every = self.progress;
-            let stop = CancellationToken::new();
-            let s = stop.clone();
-            let m = m.clone();
-            let state = self.queue.state.clone();
-            let (job, task) = (job.clone(), task.clone());
-            tokio::spawn(async move {
-                loop {
-                    tokio::select! {
-                        _ = tokio::time::sleep(every) => {},
-                        _ = s.cancelled() => return,
-                    }
-                    // JetStream restarts the task's ack_wait clock.
-                    if let Err(e) = m.ack_with(AckKind::Progress).await {
-                        tracing::debug!(error = %e, "progress ack failed");
-                    }
-                    // `status` tells a live holder from a dead one by this.
-                    running.heartbeat_at = Some(now_rfc3339());
-                    if let Err(e) = state.put_running(&job, &task, &running).await {
-                        tracing::debug!(error = %chain(&e), "heartbeat not recorded");
-                    }
-                }
-            });
-            stop.drop_guard()
-        };
+        let ticker = self.heartbeat(m, &job, &task, running);
         let work = async {
             if let Some(d) = self.cfg.hold {
                 tracing::info!(

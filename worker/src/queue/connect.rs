@@ -82,7 +82,7 @@ pub fn redact_urls(urls: &str) -> String {
 
 /// Credentials written into a `--nats` URL (`user:password@`, `token@`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum UrlCredentials {
+pub(crate) enum UrlCredentials {
     /// `nats://user:password@host`.
     UserPassword(String, String),
     /// `nats://token@host`.
@@ -91,7 +91,7 @@ pub enum UrlCredentials {
 
 /// The server addresses of a comma-separated `--nats` list, without user
 /// information, and the credentials of the first URL that has some.
-pub fn parse_servers(
+pub(crate) fn parse_servers(
     urls: &str,
 ) -> Result<(Vec<async_nats::ServerAddr>, Option<UrlCredentials>), QueueError> {
     let mut creds = None;
@@ -216,7 +216,7 @@ impl ConnectionWatch {
     }
 
     /// The last problem seen since the last successful connection.
-    pub fn problem(&self) -> ConnectionProblem {
+    pub(crate) fn problem(&self) -> ConnectionProblem {
         match self.problem.load(Ordering::Acquire) {
             1 => ConnectionProblem::Authorization,
             2 => ConnectionProblem::Tls,
@@ -234,7 +234,7 @@ impl ConnectionWatch {
     }
 
     /// Follows one client event.
-    pub fn observe(&self, event: &async_nats::Event) {
+    pub(crate) fn observe(&self, event: &async_nats::Event) {
         use async_nats::{ClientError, Event, ServerError};
         match event {
             Event::Connected => self.set(ConnectionProblem::Unknown),

@@ -17,8 +17,8 @@ mod connect;
 pub mod state;
 
 pub use connect::{
-    connect, connect_with, install_crypto_provider, parse_servers, redact_urls, server_supported,
-    ConnectionProblem, ConnectionWatch, NatsArgs, UrlCredentials,
+    connect, connect_with, install_crypto_provider, redact_urls, server_supported,
+    ConnectionProblem, ConnectionWatch, NatsArgs,
 };
 
 pub use jetstream::context::{PublishAckFuture, PublishError};
@@ -176,7 +176,7 @@ impl QueueConfig {
     /// The dead-letter stream: JetStream publishes advisories as plain
     /// messages that nobody hears when no coordinator is running, so a stream
     /// keeps them (a week) until `status`, `finalize` or `submit` reads them.
-    pub fn deadletter_config(&self) -> stream::Config {
+    pub(crate) fn deadletter_config(&self) -> stream::Config {
         let tail = format!("{}.{}", self.stream, self.consumer);
         stream::Config {
             name: self.deadletter_stream.clone(),

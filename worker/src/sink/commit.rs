@@ -58,7 +58,7 @@ pub async fn put(root: &Location, rel: &str, bytes: Vec<u8>, rows: u64) -> Resul
 /// file is kept and described. Where the store has no conditional put (S3
 /// without `AWS_CONDITIONAL_PUT=etag`), it overwrites, which is safe because
 /// the name depends only on the task.
-pub async fn put_once(
+pub(crate) async fn put_once(
     root: &Location,
     rel: &str,
     bytes: Vec<u8>,

@@ -100,7 +100,7 @@ pub fn chip_file_metadata(meta: &FileMeta, extent: Option<[f64; 4]>) -> Result<V
 }
 
 /// The key-value metadata of an error file: `rsembed` only (it has no geometry).
-pub fn error_file_metadata(meta: &FileMeta) -> Result<Vec<KeyValue>> {
+pub(crate) fn error_file_metadata(meta: &FileMeta) -> Result<Vec<KeyValue>> {
     Ok(vec![KeyValue::new(
         RSEMBED_KEY.to_owned(),
         serde_json::to_string(meta)?,
@@ -116,7 +116,7 @@ pub const EMPTY_INPUTS_KEY: &str = "rsembed.empty_inputs";
 pub const EMPTY_INPUTS_KEPT: usize = 1000;
 
 /// The metadata entry listing `empty` inputs; `None` when there are none.
-pub fn empty_inputs_entry(empty: &[String]) -> Result<Option<KeyValue>> {
+pub(crate) fn empty_inputs_entry(empty: &[String]) -> Result<Option<KeyValue>> {
     if empty.is_empty() {
         return Ok(None);
     }
