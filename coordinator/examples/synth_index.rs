@@ -30,7 +30,8 @@ use rsembed_schemas::job::{
     GroupingSpec, JobSpec, Manifest, ManifestFile, ModelRef, TilingSpec, JOB_FILE, MANIFEST_FILE,
 };
 use rsembed_schemas::meta::FileMeta;
-use rsembed_worker::sink::parquet::{chip_file_metadata, encode_chips, put};
+use rsembed_worker::sink::commit::put;
+use rsembed_worker::sink::parquet::{chip_file_metadata, encode_chips};
 use rsembed_worker::sink::rows::{chip_batch, extent, ChipRow};
 use rsembed_worker::store::{Location, StoreCache};
 use serde_json::json;

@@ -5,12 +5,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-pub use rsembed_worker::engine::args::{BatchPolicy, EngineArgs};
+pub use rsembed_worker::engine::flags::{BatchPolicy, EngineArgs};
 use rsembed_worker::engine::session::{parse_byte_size, Device, SessionConfig};
 
 use crate::fetch_model::GraphCheck;
 use crate::job::plan::Grouping;
 use rsembed_worker::queue::{parse_duration, NatsArgs, QueueConfig};
+use rsembed_worker::task::PipelineArgs;
 
 /// rsembed: remote-sensing archives to searchable Git-RSCLIP embeddings, as GeoParquet.
 ///
@@ -295,17 +296,9 @@ pub struct RunArgs {
     /// another one, naming the flags that differ.
     #[arg(long, env = "RSEMBED_OVERWRITE")]
     pub overwrite: bool,
-    /// Tasks processed at once; two keep the model busy while one task is written.
-    #[arg(long, env = "RSEMBED_TASKS_IN_FLIGHT", default_value_t = 2)]
-    pub tasks_in_flight: usize,
-    /// Inputs decoded at once. Default: the number of cores.
-    #[arg(long, env = "RSEMBED_DECODE_THREADS")]
-    pub decode_threads: Option<usize>,
-    /// Largest whole image (PNG/JPEG) one input may decode to, in pixels: a hostile
-    /// header can claim anything, and this bounds the allocation (4 bytes per pixel).
-    /// TIFF scenes are read window by window under the reader's own limits.
-    #[arg(long, env = "RSEMBED_MAX_PIXELS", default_value_t = 1 << 28)]
-    pub max_pixels: u64,
+    /// Tasks and decoding.
+    #[command(flatten)]
+    pub pipeline: PipelineArgs,
     /// Serve Prometheus metrics at `http://<HOST:PORT>/metrics` while the job runs
     /// (chips, failed inputs, batch size and ceiling, out-of-memory count, inference
     /// time, queue depths, GPU memory). Default: off.

@@ -7,7 +7,7 @@
 //! needs one scrape to land during it: the server listens before the model
 //! loads and the run embeds a few hundred images over several seconds, while
 //! the test scrapes every 20 ms. The endpoint's format, types, values and 404
-//! are tested exactly at the library level (`worker/src/metrics/server.rs`).
+//! are tested exactly at the library level (`worker/src/http.rs`).
 
 use std::collections::HashMap;
 use std::io::Read;

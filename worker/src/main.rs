@@ -7,18 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use rsembed_raster::image::DecodeLimits;
-use rsembed_raster::tiff::TiffLimits;
-use rsembed_worker::engine::args::{start_engine, EngineArgs};
+use rsembed_worker::engine::flags::EngineArgs;
+use rsembed_worker::engine::start::start_engine;
 use rsembed_worker::error::chain;
+use rsembed_worker::http::Health;
 use rsembed_worker::metrics;
-use rsembed_worker::metrics::server::Health;
 use rsembed_worker::model::ModelDir;
-use rsembed_worker::pipeline::{Commit, Counters, StoreErrors, TaskRunner};
-use rsembed_worker::preprocess::Preprocessor;
+use rsembed_worker::pull::{default_name, ServeConfig, Worker};
 use rsembed_worker::queue::{parse_duration, ConnectionWatch, NatsArgs, Queue, QueueConfig};
-use rsembed_worker::serve::{default_name, ServeConfig, Worker};
 use rsembed_worker::store::StoreCache;
+use rsembed_worker::task::{Mode, PipelineArgs, TaskRunner};
 use tokio_util::sync::CancellationToken;
 
 /// rsembed pull worker: runs the tasks of every job submitted with this model.
@@ -41,16 +39,9 @@ struct Args {
     /// Inference.
     #[command(flatten)]
     engine: EngineArgs,
-    /// Tasks held at once; each is pulled only when a slot is free. Two keep the
-    /// model busy while one task is written.
-    #[arg(long, env = "RSEMBED_TASKS_IN_FLIGHT", default_value_t = 2)]
-    tasks_in_flight: usize,
-    /// Inputs decoded at once. Default: the number of cores.
-    #[arg(long, env = "RSEMBED_DECODE_THREADS")]
-    decode_threads: Option<usize>,
-    /// Largest whole image (PNG/JPEG) one input may decode to, in pixels.
-    #[arg(long, env = "RSEMBED_MAX_PIXELS", default_value_t = 1 << 28)]
-    max_pixels: u64,
+    /// Tasks and decoding.
+    #[command(flatten)]
+    pipeline: PipelineArgs,
     /// After SIGTERM: how long running tasks may take to finish before they are
     /// handed back (nak'd without delay, so another worker takes them at once).
     #[arg(long, env = "RSEMBED_SHUTDOWN_GRACE", default_value = "30s", value_parser = parse_duration)]
@@ -106,6 +97,7 @@ fn main() -> ExitCode {
     }
     let args = Args::parse();
     init_logs(&args.log_format);
+    tracing::info!(config = %effective_config(&args), "effective configuration");
     // Before anything opens a TLS connection (NATS, object stores).
     rsembed_worker::queue::install_crypto_provider();
     let rt = match tokio::runtime::Runtime::new() {
@@ -122,6 +114,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Every resolved flag (command line, environment, default) on one line, for
+/// the start-up log. Secrets never appear: `NatsArgs`'s `Debug` hides
+/// passwords and tokens, and the user information of `--nats` URLs.
+fn effective_config(args: &Args) -> String {
+    format!("{args:?}")
 }
 
 fn init_logs(format: &str) {
@@ -152,7 +151,7 @@ async fn serve(args: Args) -> Result<(), String> {
     let _http = match &args.http_addr {
         Some(addr) => {
             let guard = CancellationToken::new();
-            let (bound, _task) = metrics::server::start(
+            let (bound, _task) = rsembed_worker::http::start(
                 addr,
                 metrics::global(),
                 Some(health.clone()),
@@ -188,26 +187,17 @@ async fn serve(args: Args) -> Result<(), String> {
     // start_engine returns once the graph is loaded and the probe has run.
     health.set_model_loaded();
     health.set_probe_done();
-    let runner = Arc::new(TaskRunner {
-        stores: StoreCache::default(),
-        preprocessor: Arc::new(Preprocessor::new(&model.preprocessor)),
+    let runner = Arc::new(TaskRunner::new(
+        &args.pipeline,
+        &model,
         engine,
-        batch_size: policy.max(),
-        decode_concurrency: args
-            .decode_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
-        limits: DecodeLimits {
-            max_alloc: args.max_pixels.saturating_mul(4),
-            ..DecodeLimits::default()
-        },
-        tiff_limits: TiffLimits::default(),
-        store_errors: StoreErrors::FailTask,
-        commit: Commit::CreateOnce,
-        counters: Arc::new(Counters::default()),
-    });
+        policy,
+        StoreCache::default(),
+        Mode::Pull,
+    ));
     let cfg = ServeConfig {
         name,
-        tasks_in_flight: args.tasks_in_flight,
+        tasks_in_flight: args.pipeline.tasks_in_flight,
         shutdown_grace: args.shutdown_grace,
         retry_delay: args.retry_delay,
         mismatch_delay: args.mismatch_delay,
@@ -249,4 +239,46 @@ fn listen_for_signals(stop: CancellationToken) {
         }
         stop.cancel();
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn effective_config_hides_secrets() {
+        let args = Args::try_parse_from([
+            "rsembed-worker",
+            "--nats",
+            "nats://alice:url-secret@a:4222,nats://tok-in-url@b:4222",
+            "--nats-user",
+            "bob",
+            "--nats-password",
+            "flag-secret",
+            "--nats-token",
+            "token-secret",
+            "--model",
+            "/models/m",
+            "--tasks-in-flight",
+            "3",
+            "--max-pixels",
+            "1000",
+        ])
+        .unwrap();
+        let line = effective_config(&args);
+        for secret in ["url-secret", "flag-secret", "token-secret", "tok-in-url"] {
+            assert!(!line.contains(secret), "{secret} is printed: {line}");
+        }
+        // Resolved values are there, so the line says how the worker runs.
+        for shown in [
+            "nats://<hidden>@a:4222,nats://<hidden>@b:4222",
+            "bob",
+            "tasks_in_flight: 3",
+            "max_pixels: 1000",
+            "/models/m",
+            "shutdown_grace: 30s",
+        ] {
+            assert!(line.contains(shown), "{shown} is missing: {line}");
+        }
+    }
 }

@@ -10,18 +10,15 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
-use rsembed_raster::scene::{is_tiff, plan_band_grid, plan_grid};
+use rsembed_raster::scene::{plan_band_grid, plan_grid};
 use rsembed_raster::tiff::{RangeRead, TiffLimits};
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::{ends_group, BandFile, ChipBlock, Task, TaskInput};
+use rsembed_worker::input::InputKind;
 use rsembed_worker::store::{Location, StoreCache, StoreRange};
 use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
-
-/// File name extensions read as images or scenes (case-insensitive); tar
-/// archives (`.tar`, `.tar.gz`, `.tgz`) are inputs too.
-pub const IMAGE_EXTENSIONS: [&str; 5] = ["png", "jpg", "jpeg", "tif", "tiff"];
 
 /// How inputs are grouped into tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,11 +81,7 @@ fn is_image_name(name: &str) -> bool {
         // Dotfiles: macOS `._x.jpg` resource forks, editor swap files.
         return false;
     }
-    rsembed_raster::tar::is_archive(base)
-        || base
-            .rsplit_once('.')
-            .map(|(_, ext)| IMAGE_EXTENSIONS.iter().any(|e| ext.eq_ignore_ascii_case(e)))
-            .unwrap_or(false)
+    InputKind::of(base).is_some()
 }
 
 /// `source_version`: the ETag where the store has one, else size + modification time.
@@ -134,7 +127,7 @@ async fn shard(s: &Sharding, input: &TaskInput, task_size: usize) -> Option<Vec<
         )))
     };
     let grid = if input.parts.is_empty() {
-        if !is_tiff(&input.uri) {
+        if InputKind::of(&input.uri) != Some(InputKind::Scene) {
             return None;
         }
         plan_grid(reader(&input.uri, input.size)?, &s.tiling, s.limits.clone())
@@ -143,7 +136,12 @@ async fn shard(s: &Sharding, input: &TaskInput, task_size: usize) -> Option<Vec<
     } else {
         // A scene missing a band stays one input, so it is one error record.
         let wanted = s.tiling.band_files.as_ref().map_or(0, Vec::len);
-        if input.parts.len() != wanted || !input.parts.iter().all(|p| is_tiff(&p.uri)) {
+        if input.parts.len() != wanted
+            || !input
+                .parts
+                .iter()
+                .all(|p| InputKind::of(&p.uri) == Some(InputKind::Scene))
+        {
             return None;
         }
         let readers = input

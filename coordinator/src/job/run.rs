@@ -8,19 +8,18 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
-use rsembed_raster::image::DecodeLimits;
 use rsembed_raster::scale::ScaleSpec;
-use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::job::{JobSpec, ManifestFailure, ManifestFile, TilingSpec};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
-use rsembed_worker::engine::args::start_engine;
+use rsembed_worker::engine::start::start_engine;
+use rsembed_worker::input::InputKind;
 use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
-use rsembed_worker::pipeline::{Commit, Counters, JobContext, StoreErrors, TaskReport, TaskRunner};
-use rsembed_worker::preprocess::Preprocessor;
-use rsembed_worker::sink::parquet::{describe_bytes, empty_inputs_of};
+use rsembed_worker::sink::commit::describe_bytes;
+use rsembed_worker::sink::parquet::empty_inputs_of;
 use rsembed_worker::store::{Location, StoreCache};
+use rsembed_worker::task::{Counters, JobContext, Mode, TaskReport, TaskRunner};
 
 use crate::cli::{RunArgs, TilingArgs};
 use crate::error::{Error, Result};
@@ -217,24 +216,15 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         chip_size = tiling.chip_size, stride = tiling.stride, ?claim, "starting job"
     );
 
-    let counters = Arc::new(Counters::default());
-    let runner = Arc::new(TaskRunner {
-        stores: stores.clone(),
-        preprocessor: Arc::new(Preprocessor::new(&model.preprocessor)),
+    let runner = Arc::new(TaskRunner::new(
+        &args.pipeline,
+        &model,
         engine,
-        batch_size: policy.max(),
-        decode_concurrency: args
-            .decode_threads
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get())),
-        limits: DecodeLimits {
-            max_alloc: args.max_pixels.saturating_mul(4),
-            ..DecodeLimits::default()
-        },
-        tiff_limits: TiffLimits::default(),
-        store_errors: StoreErrors::Record,
-        commit: Commit::Overwrite,
-        counters: counters.clone(),
-    });
+        policy,
+        stores.clone(),
+        Mode::Embedded,
+    ));
+    let counters = runner.counters.clone();
 
     let job = Arc::new(JobContext {
         output: output.clone(),
@@ -286,7 +276,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
                 Ok(runner.run(&job, &task).await?)
             }
         })
-        .buffer_unordered(args.tasks_in_flight.max(1));
+        .buffer_unordered(args.pipeline.tasks_in_flight.max(1));
 
     let mut reports = Vec::new();
     while let Some(r) = results.next().await {
@@ -370,15 +360,18 @@ pub(crate) fn no_inputs(input: &url::Url, stats: &ListStats) -> Error {
     let skipped = stats.skipped.load(Ordering::Relaxed);
     Error::NoInputs(format!(
         "{input} holds no inputs: {skipped} files were skipped as not images \
-         (inputs are {} files and .tar, .tar.gz, .tgz archives); nothing was written",
-        plan::IMAGE_EXTENSIONS.map(|e| format!(".{e}")).join(" ")
+         (inputs are {} files and {} archives); nothing was written",
+        [InputKind::IMAGE.as_slice(), &InputKind::SCENE]
+            .concat()
+            .join(" "),
+        InputKind::ARCHIVE.join(", ")
     ))
 }
 
 /// Starts the metrics endpoint on `addr`; it serves until the guard drops.
 async fn serve_metrics(addr: &str) -> Result<tokio_util::sync::DropGuard> {
     let stop = tokio_util::sync::CancellationToken::new();
-    let (bound, _task) = metrics::server::start(addr, metrics::global(), None, stop.clone())
+    let (bound, _task) = rsembed_worker::http::start(addr, metrics::global(), None, stop.clone())
         .await
         .map_err(|e| Error::Usage(format!("--metrics-addr {addr}: cannot listen: {e}")))?;
     tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");

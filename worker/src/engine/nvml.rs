@@ -45,7 +45,7 @@ type ByUuidFn = unsafe extern "C" fn(*const c_char, *mut NvmlDeviceHandle) -> Nv
 type MemoryFn = unsafe extern "C" fn(NvmlDeviceHandle, *mut NvmlMemory) -> NvmlReturn;
 
 /// The library's soname, as the driver installs it.
-pub const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
+pub(crate) const NVML_LIBRARY: &str = "libnvidia-ml.so.1";
 
 /// An initialised NVML; shut down on drop.
 pub struct Nvml {
@@ -119,7 +119,7 @@ impl Nvml {
     }
 
     /// [`Nvml::load`] from an explicit library path or name.
-    pub fn load_from(name: &str) -> Option<Nvml> {
+    pub(crate) fn load_from(name: &str) -> Option<Nvml> {
         // SAFETY: loading NVML runs no initialisers with preconditions; the
         // symbol types are nvml.h's (module docs).
         let lib = match unsafe { Library::new(name) } {
@@ -160,7 +160,7 @@ impl Nvml {
     }
 
     /// Memory of a device named by index or UUID; `None` when NVML refuses.
-    pub fn memory_of(&self, device: &NvmlDevice) -> Option<DeviceMemory> {
+    pub(crate) fn memory_of(&self, device: &NvmlDevice) -> Option<DeviceMemory> {
         let mut handle: NvmlDeviceHandle = std::ptr::null_mut();
         // SAFETY: the out-pointers are valid for the call, the UUID is a
         // NUL-terminated string that outlives it, and NVML was initialised.

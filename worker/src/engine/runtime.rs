@@ -40,7 +40,7 @@ fn how_to_get() -> String {
 }
 
 /// Finds the library without loading it. `explicit` is `--ort-lib`.
-pub fn find_library(explicit: Option<&Path>) -> Result<OrtLibrary> {
+pub(crate) fn find_library(explicit: Option<&Path>) -> Result<OrtLibrary> {
     if let Some(p) = explicit {
         if p.is_file() {
             return Ok(OrtLibrary {

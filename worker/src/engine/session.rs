@@ -190,7 +190,7 @@ impl SessionConfig {
     /// `error_on_failure`: a CUDA that cannot be registered fails the session
     /// with ORT's reason instead of falling back to the CPU. Empty on CPU (ORT's
     /// CPU provider is always there).
-    pub fn execution_providers(&self) -> Vec<ExecutionProviderDispatch> {
+    pub(crate) fn execution_providers(&self) -> Vec<ExecutionProviderDispatch> {
         let Device::Cuda(n) = self.device else {
             return vec![];
         };
@@ -223,7 +223,7 @@ impl SessionConfig {
     }
 
     /// The providers as ORT names them, for logs.
-    pub fn provider_names(&self) -> Vec<&'static str> {
+    pub(crate) fn provider_names(&self) -> Vec<&'static str> {
         self.execution_providers()
             .iter()
             .map(|e| e.name())
@@ -379,7 +379,7 @@ fn profile_prefix(want: &Path) -> PathBuf {
 /// Ends ORT profiling of a session and moves the profile to `want`. Called when
 /// a session configured with [`SessionConfig::ort_profile`] closes; failures are
 /// logged, never raised (a profile is a diagnostic).
-pub fn finish_profile(session: &mut Session, want: &Path) {
+pub(crate) fn finish_profile(session: &mut Session, want: &Path) {
     match session.end_profiling() {
         Ok(written) => match std::fs::rename(&written, want) {
             Ok(()) => tracing::info!(file = %want.display(), "wrote ONNX Runtime profile"),
@@ -411,7 +411,7 @@ fn check_outlet<'a>(
 }
 
 /// The static last dimension of an output, when the graph declares one.
-pub fn static_last_dim(session: &Session, output: &str) -> Option<i64> {
+pub(crate) fn static_last_dim(session: &Session, output: &str) -> Option<i64> {
     let o = session.outputs().iter().find(|o| o.name() == output)?;
     match o.dtype() {
         ValueType::Tensor { shape, .. } => shape.last().copied().filter(|d| *d > 0),

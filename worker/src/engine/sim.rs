@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 /// real-ORT test in `worker/tests/adaptive.rs`; the others have the shape the
 /// arena limit (`max_mem`, `gpu_mem_limit`), the CUDA allocator and cuBLAS
 /// print, as seen in ONNX Runtime issue reports (no GPU here to capture them).
-pub const ORT_OOM_MESSAGES: [&str; 4] = [
+pub(crate) const ORT_OOM_MESSAGES: [&str; 4] = [
     "Non-zero status code returned while running FusedMatMul node. \
      Name:'/vision_model/encoder/layers.0/self_attn/MatMul/MatMulScaleFusion/' \
      Status Message: /onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:360 void* \
@@ -96,7 +96,7 @@ impl Default for SimConfig {
 
 impl SimConfig {
     /// Virtual time of a successful run of `n` images.
-    pub fn run_time(&self, n: usize) -> Duration {
+    pub(crate) fn run_time(&self, n: usize) -> Duration {
         let sat = self.saturate_at.max(1) as f64;
         let eff = self.min_efficiency
             + (1.0 - self.min_efficiency) * (n.min(self.saturate_at) as f64 / sat);
@@ -104,7 +104,7 @@ impl SimConfig {
     }
 
     /// Virtual time of a run of `n` images that runs out of memory.
-    pub fn oom_time(&self, n: usize) -> Duration {
+    pub(crate) fn oom_time(&self, n: usize) -> Duration {
         self.overhead + (self.run_time(n) - self.overhead) / 2
     }
 }

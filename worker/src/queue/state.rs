@@ -120,7 +120,12 @@ impl JobState {
     }
 
     /// Records a task as finished.
-    pub async fn put_done(&self, job: &str, task: &str, v: &TaskDone) -> Result<(), QueueError> {
+    pub(crate) async fn put_done(
+        &self,
+        job: &str,
+        task: &str,
+        v: &TaskDone,
+    ) -> Result<(), QueueError> {
         self.put(Self::key(job, DONE, task), v).await.map(drop)
     }
 
@@ -130,7 +135,7 @@ impl JobState {
     }
 
     /// Marks a task as held by a worker.
-    pub async fn put_running(
+    pub(crate) async fn put_running(
         &self,
         job: &str,
         task: &str,
@@ -145,7 +150,7 @@ impl JobState {
     }
 
     /// Records the error of a try that will be retried.
-    pub async fn put_last_error(
+    pub(crate) async fn put_last_error(
         &self,
         job: &str,
         task: &str,

@@ -135,7 +135,7 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
 }
 
 /// Builds a record batch of error rows.
-pub fn error_batch(rows: &[ErrorRow]) -> Result<RecordBatch> {
+pub(crate) fn error_batch(rows: &[ErrorRow]) -> Result<RecordBatch> {
     let mut uri = StringBuilder::new();
     let mut stage = StringBuilder::new();
     let mut error = StringBuilder::new();

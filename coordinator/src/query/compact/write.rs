@@ -217,8 +217,8 @@ mod tests {
     use rsembed_schemas::chip::chip_schema;
 
     fn chip_rows(ids: &[u128], dim: usize) -> RecordBatch {
-        use rsembed_schemas::ids::Window;
         use rsembed_raster::geo::Footprint;
+        use rsembed_schemas::ids::Window;
         use rsembed_worker::sink::rows::{chip_batch, ChipRow};
         let rows: Vec<ChipRow> = ids
             .iter()

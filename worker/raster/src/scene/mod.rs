@@ -26,13 +26,6 @@ use crate::tiff::{RangeRead, TiffError, TiffFile};
 
 pub use plan::{plan_band_grid, plan_grid};
 
-/// Whether an input is read as a (Geo)TIFF scene rather than a whole image.
-pub fn is_tiff(uri: &str) -> bool {
-    // Band-file scenes are named `<prefix>{B4,B3,B2}<rest>`, so the same test holds.
-    let lower = uri.to_ascii_lowercase();
-    lower.ends_with(".tif") || lower.ends_with(".tiff")
-}
-
 /// An object already in memory (a tar member), read through the same
 /// interface as storage, so it gives exactly what the stored file gives.
 /// Reads are not counted: the bytes were counted when they were fetched.

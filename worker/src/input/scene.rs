@@ -12,12 +12,13 @@ use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::TaskInput;
 use tokio::sync::mpsc;
 
-use crate::pipeline::{input_error, Counters, Item, Prepared};
+use crate::input::{input_error, Item, Prepared};
 use crate::preprocess::Preprocessor;
 use crate::store::{StoreCache, StoreRange};
+use crate::task::Counters;
 
 /// What the scene path needs besides the input.
-pub struct SceneContext {
+pub(crate) struct SceneContext {
     /// Stores for input URIs.
     pub stores: StoreCache,
     /// Model preprocessing.
@@ -122,7 +123,11 @@ async fn open_band_files(ctx: &SceneContext, input: &TaskInput) -> Result<Scene,
 
 /// Reads every chip of a scene into `tx`; a failure becomes one error row for
 /// the input, after the chips read before it.
-pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::Sender<Item>) {
+pub(crate) async fn produce_scene(
+    ctx: Arc<SceneContext>,
+    input: TaskInput,
+    tx: mpsc::Sender<Item>,
+) {
     let opened = if input.parts.is_empty() {
         open_single(&ctx, &input).await
     } else {
@@ -139,7 +144,7 @@ pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::S
 /// Reads every chip of a TIFF held in memory (a tar member named by
 /// `input.uri`) into `tx`, exactly as the same file in storage would be read:
 /// the same reader, limits, grid, stretch and footprints.
-pub async fn produce_member_scene(
+pub(crate) async fn produce_member_scene(
     ctx: Arc<SceneContext>,
     input: TaskInput,
     bytes: Bytes,

@@ -93,7 +93,7 @@ impl Health {
     }
 
     /// What keeps the process from being ready; empty when it is.
-    pub fn not_ready(&self) -> Vec<&'static str> {
+    pub(crate) fn not_ready(&self) -> Vec<&'static str> {
         let mut why = Vec::new();
         if !self.model.load(Ordering::Acquire) {
             why.push("model not loaded");

@@ -40,7 +40,7 @@
 pub const DEFAULT_RECOVER_AFTER: u32 = 16;
 
 /// The largest power of two not above `n` (`n ≥ 1`).
-pub fn floor_pow2(n: usize) -> usize {
+pub(crate) fn floor_pow2(n: usize) -> usize {
     assert!(n >= 1, "a batch limit of 0 is a bug");
     1 << (usize::BITS - 1 - n.leading_zeros())
 }
@@ -153,7 +153,7 @@ impl Controller {
     }
 
     /// Sets the bucket to climb back to (the probe's choice), within the buckets.
-    pub fn set_target(&mut self, target: usize) {
+    pub(crate) fn set_target(&mut self, target: usize) {
         let before = self.bucket();
         self.target = floor_pow2(target.clamp(1, self.max));
         self.streak = 0;
@@ -164,7 +164,7 @@ impl Controller {
 
     /// Lowers the ceiling below `size` without counting a failure (the probe's
     /// memory budget was reached at `size`).
-    pub fn limit_below(&mut self, size: usize) {
+    pub(crate) fn limit_below(&mut self, size: usize) {
         let before = self.bucket();
         self.ceiling = self.ceiling.min((bucket_for(size) / 2).max(1));
         if self.bucket() < before {
@@ -173,12 +173,12 @@ impl Controller {
     }
 
     /// Whether the next run should shrink the arena; reading it clears it.
-    pub fn take_shrink(&mut self) -> bool {
+    pub(crate) fn take_shrink(&mut self) -> bool {
         std::mem::take(&mut self.pending_shrink)
     }
 
     /// A run at `size` (a bucket) succeeded.
-    pub fn on_success(&mut self, size: usize) -> Change {
+    pub(crate) fn on_success(&mut self, size: usize) -> Change {
         self.successes += 1;
         if let Some(failed) = self.unconfirmed.take() {
             if size < failed {
@@ -206,7 +206,7 @@ impl Controller {
     }
 
     /// A run at `size` (a bucket) ran out of memory.
-    pub fn on_oom(&mut self, size: usize) -> Change {
+    pub(crate) fn on_oom(&mut self, size: usize) -> Change {
         let size = bucket_for(size);
         self.ooms += 1;
         self.streak = 0;
@@ -223,7 +223,7 @@ impl Controller {
 
     /// Counts a failure at `size` found during the warm-up probe, where the
     /// smaller buckets had already succeeded.
-    pub fn on_probe_oom(&mut self, size: usize) {
+    pub(crate) fn on_probe_oom(&mut self, size: usize) {
         self.on_oom(size);
         if let Some(failed) = self.unconfirmed.take() {
             if failed > 1 {
@@ -283,7 +283,7 @@ pub struct ProbeRow {
 /// Whether the probe should go on past `rows` (the last row is the newest):
 /// only while the newest bucket was measured and is more than `tolerance`
 /// faster than every smaller one.
-pub fn keep_probing(rows: &[ProbeRow], tolerance: f64) -> bool {
+pub(crate) fn keep_probing(rows: &[ProbeRow], tolerance: f64) -> bool {
     let Some((last, before)) = rows.split_last() else {
         return true;
     };

@@ -16,14 +16,15 @@ use rsembed_schemas::ids::Window;
 use rsembed_schemas::task::TaskInput;
 use tokio::sync::mpsc;
 
-use crate::pipeline::scene::{produce_member_scene, SceneContext};
-use crate::pipeline::{input_error, Counters, Item, Prepared};
+use crate::input::scene::{produce_member_scene, SceneContext};
+use crate::input::{input_error, Item, Prepared};
 use crate::preprocess::Preprocessor;
 use crate::sink::rows::ErrorRow;
 use crate::store::StoreCache;
+use crate::task::Counters;
 
 /// What the archive path needs besides the input.
-pub struct ArchiveContext {
+pub(crate) struct ArchiveContext {
     /// Stores for input URIs.
     pub stores: StoreCache,
     /// Model preprocessing.
@@ -48,7 +49,11 @@ fn member_error(uri: String, stage: ErrorStage, error: String) -> Item {
 
 /// Streams one archive into `tx`: a chip per image member, an error row per
 /// rejected or undecodable member, and one for the archive if it breaks off.
-pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mpsc::Sender<Item>) {
+pub(crate) async fn produce_archive(
+    ctx: Arc<ArchiveContext>,
+    input: TaskInput,
+    tx: mpsc::Sender<Item>,
+) {
     let loc = match ctx.stores.location(&input.uri) {
         Ok(l) => l,
         Err(e) => {
