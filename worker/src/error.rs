@@ -76,6 +76,17 @@ pub enum Error {
     /// store failed or an object is missing); a later delivery may succeed.
     #[error("task must be retried: {0}")]
     TaskRetry(String),
+    /// An input could not be read from its store now (missing, or the store
+    /// failed after its own retries): not a fault of its content, so the task
+    /// fails and is tried again later rather than recording a "bad input" row.
+    #[error("input {uri} cannot be read now")]
+    InputUnavailable {
+        /// The input.
+        uri: String,
+        /// The read's error, with the store error in its chain.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),

@@ -14,6 +14,7 @@ pub mod pipeline;
 pub mod preprocess;
 pub mod queue;
 pub mod raster;
+pub mod retry;
 pub mod serve;
 pub mod sink;
 pub mod store;
