@@ -30,7 +30,8 @@ use rsembed_schemas::job::{
 };
 use rsembed_schemas::meta::FileMeta;
 use rsembed_worker::raster::geo::polygon_wkb;
-use rsembed_worker::sink::parquet::{chip_file_metadata, encode_chips, put};
+use rsembed_worker::sink::commit::put;
+use rsembed_worker::sink::parquet::{chip_file_metadata, encode_chips};
 use rsembed_worker::sink::rows::{chip_batch, extent, ChipRow, Footprint};
 use rsembed_worker::store::{Location, StoreCache};
 use serde_json::json;

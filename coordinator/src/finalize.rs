@@ -15,7 +15,8 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use rsembed_schemas::job::{ManifestFailedTask, ManifestFailure, ManifestFile, MANIFEST_FILE};
 use rsembed_schemas::queue::TaskMessage;
-use rsembed_worker::sink::parquet::{describe, read_error_rows};
+use rsembed_worker::sink::commit::describe;
+use rsembed_worker::sink::parquet::read_error_rows;
 use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
 

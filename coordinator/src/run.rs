@@ -11,16 +11,18 @@ use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_schemas::job::{JobSpec, ManifestFailure, ManifestFile, TilingSpec};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
-use rsembed_worker::engine::args::start_engine;
+use rsembed_worker::engine::start::start_engine;
 use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
-use rsembed_worker::pipeline::{Commit, Counters, JobContext, StoreErrors, TaskReport, TaskRunner};
 use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::raster::image::DecodeLimits;
 use rsembed_worker::raster::scale::ScaleSpec;
 use rsembed_worker::raster::tiff::TiffLimits;
-use rsembed_worker::sink::parquet::{describe_bytes, empty_inputs_of};
+use rsembed_worker::sink::commit::describe_bytes;
+use rsembed_worker::sink::commit::Commit;
+use rsembed_worker::sink::parquet::empty_inputs_of;
 use rsembed_worker::store::{Location, StoreCache};
+use rsembed_worker::task::{Counters, JobContext, StoreErrors, TaskReport, TaskRunner};
 
 use crate::cli::{RunArgs, TilingArgs};
 use crate::error::{Error, Result};
@@ -379,7 +381,7 @@ pub(crate) fn no_inputs(input: &url::Url, stats: &ListStats) -> Error {
 /// Starts the metrics endpoint on `addr`; it serves until the guard drops.
 async fn serve_metrics(addr: &str) -> Result<tokio_util::sync::DropGuard> {
     let stop = tokio_util::sync::CancellationToken::new();
-    let (bound, _task) = metrics::server::start(addr, metrics::global(), None, stop.clone())
+    let (bound, _task) = rsembed_worker::http::start(addr, metrics::global(), None, stop.clone())
         .await
         .map_err(|e| Error::Usage(format!("--metrics-addr {addr}: cannot listen: {e}")))?;
     tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");

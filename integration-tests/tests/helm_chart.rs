@@ -31,7 +31,7 @@ use rsembed_integration_tests::nats::NatsServer;
 use rsembed_integration_tests::{
     binary, cli_help, fixture_images, help_has_flag, help_reads_env, http_get,
 };
-use rsembed_worker::metrics::server::{HEALTHZ_PATH, METRICS_PATH, READYZ_PATH};
+use rsembed_worker::http::{HEALTHZ_PATH, METRICS_PATH, READYZ_PATH};
 use rsembed_worker::queue::{parse_duration, QueueConfig};
 use serde_json::Value;
 

@@ -28,7 +28,7 @@
 use std::process::ExitCode;
 
 use rsembed_worker::engine::adaptive::{Adaptive, AdaptiveConfig, ImageShape};
-use rsembed_worker::engine::batching::ProbeOutcome;
+use rsembed_worker::engine::controller::ProbeOutcome;
 use rsembed_worker::engine::sim::{SimConfig, SimHandle, SimulatedDevice};
 use rsembed_worker::engine::{Backend, PixelBatch};
 

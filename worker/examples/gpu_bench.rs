@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use rsembed_worker::engine::adaptive::{Adaptive, AdaptiveConfig, ImageShape};
-use rsembed_worker::engine::batching::buckets;
+use rsembed_worker::engine::controller::buckets;
 use rsembed_worker::engine::nvml::Nvml;
 use rsembed_worker::engine::session::{parse_byte_size, ArenaShrink, Device, SessionConfig};
 use rsembed_worker::engine::vision::OrtVision;

@@ -11,7 +11,7 @@ use std::time::Instant;
 use clap::Parser;
 use serde::Serialize;
 
-use crate::engine::args::EngineArgs;
+use crate::engine::flags::EngineArgs;
 use crate::engine::text::TextEncoder;
 use crate::engine::vision::OrtVision;
 use crate::engine::{Backend, PixelBatch};

@@ -5,19 +5,22 @@
 //! `rsembed-worker` pull worker.
 #![warn(missing_docs)]
 
+pub mod batch;
 pub mod check;
 pub mod engine;
 pub mod error;
+pub mod http;
+pub mod input;
 pub mod metrics;
 pub mod model;
-pub mod pipeline;
 pub mod preprocess;
+pub mod pull;
 pub mod queue;
 pub mod raster;
 pub mod retry;
-pub mod serve;
 pub mod sink;
 pub mod store;
+pub mod task;
 
 pub use error::{Error, Result};
 

@@ -7,18 +7,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use rsembed_worker::engine::args::{start_engine, EngineArgs};
+use rsembed_worker::engine::flags::EngineArgs;
+use rsembed_worker::engine::start::start_engine;
 use rsembed_worker::error::chain;
+use rsembed_worker::http::Health;
 use rsembed_worker::metrics;
-use rsembed_worker::metrics::server::Health;
 use rsembed_worker::model::ModelDir;
-use rsembed_worker::pipeline::{Commit, Counters, StoreErrors, TaskRunner};
 use rsembed_worker::preprocess::Preprocessor;
+use rsembed_worker::pull::{default_name, ServeConfig, Worker};
 use rsembed_worker::queue::{parse_duration, ConnectionWatch, NatsArgs, Queue, QueueConfig};
 use rsembed_worker::raster::image::DecodeLimits;
 use rsembed_worker::raster::tiff::TiffLimits;
-use rsembed_worker::serve::{default_name, ServeConfig, Worker};
+use rsembed_worker::sink::commit::Commit;
 use rsembed_worker::store::StoreCache;
+use rsembed_worker::task::{Counters, StoreErrors, TaskRunner};
 use tokio_util::sync::CancellationToken;
 
 /// rsembed pull worker: runs the tasks of every job submitted with this model.
@@ -152,7 +154,7 @@ async fn serve(args: Args) -> Result<(), String> {
     let _http = match &args.http_addr {
         Some(addr) => {
             let guard = CancellationToken::new();
-            let (bound, _task) = metrics::server::start(
+            let (bound, _task) = rsembed_worker::http::start(
                 addr,
                 metrics::global(),
                 Some(health.clone()),

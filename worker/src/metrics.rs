@@ -1,6 +1,6 @@
 //! Prometheus metrics: one process-global registry, kept with the
 //! `prometheus-client` crate and rendered in the text exposition format 0.0.4,
-//! and the HTTP endpoint for it ([`server::start`], started by `rsembed run
+//! and the HTTP endpoint for it ([`crate::http::start`], started by `rsembed run
 //! --metrics-addr` and `rsembed-worker --http-addr`).
 //!
 //! Updating a metric is one relaxed atomic operation (the histogram takes a
@@ -30,8 +30,6 @@ use prometheus_client::metrics::MetricType;
 
 use crate::engine::adaptive::StatsHandle;
 use crate::engine::{Backend, DeviceMemory};
-
-pub mod server;
 
 /// Metric names, Prometheus style: base units, `_total` on counters.
 pub mod names {
@@ -367,7 +365,7 @@ impl Registry {
     }
 
     /// The text exposition format, version 0.0.4
-    /// ([`server::CONTENT_TYPE`]).
+    /// ([`crate::http::CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         self.publish_adaptive();
         let mut out = String::with_capacity(4096);

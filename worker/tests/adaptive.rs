@@ -6,10 +6,10 @@
 use std::path::{Path, PathBuf};
 
 use rsembed_worker::engine::adaptive::{Adaptive, AdaptiveConfig, ImageShape};
-use rsembed_worker::engine::batching::{bucket_for, ProbeOutcome};
+use rsembed_worker::engine::controller::{bucket_for, ProbeOutcome};
+use rsembed_worker::engine::handle::EngineHandle;
 use rsembed_worker::engine::session::SessionConfig;
 use rsembed_worker::engine::sim::{SimConfig, SimHandle, SimRun, SimulatedDevice};
-use rsembed_worker::engine::thread::EngineHandle;
 use rsembed_worker::engine::vision::OrtVision;
 use rsembed_worker::engine::{Backend, PixelBatch, RunHints};
 use rsembed_worker::error::{chain, is_out_of_memory, Error};

@@ -1,4 +1,4 @@
-//! The task runner's pipelined inference (`worker/src/pipeline.rs`): real
+//! The task runner's pipelined inference (`worker/src/task.rs`, `worker/src/batch.rs`): real
 //! files, decoders, preprocessing, engine thread and Parquet writer, with a
 //! slow backend standing in for ONNX Runtime so that the engine is the
 //! bottleneck, as it is on a GPU.
@@ -19,18 +19,18 @@ use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::model::PreprocessorConfig;
 use rsembed_schemas::task::{Task, TaskInput};
-use rsembed_worker::engine::thread::EngineHandle;
+use rsembed_worker::batch::BATCHES_IN_FLIGHT;
+use rsembed_worker::engine::handle::EngineHandle;
 use rsembed_worker::engine::{Backend, Embeddings, PixelBatch, RunHints};
 use rsembed_worker::error::{Error, Result};
 use rsembed_worker::metrics;
-use rsembed_worker::pipeline::{
-    Commit, Counters, JobContext, StoreErrors, TaskRunner, BATCHES_IN_FLIGHT,
-};
 use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::raster::image::DecodeLimits;
 use rsembed_worker::raster::scale::ScaleSpec;
 use rsembed_worker::raster::tiff::TiffLimits;
+use rsembed_worker::sink::commit::Commit;
 use rsembed_worker::store::StoreCache;
+use rsembed_worker::task::{Counters, JobContext, StoreErrors, TaskRunner};
 
 /// The queue gauges are process-wide: the tests of this file take turns.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

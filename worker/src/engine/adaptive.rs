@@ -2,7 +2,7 @@
 //! backend in power-of-two buckets, finds the fastest bucket at start, and
 //! recovers from out-of-memory errors without losing or duplicating a chip.
 //!
-//! The decisions live in [`crate::engine::batching::Controller`]; this file
+//! The decisions live in [`crate::engine::controller::Controller`]; this file
 //! does the running: cutting a batch into pieces, padding, splitting on OOM,
 //! the warm-up probe, and the statistics.
 //!
@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::engine::batching::{
+use crate::engine::controller::{
     bucket_for, buckets, choose, keep_probing, Change, Controller, ProbeOutcome, ProbeRow,
     DEFAULT_RECOVER_AFTER,
 };

@@ -1,14 +1,15 @@
 //! Inference: the ONNX Runtime sessions, the backend trait and the engine thread.
 
 pub mod adaptive;
-pub mod args;
-pub mod batching;
+pub mod controller;
+pub mod flags;
+pub mod handle;
 pub mod nvml;
 pub mod runtime;
 pub mod session;
 pub mod sim;
+pub mod start;
 pub mod text;
-pub mod thread;
 pub mod vision;
 
 use crate::error::Result;

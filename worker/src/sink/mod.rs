@@ -1,4 +1,6 @@
-//! Writing results: Arrow rows, GeoParquet files, commit to object storage.
+//! Writing results: Arrow rows ([`rows`]), GeoParquet files ([`parquet`]),
+//! and committing them to object storage ([`commit`]).
 
+pub mod commit;
 pub mod parquet;
 pub mod rows;

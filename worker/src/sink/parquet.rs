@@ -1,22 +1,19 @@
-//! GeoParquet files: encoding with file metadata, and committing through object_store.
+//! GeoParquet files: encoding chip and error files with their file metadata,
+//! and reading back what the coordinator needs from them.
 
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use rsembed_schemas::chip::col as chip_col;
-use rsembed_schemas::job::ManifestFile;
 use rsembed_schemas::meta::{geo_metadata, FileMeta, GEO_KEY, RSEMBED_KEY};
-use sha2::{Digest, Sha256};
 
 use crate::error::Result;
-use crate::store::Location;
 
 /// Rows per row group of a chip file. A row group is the unit that readers
 /// prune with the `bbox` and `centre_*` statistics and that a scan decodes at
@@ -110,70 +107,6 @@ pub fn error_file_metadata(meta: &FileMeta) -> Result<Vec<KeyValue>> {
     )])
 }
 
-/// Writes `bytes` at `rel` under `root` in one put, which object stores make
-/// atomic: a reader sees the whole file or none of it, and a task written twice
-/// leaves one file.
-pub async fn put(root: &Location, rel: &str, bytes: Vec<u8>, rows: u64) -> Result<ManifestFile> {
-    let sha256 = hex::encode(Sha256::digest(&bytes));
-    let n = bytes.len() as u64;
-    root.store
-        .put(&root.child(rel), PutPayload::from(bytes))
-        .await?;
-    Ok(ManifestFile {
-        path: rel.to_owned(),
-        rows,
-        sha256,
-        bytes: n,
-    })
-}
-
-/// Like [`put`], but never replaces a file: when `rel` exists (an earlier
-/// delivery of the same task wrote it, whole, since puts are atomic), that
-/// file is kept and described. Where the store has no conditional put (S3
-/// without `AWS_CONDITIONAL_PUT=etag`), it overwrites, which is safe because
-/// the name depends only on the task.
-pub async fn put_once(
-    root: &Location,
-    rel: &str,
-    bytes: Vec<u8>,
-    rows: u64,
-) -> Result<ManifestFile> {
-    let sha256 = hex::encode(Sha256::digest(&bytes));
-    let n = bytes.len() as u64;
-    let path = root.child(rel);
-    let opts = PutOptions {
-        mode: PutMode::Create,
-        ..PutOptions::default()
-    };
-    match root
-        .store
-        .put_opts(&path, PutPayload::from(bytes.clone()), opts)
-        .await
-    {
-        Ok(_) => Ok(ManifestFile {
-            path: rel.to_owned(),
-            rows,
-            sha256,
-            bytes: n,
-        }),
-        Err(object_store::Error::AlreadyExists { .. }) => {
-            tracing::info!(
-                path = rel,
-                "kept the file an earlier delivery of this task wrote"
-            );
-            describe(root, rel).await
-        }
-        Err(object_store::Error::NotImplemented { .. }) => put(root, rel, bytes, rows).await,
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Digest, size and row count of an existing Parquet file.
-pub async fn describe(root: &Location, rel: &str) -> Result<ManifestFile> {
-    let bytes = root.store.get(&root.child(rel)).await?.bytes().await?;
-    describe_bytes(rel, bytes)
-}
-
 /// Key of a chip file's footer metadata listing the task's inputs that gave
 /// neither a chip nor an error row (JSON array of URIs, at most
 /// [`EMPTY_INPUTS_KEPT`]), so a resumed run still reports them.
@@ -212,20 +145,6 @@ pub fn empty_inputs_of(bytes: &bytes::Bytes) -> Vec<String> {
             v
         })
         .unwrap_or_default()
-}
-
-/// Digest, size and row count of the Parquet file `bytes`, stored at `rel`.
-pub fn describe_bytes(rel: &str, bytes: bytes::Bytes) -> Result<ManifestFile> {
-    let reader = parquet::file::serialized_reader::SerializedFileReader::new(bytes.clone())?;
-    let rows = parquet::file::reader::FileReader::metadata(&reader)
-        .file_metadata()
-        .num_rows() as u64;
-    Ok(ManifestFile {
-        path: rel.to_owned(),
-        rows,
-        sha256: hex::encode(Sha256::digest(&bytes)),
-        bytes: bytes.len() as u64,
-    })
 }
 
 /// The rows of an error file (`source_uri`, `stage`, `error`), at most `limit`.

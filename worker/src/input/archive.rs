@@ -14,13 +14,14 @@ use rsembed_schemas::ids::Window;
 use rsembed_schemas::task::TaskInput;
 use tokio::sync::mpsc;
 
-use crate::pipeline::scene::{produce_member_scene, SceneContext};
-use crate::pipeline::{input_error, Counters, Item, Prepared};
+use crate::input::scene::{produce_member_scene, SceneContext};
+use crate::input::{input_error, Item, Prepared};
 use crate::preprocess::Preprocessor;
 use crate::raster::image::{decode_rgb8, is_tiff_content, DecodeLimits};
 use crate::raster::tar::{member_uri, walk, Entry, TarLimits};
 use crate::sink::rows::ErrorRow;
 use crate::store::StoreCache;
+use crate::task::Counters;
 
 /// What the archive path needs besides the input.
 pub struct ArchiveContext {

@@ -28,19 +28,21 @@ use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt;
 use rsembed_schemas::job::ModelRef;
 use rsembed_schemas::meta::FileMeta;
-use rsembed_schemas::queue::{
-    TaskDone, TaskError, TaskFailed, TaskMessage, TaskRunning, MESSAGE_FORMAT,
-};
+use rsembed_schemas::queue::{TaskDone, TaskMessage, TaskRunning, MESSAGE_FORMAT};
 use rsembed_schemas::SOFTWARE_VERSION;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::error::{chain, Error};
+use crate::error::chain;
 use crate::now_rfc3339;
-use crate::pipeline::{JobContext, TaskRunner};
 use crate::queue::Queue;
 use crate::raster::scale::ScaleSpec;
+use crate::task::{JobContext, TaskRunner};
+
+mod ack;
+
+use ack::retryable;
 
 /// How the worker pulls and gives up.
 #[derive(Debug, Clone)]
@@ -470,90 +472,6 @@ impl Worker {
         }
     }
 
-    /// Records a finished task as done, trying again for up to
-    /// [`RECORD_PATIENCE`] while the state bucket cannot take the write (a
-    /// JetStream leader election on a cluster takes seconds): handing the task
-    /// back instead would run all its work again on the next delivery.
-    async fn record_done(
-        &self,
-        job: &str,
-        task: &str,
-        done: &TaskDone,
-        abandon: &CancellationToken,
-    ) -> Result<(), crate::queue::QueueError> {
-        let started = Instant::now();
-        let mut delay = Duration::from_millis(250);
-        loop {
-            let e = match self.queue.state.put_done(job, task, done).await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
-            };
-            if started.elapsed() + delay > RECORD_PATIENCE {
-                return Err(e);
-            }
-            tracing::info!(error = %chain(&e), retry_in_s = delay.as_secs_f64(), "completion not recorded yet; trying again");
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = abandon.cancelled() => return Err(e),
-            }
-            delay = (delay * 2).min(Duration::from_secs(4));
-        }
-    }
-
-    async fn ack(&self, m: &jetstream::Message) -> Outcome {
-        if let Err(e) = m.double_ack().await {
-            // Redelivered later, then found done and acked.
-            tracing::warn!(error = %e, "ack not confirmed");
-        }
-        Outcome::Done
-    }
-
-    fn retry_delay(&self, delivered: u64) -> Duration {
-        let exp = delivered.saturating_sub(1).min(16) as u32;
-        (self.cfg.retry_delay * 2u32.pow(exp)).min(Duration::from_secs(300))
-    }
-
-    async fn note_error(&self, job: &str, task: &str, why: &str, delivered: u64) {
-        let v = TaskError {
-            error: why.to_owned(),
-            delivery: delivered,
-            worker: self.cfg.name.clone(),
-        };
-        if let Err(e) = self.queue.state.put_last_error(job, task, &v).await {
-            tracing::debug!(error = %chain(&e), "cannot record the error");
-        }
-    }
-
-    /// Records the task as failed, then terminates it.
-    async fn give_up(
-        &self,
-        m: &jetstream::Message,
-        msg: &TaskMessage,
-        delivered: u64,
-        why: String,
-    ) -> Outcome {
-        tracing::error!(error = %why, "giving up on the task");
-        let failed = TaskFailed {
-            task_id: msg.task.task_id.clone(),
-            error: why,
-            deliveries: delivered,
-            reason: "terminated".into(),
-            failed_at: now_rfc3339(),
-            message: String::from_utf8_lossy(&m.payload).into_owned(),
-        };
-        if let Err(e) = self.queue.state.put_failed(&msg.task.job_id, &failed).await {
-            // Not terminated: a later delivery (or the dead-letter advisory)
-            // records it.
-            tracing::warn!(error = %chain(&e), "cannot record the failure; handing the task back");
-            let _ = m
-                .ack_with(AckKind::Nak(Some(self.retry_delay(delivered))))
-                .await;
-            return Outcome::Retried;
-        }
-        let _ = m.ack_with(AckKind::Term).await;
-        Outcome::Failed
-    }
-
     fn job_context(&self, msg: &TaskMessage) -> Result<Arc<JobContext>, String> {
         let key = (msg.task.job_id.clone(), msg.output.clone());
         if let Some(c) = self.jobs.lock().expect("job cache lock").get(&key) {
@@ -583,16 +501,4 @@ impl Worker {
         jobs.insert(key, ctx.clone());
         Ok(ctx)
     }
-}
-
-/// How long a finished task keeps trying to record its completion before it
-/// is handed back: longer than a JetStream leader election (about 5 s on a
-/// 3-node cluster), while the progress acks keep the task held.
-const RECORD_PATIENCE: Duration = Duration::from_secs(30);
-
-/// Whether a later try can succeed. Every failure of a whole task is assumed
-/// transient (a store, the network, device memory) except a task that cannot
-/// be understood.
-fn retryable(e: &Error) -> bool {
-    !matches!(e, Error::Location { .. } | Error::Usage(_))
 }

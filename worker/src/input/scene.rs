@@ -10,12 +10,13 @@ use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::TaskInput;
 use tokio::sync::mpsc;
 
-use crate::pipeline::{input_error, Counters, Item, Prepared};
+use crate::input::{input_error, Item, Prepared};
 use crate::preprocess::Preprocessor;
 use crate::raster::scale::{ScaleSpec, StretchCache};
 use crate::raster::scene::{MemRange, Scene, StoreRange, StretchMemo};
 use crate::raster::tiff::TiffLimits;
 use crate::store::StoreCache;
+use crate::task::Counters;
 
 /// What the scene path needs besides the input.
 pub struct SceneContext {

@@ -1,0 +1,117 @@
+//! Reading inputs: each task input is fetched, decoded and preprocessed into
+//! chips ready for the model ([`Prepared`]), or into an error row naming the
+//! input and the cause; both go to the batcher ([`crate::batch`]) as [`Item`]s.
+//!
+//! A whole image ([`image`]) is one chip; a TIFF scene ([`scene`]) and a tar
+//! archive ([`archive`]) are read chip by chip.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use rsembed_schemas::chip::ErrorStage;
+use rsembed_schemas::ids::Window;
+use rsembed_schemas::task::TaskInput;
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use crate::error::chain;
+use crate::metrics::Held;
+use crate::sink::rows::{ErrorRow, Footprint};
+use crate::task::{JobContext, TaskRunner};
+
+mod archive;
+mod image;
+mod scene;
+
+/// What the input stage sends on: a chip ready for the model, or an error row.
+pub(crate) type Item = std::result::Result<Prepared, ErrorRow>;
+
+/// One chip ready for the model.
+pub(crate) struct Prepared {
+    pub(crate) input: TaskInput,
+    pub(crate) window: Window,
+    pub(crate) valid_fraction: f32,
+    pub(crate) crs: Option<String>,
+    pub(crate) footprint: Option<Footprint>,
+    pub(crate) pixels: Vec<f32>,
+    /// Counts the chip in [`metrics::names::QUEUE_CHIPS`] until it is sent to
+    /// the engine (or dropped with its task).
+    pub(crate) queued: Held<'static>,
+}
+
+/// Starts reading `inputs` into `tx`, [`TaskRunner::decode_concurrency`] at
+/// once; the task ends when the returned handle does and `tx` is closed.
+pub(crate) fn spawn_readers(
+    runner: &TaskRunner,
+    job: &JobContext,
+    inputs: Vec<TaskInput>,
+    tx: mpsc::Sender<Item>,
+) -> tokio::task::JoinHandle<()> {
+    let stores = runner.stores.clone();
+    let pre = runner.preprocessor.clone();
+    let limits = runner.limits;
+    let counters = runner.counters.clone();
+    let conc = runner.decode_concurrency.max(1);
+    let scene_ctx = Arc::new(scene::SceneContext {
+        stores: stores.clone(),
+        pre: pre.clone(),
+        counters: counters.clone(),
+        tiling: job.file_meta.tiling.clone(),
+        scale: job.scale,
+        limits: runner.tiff_limits.clone(),
+    });
+    let archive_ctx = Arc::new(archive::ArchiveContext {
+        stores: stores.clone(),
+        pre: pre.clone(),
+        counters: counters.clone(),
+        limits,
+        scene: scene_ctx.clone(),
+    });
+    tokio::spawn(
+        async move {
+            // Unordered: a slow input must not hold back the others.
+            // Rows are sorted before writing, so files stay deterministic.
+            let mut s = futures::stream::iter(inputs)
+                .map(move |input| {
+                    let tx = tx.clone();
+                    let stores = stores.clone();
+                    let pre = pre.clone();
+                    let counters = counters.clone();
+                    let scene_ctx = scene_ctx.clone();
+                    let archive_ctx = archive_ctx.clone();
+                    async move {
+                        if crate::raster::tar::is_archive(&input.uri) {
+                            archive::produce_archive(archive_ctx, input, tx).await;
+                        } else if crate::raster::scene::is_tiff(&input.uri) {
+                            scene::produce_scene(scene_ctx, input, tx).await;
+                        } else {
+                            let item =
+                                image::prepare(stores, pre, limits, counters.clone(), input).await;
+                            // A closed channel means the task is being dropped.
+                            let _ = tx.send(item).await;
+                        }
+                        counters.inputs.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+                .buffer_unordered(conc);
+            while s.next().await.is_some() {}
+        }
+        .in_current_span(),
+    )
+}
+
+pub(crate) fn input_error(
+    input: &TaskInput,
+    stage: ErrorStage,
+    err: &(dyn std::error::Error + 'static),
+) -> ErrorRow {
+    let message = chain(err);
+    tracing::warn!(uri = %input.uri, stage = stage.as_str(), cause = %message, "input failed");
+    ErrorRow {
+        source_uri: input.uri.clone(),
+        stage,
+        error: message,
+        store_error: crate::error::is_store_error(err),
+    }
+}

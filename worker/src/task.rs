@@ -1,0 +1,212 @@
+//! Running one task: fetch → decode + preprocess (CPU pool) → batch → infer → write.
+//!
+//! ```text
+//! inputs ─► decoders (buffer_unordered(decode_concurrency), CPU work in spawn_blocking)
+//!        ─► channel of 2·B chips ─► batcher (fills a batch to the engine's bucket)
+//!        ─► up to BATCHES_IN_FLIGHT batches at the engine thread ─► rows (in order) ─► Parquet
+//! ```
+//!
+//! The stages are joined by bounded channels, so a slow model holds back the
+//! decoders instead of letting decoded pixels pile up in memory. The batcher
+//! keeps [`BATCHES_IN_FLIGHT`] batches at the engine, so the engine finds the
+//! next batch in its queue when it finishes one instead of waiting for the
+//! batcher to hear the answer and fill another; while those run, the batcher
+//! keeps filling the next batch and the decoders keep filling the channel.
+//!
+//! # Memory bound
+//!
+//! With `B` the largest batch (`--batch-size`, or `--max-batch` for `auto`)
+//! and `D` the decode concurrency, one task holds at most
+//! `(2 + 1 + BATCHES_IN_FLIGHT)·B + D` = `5·B + D` decoded chips that are not
+//! yet embedded: `2·B` in the channel, at most `B` in the batch being filled,
+//! `BATCHES_IN_FLIGHT·B` in batches at the engine (each chip's pixels are
+//! copied into the request and freed at once, so they are held once), and
+//! one per decoder waiting for room in the channel (a scene or an archive is
+//! read chip by chip). A chip is
+//! `3·H·W·4` bytes (768 KiB at 256²). `--tasks-in-flight T` tasks hold
+//! `T·(5·B + D)` at most; the engine's own copies (padding a piece to its
+//! bucket) come on top, one piece at a time.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use rsembed_schemas::job::ManifestFile;
+use rsembed_schemas::meta::FileMeta;
+use rsembed_schemas::task::Task;
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use crate::engine::handle::EngineHandle;
+use crate::error::{Error, Result};
+use crate::metrics;
+use crate::preprocess::Preprocessor;
+use crate::raster::image::DecodeLimits;
+use crate::raster::scale::ScaleSpec;
+use crate::raster::tiff::TiffLimits;
+use crate::sink::commit::Commit;
+use crate::sink::parquet::{chip_file_metadata, encode, encode_chips, error_file_metadata};
+use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow};
+use crate::store::{Location, StoreCache};
+
+/// Live counters a progress display can read while tasks run.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Inputs finished, good or bad.
+    pub inputs: AtomicU64,
+    /// Chip rows produced.
+    pub chips: AtomicU64,
+    /// Inputs recorded as failed.
+    pub failed: AtomicU64,
+    /// Bytes read from storage (shared with range readers).
+    pub bytes_read: Arc<AtomicU64>,
+}
+
+/// What every task a process runs shares, whatever its job.
+pub struct TaskRunner {
+    /// Stores for input URIs.
+    pub stores: StoreCache,
+    /// Model preprocessing.
+    pub preprocessor: Arc<Preprocessor>,
+    /// The inference thread.
+    pub engine: EngineHandle,
+    /// Images per inference call: the fixed size, or the adaptive engine's
+    /// largest bucket (it fills batches to its current bucket below that).
+    pub batch_size: usize,
+    /// Inputs decoded at once.
+    pub decode_concurrency: usize,
+    /// Decoder bounds for whole images.
+    pub limits: DecodeLimits,
+    /// Reader bounds for TIFF scenes.
+    pub tiff_limits: TiffLimits,
+    /// What a storage error while reading an input does.
+    pub store_errors: StoreErrors,
+    /// How output files are written.
+    pub commit: Commit,
+    /// Counters for progress.
+    pub counters: Arc<Counters>,
+}
+
+/// What one job's tasks share: where they go and how chips are cut and
+/// recorded. Embedded mode has one; a pull worker makes one per job it serves.
+#[derive(Clone)]
+pub struct JobContext {
+    /// The output root.
+    pub output: Location,
+    /// Parsed `--scale`.
+    pub scale: ScaleSpec,
+    /// Job id, model and tiling, as recorded in each file.
+    pub file_meta: FileMeta,
+}
+
+/// What a storage error while reading an input (not a decode error: the
+/// object is missing, or the store failed after its own retries) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrors {
+    /// The input becomes an error row, like a corrupt file (embedded mode: a run
+    /// reports it, and a rerun of the job retries the task).
+    Record,
+    /// The task fails with [`Error::TaskRetry`] before writing anything, so the
+    /// queue can redeliver it (pull workers: a 5xx or a briefly missing object
+    /// must not become a permanent "bad input" row).
+    FailTask,
+}
+
+/// The result of a finished task.
+#[derive(Debug, Clone)]
+pub struct TaskReport {
+    /// The task.
+    pub task_id: String,
+    /// The chip file written.
+    pub chips_file: ManifestFile,
+    /// The error file, when some input failed.
+    pub errors_file: Option<ManifestFile>,
+    /// The failed inputs.
+    pub failures: Vec<ErrorRow>,
+    /// Inputs that gave neither a chip nor an error row (every chip without a
+    /// valid pixel, or below `--min-valid`). Blocks of a split scene are left
+    /// out: an empty block at a scene's collar is normal.
+    pub empty_inputs: Vec<String>,
+}
+
+/// The whole inputs of `task` that no row and no failure came from.
+fn empty_inputs(task: &Task, rows: &[ChipRow], failures: &[ErrorRow]) -> Vec<String> {
+    let produced: std::collections::HashSet<&str> = rows
+        .iter()
+        .map(|r| r.source_uri.as_str())
+        .chain(failures.iter().map(|f| f.source_uri.as_str()))
+        // An archive member is `<archive>#<member>`: it counts for the archive.
+        .map(|u| u.split_once('#').map_or(u, |(a, _)| a))
+        .collect();
+    task.inputs
+        .iter()
+        .filter(|i| i.chips.is_none() && !produced.contains(i.uri.as_str()))
+        .map(|i| i.uri.clone())
+        .collect()
+}
+
+impl TaskRunner {
+    /// Runs a task to completion and commits its files: the error file first,
+    /// then the chip file, whose presence marks the task done.
+    pub async fn run(&self, job: &JobContext, task: &Task) -> Result<TaskReport> {
+        let span = tracing::info_span!("task", task_id = %task.task_id, inputs = task.inputs.len());
+        self.run_inner(job, task).instrument(span).await
+    }
+
+    async fn run_inner(&self, job: &JobContext, task: &Task) -> Result<TaskReport> {
+        let (tx, rx) = mpsc::channel::<crate::input::Item>(self.batch_size.max(1) * 2);
+        let producer = crate::input::spawn_readers(self, job, task.inputs.clone(), tx);
+
+        let tiling_fp = job.file_meta.tiling.fingerprint();
+        let (mut rows, mut failures) = self.batch_and_embed(rx, &tiling_fp).await?;
+        producer
+            .await
+            .map_err(|e| Error::EngineGone(format!("input stage panicked: {e}")))?;
+
+        // Counted until the chip file is written.
+        let _writing = metrics::global().queue_tasks.hold(1);
+        rows.sort_by(|a, b| {
+            (&a.source_uri, a.window.y, a.window.x).cmp(&(&b.source_uri, b.window.y, b.window.x))
+        });
+        failures.sort_by(|a, b| a.source_uri.cmp(&b.source_uri));
+        let meta = FileMeta {
+            task_id: task.task_id.clone(),
+            ..job.file_meta.clone()
+        };
+        let errors_file = if failures.is_empty() {
+            None
+        } else {
+            let b = error_batch(&failures)?;
+            let bytes = encode(&b, error_file_metadata(&meta)?)?;
+            Some(
+                self.commit
+                    .put(
+                        &job.output,
+                        &task.errors_path(),
+                        bytes,
+                        failures.len() as u64,
+                    )
+                    .await?,
+            )
+        };
+        let b = chip_batch(&rows, job.file_meta.embed_dim)?;
+        let empty_inputs = empty_inputs(task, &rows, &failures);
+        let mut kv = chip_file_metadata(&meta, extent(&rows))?;
+        kv.extend(crate::sink::parquet::empty_inputs_entry(&empty_inputs)?);
+        let chips_file = self
+            .commit
+            .put(
+                &job.output,
+                &task.chips_path(),
+                encode_chips(&b, kv)?,
+                rows.len() as u64,
+            )
+            .await?;
+        Ok(TaskReport {
+            empty_inputs,
+            task_id: task.task_id.clone(),
+            chips_file,
+            errors_file,
+            failures,
+        })
+    }
+}
