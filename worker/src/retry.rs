@@ -91,7 +91,7 @@ impl Retry for Error {
             Error::EngineGone(_) => RetryHint::Now,
             // Listed and once readable: a missing object or a store failure
             // that outlasted the store's own retries.
-            Error::InputUnavailable { .. } | Error::TaskRetry(_) => RetryHint::Later,
+            Error::InputUnavailable { .. } => RetryHint::Later,
             Error::Tokenizer(_) | Error::Arrow(_) | Error::Json(_) | Error::Input { .. } => {
                 RetryHint::Never
             }

@@ -19,6 +19,7 @@ use crate::input::{input_error, Item, Prepared};
 use crate::preprocess::Preprocessor;
 use crate::raster::image::{decode_rgb8, is_tiff_content, DecodeLimits};
 use crate::raster::tar::{member_uri, walk, Entry, TarLimits};
+use crate::retry::RetryHint;
 use crate::sink::rows::ErrorRow;
 use crate::store::StoreCache;
 use crate::task::Counters;
@@ -43,7 +44,8 @@ fn member_error(uri: String, stage: ErrorStage, error: String) -> Item {
         source_uri: uri,
         stage,
         error,
-        store_error: false,
+        hint: RetryHint::Never,
+        cause: None,
     })
 }
 
@@ -54,7 +56,7 @@ pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mps
         Ok(l) => l,
         Err(e) => {
             let _ = tx
-                .send(Err(input_error(&input, ErrorStage::Fetch, &e)))
+                .send(Err(input_error(&input, ErrorStage::Fetch, e)))
                 .await;
             return;
         }
@@ -63,7 +65,7 @@ pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mps
         Ok(g) => g,
         Err(e) => {
             let _ = tx
-                .send(Err(input_error(&input, ErrorStage::Fetch, &e)))
+                .send(Err(input_error(&input, ErrorStage::Fetch, e)))
                 .await;
             return;
         }
@@ -154,7 +156,7 @@ pub async fn produce_archive(ctx: Arc<ArchiveContext>, input: TaskInput, tx: mps
     if let Some(message) = failure {
         let e = std::io::Error::other(message);
         let _ = tx
-            .send(Err(input_error(&input, ErrorStage::Decode, &e)))
+            .send(Err(input_error(&input, ErrorStage::Decode, e)))
             .await;
     }
 }

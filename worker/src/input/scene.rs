@@ -133,7 +133,7 @@ pub async fn produce_scene(ctx: Arc<SceneContext>, input: TaskInput, tx: mpsc::S
     match opened {
         Ok(scene) => emit_chips(&ctx, &scene, &input, tx).await,
         Err((stage, e)) => {
-            let _ = tx.send(Err(input_error(&input, stage, &*e))).await;
+            let _ = tx.send(Err(input_error(&input, stage, e))).await;
         }
     }
 }
@@ -162,7 +162,7 @@ pub async fn produce_member_scene(
         Ok(scene) => emit_chips(&ctx, &scene, &input, tx).await,
         Err(e) => {
             let _ = tx
-                .send(Err(input_error(&input, ErrorStage::Decode, &e)))
+                .send(Err(input_error(&input, ErrorStage::Decode, e)))
                 .await;
         }
     }
@@ -177,7 +177,7 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
             Ok(None) => continue,
             Err(e) => {
                 let _ = tx
-                    .send(Err(input_error(input, ErrorStage::Decode, &e)))
+                    .send(Err(input_error(input, ErrorStage::Decode, e)))
                     .await;
                 return;
             }
@@ -188,14 +188,14 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
                 let _ = tx
-                    .send(Err(input_error(input, ErrorStage::Preprocess, &e)))
+                    .send(Err(input_error(input, ErrorStage::Preprocess, e)))
                     .await;
                 return;
             }
             Err(join) => {
                 let e = std::io::Error::other(format!("preprocess panicked: {join}"));
                 let _ = tx
-                    .send(Err(input_error(input, ErrorStage::Preprocess, &e)))
+                    .send(Err(input_error(input, ErrorStage::Preprocess, e)))
                     .await;
                 return;
             }

@@ -11,6 +11,7 @@ use rsembed_schemas::chip::{bbox_fields, chip_schema, error_schema, ErrorStage};
 use rsembed_schemas::ids::Window;
 
 use crate::error::Result;
+use crate::retry::RetryHint;
 
 /// Where a chip lies on Earth; absent for images without georeferencing and
 /// for chips outside the projection's domain.
@@ -46,7 +47,7 @@ pub struct ChipRow {
 }
 
 /// One row of `errors/*.parquet`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct ErrorRow {
     /// The input that failed.
     pub source_uri: String,
@@ -54,9 +55,14 @@ pub struct ErrorRow {
     pub stage: ErrorStage,
     /// Why.
     pub error: String,
-    /// The input could not be read from its store (missing, or the store
-    /// failed): not a fault of its content. Not written to the file.
-    pub store_error: bool,
+    /// Whether reading the input again can succeed: not
+    /// [`RetryHint::Never`] when a store error is in the chain (the object is
+    /// missing, or the store failed), which says nothing about its content.
+    /// Not written to the file.
+    pub hint: RetryHint,
+    /// The error itself, kept only when the hint allows a retry: the batcher
+    /// fails the task with it as the source.
+    pub cause: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 /// Builds a record batch of chip rows; every embedding must have `embed_dim` floats.
