@@ -433,3 +433,77 @@ fn a_job_no_worker_serves_ends_dead_lettered_with_the_reason() {
         "{err}"
     );
 }
+
+/// A web server that describes `/denied.png` to HEAD (as the planner asks)
+/// but refuses to GET it with `403 Forbidden`, as a bucket policy or an
+/// expired presigned URL does. Stops serving when the test process ends.
+fn refusing_http_server(len: usize) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let answer = if head.starts_with(b"HEAD ") {
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nContent-Type: image/png\r\n\
+                     Last-Modified: Tue, 01 Dec 2026 10:00:00 GMT\r\nETag: \"v1\"\r\n\
+                     Connection: close\r\n\r\n"
+                )
+            } else {
+                "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()
+            };
+            let _ = c.write_all(answer.as_bytes());
+        }
+    });
+    format!("http://127.0.0.1:{port}/denied.png")
+}
+
+/// An input the store refuses to give (403: `PermissionDenied`, hint
+/// `Never`) is the input's error row, as a corrupt file is: the task is done
+/// on its first delivery. Retrying cannot change a refusal; before the one
+/// retry decision every store error failed the task and it was redelivered
+/// up to `max_deliver`, then dead-lettered.
+#[test]
+fn an_input_the_store_refuses_is_an_error_row_not_a_retried_task() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out");
+    let input = refusing_http_server(1234);
+    submit_ok(
+        &url,
+        Path::new(&input),
+        &output,
+        &["--task-size", "1", "--max-deliver", "3"],
+    );
+    let w = Worker::start(&url, "w", &["--retry-delay", "100ms"], &[]);
+    let st = wait_finished(&url, &output, FINISH);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(1), Some(0)),
+        "{st}\n{}",
+        w.log()
+    );
+    assert!(!w.log().contains("will be retried"), "{}", w.log());
+    let rows = rsembed_integration_tests::duckdb(&format!(
+        "SELECT source_uri, error FROM read_parquet('{}/errors/*.parquet')",
+        output.display()
+    ));
+    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
+    assert_eq!(rows[0][0], input.as_str(), "{rows}");
+    let error = rows[0][1].as_str().unwrap();
+    assert!(
+        error.contains("denied.png") && error.contains("403"),
+        "names the input and the cause: {error}"
+    );
+}
