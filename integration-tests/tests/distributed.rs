@@ -469,12 +469,13 @@ fn refusing_http_server(len: usize) -> String {
 }
 
 /// An input the store refuses to give (403: `PermissionDenied`, hint
-/// `Never`) is the input's error row, as a corrupt file is: the task is done
-/// on its first delivery. Retrying cannot change a refusal; before the one
-/// retry decision every store error failed the task and it was redelivered
-/// up to `max_deliver`, then dead-lettered.
+/// `Never`) fails its task at once: retrying cannot change a refusal, and an
+/// error row would call a good input bad and mark the task done, so fixing
+/// the credentials and `submit --retry-failed` could not bring its chips
+/// back. Before the one retry decision every store error was redelivered up
+/// to `max_deliver` (3 deliveries here); a refusal as a row would be done.
 #[test]
-fn an_input_the_store_refuses_is_an_error_row_not_a_retried_task() {
+fn an_input_the_store_refuses_fails_its_task_at_once() {
     let nats = NatsServer::start();
     let url = nats.url();
     let dir = tempfile::tempdir().unwrap();
@@ -490,18 +491,19 @@ fn an_input_the_store_refuses_is_an_error_row_not_a_retried_task() {
     let st = wait_finished(&url, &output, FINISH);
     assert_eq!(
         (st["done"].as_u64(), st["failed"].as_u64()),
-        (Some(1), Some(0)),
+        (Some(0), Some(1)),
         "{st}\n{}",
         w.log()
     );
     assert!(!w.log().contains("will be retried"), "{}", w.log());
-    let rows = rsembed_integration_tests::duckdb(&format!(
-        "SELECT source_uri, error FROM read_parquet('{}/errors/*.parquet')",
-        output.display()
-    ));
-    assert_eq!(rows.as_array().unwrap().len(), 1, "{rows}");
-    assert_eq!(rows[0][0], input.as_str(), "{rows}");
-    let error = rows[0][1].as_str().unwrap();
+    assert!(!output.join("errors").exists(), "no error row calls it bad");
+    let (code, report) = finalize(&url, &output);
+    assert_eq!(code, Some(3), "{report}");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
+    let failed = &manifest["failed_tasks"][0];
+    assert_eq!(failed["deliveries"], 1, "{manifest}");
+    let error = failed["error"].as_str().unwrap();
     assert!(
         error.contains("denied.png") && error.contains("403"),
         "names the input and the cause: {error}"

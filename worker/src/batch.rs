@@ -64,9 +64,10 @@ impl TaskRunner {
                 }
                 item = rx.recv(), if receiving && pending.len() < target => match item {
                     Some(Ok(p)) => pending.push(p),
-                    Some(Err(e)) if e.hint.is_retryable() && self.store_errors == StoreErrors::FailTask => {
-                        // Not the input's fault: the task is tried again
-                        // rather than recording a "bad input" row.
+                    Some(Err(e)) if e.store.is_some() && self.store_errors == StoreErrors::FailTask => {
+                        // Not the input's fault: the task fails with the
+                        // store's error (and its hint) rather than recording
+                        // a "bad input" row no rerun would revisit.
                         return Err(Error::InputUnavailable {
                             uri: e.source_uri,
                             source: e.cause.unwrap_or_else(|| e.error.into()),

@@ -9,8 +9,9 @@
 //! - the pull worker: [`RetryHint::Later`] → nak with its exponential delay,
 //!   [`RetryHint::Now`] → nak without delay, [`RetryHint::Never`] → record the
 //!   task as failed and terminate it (`pull`'s one mapping);
-//! - the batcher: an input that cannot be read now (a hint other than
-//!   [`RetryHint::Never`]) fails its task instead of becoming an error row;
+//! - the batcher (pull workers): an input the store could not give us (any
+//!   store error, [`store_hint`]) fails its task with that error's hint
+//!   instead of becoming an error row that calls the input bad;
 //! - `rsembed status --watch`: anything but [`RetryHint::Never`] is an outage
 //!   it waits out for its grace period.
 //!
@@ -20,7 +21,7 @@
 
 use std::error::Error as StdError;
 
-use crate::error::{is_out_of_memory, Error};
+use crate::error::Error;
 use crate::queue::{ConnectionProblem, QueueError};
 
 /// When trying the same work again can succeed.
@@ -81,17 +82,22 @@ impl Retry for Error {
             Error::ModelFile { .. } | Error::ModelInvalid { .. } | Error::OrtLibrary(_) => {
                 RetryHint::Never
             }
-            // Device memory is shared with the other batches and workers on
-            // the device; any other ORT (or simulated device) failure is the
-            // model refusing the batch, which every worker runs alike (the
-            // task names the model's fingerprint).
-            Error::Ort { .. } | Error::Device { .. } if is_out_of_memory(self) => RetryHint::Later,
-            Error::Ort { .. } | Error::Device { .. } => RetryHint::Never,
+            // An ORT run failure other than out-of-memory is far more often the
+            // device or its driver (a lost context, an illegal address after a
+            // neighbour's fault) than the batch: the tasks name the model's
+            // fingerprint, so every worker runs the same graph on the same
+            // shapes. Retried later, bounded by max_deliver, it lands on a
+            // healthy worker instead of being failed for good by a sick one.
+            Error::Ort { .. } | Error::Device { .. } => RetryHint::Later,
             Error::OutOfMemory { .. } => RetryHint::Later,
             Error::EngineGone(_) => RetryHint::Now,
-            // Listed and once readable: a missing object or a store failure
-            // that outlasted the store's own retries.
-            Error::InputUnavailable { .. } => RetryHint::Later,
+            // The store's own hint: a missing object or a failure that
+            // outlasted the store's retries is Later, refused credentials
+            // Never (the task is failed at once, and `submit --retry-failed`
+            // runs it again once access is fixed).
+            Error::InputUnavailable { source, .. } => {
+                hint_in_chain(&**source).unwrap_or(RetryHint::Later)
+            }
             Error::Tokenizer(_) | Error::Arrow(_) | Error::Json(_) | Error::Input { .. } => {
                 RetryHint::Never
             }
@@ -250,11 +256,13 @@ pub fn hint_in_chain(err: &(dyn StdError + 'static)) -> Option<RetryHint> {
     None
 }
 
-/// The hint of one input's failure, as the batcher acts on it: a store
-/// error anywhere in the chain decides (the input could not be read, which
-/// says nothing about its content); anything else is the content's fault.
-pub fn input_hint(err: &(dyn StdError + 'static)) -> RetryHint {
-    hint_in_chain(err).unwrap_or(RetryHint::Never)
+/// Whether one input's failure is the store's, not its content's, and then
+/// the store's hint: `None` means the content is at fault (a row in
+/// `errors/`); `Some` means the input could not be read at all, which says
+/// nothing about it, so a pull worker fails the task instead of recording
+/// the input as bad (see [`crate::task::StoreErrors`]).
+pub fn store_hint(err: &(dyn StdError + 'static)) -> Option<RetryHint> {
+    hint_in_chain(err)
 }
 
 #[cfg(test)]
@@ -340,15 +348,15 @@ mod tests {
             (
                 Error::ort(
                     "vision run",
-                    ort_error("Got invalid dimensions for input: pixel_values"),
+                    ort_error("CUDA failure 700: an illegal memory access was encountered"),
                 ),
-                Never,
+                Later,
             ),
             (
                 device("Failed to allocate memory for requested buffer"),
                 Later,
             ),
-            (device("shape mismatch"), Never),
+            (device("shape mismatch"), Later),
             (
                 Error::OutOfMemory {
                     source: Box::new(device("Failed to allocate memory")),
@@ -626,23 +634,32 @@ mod tests {
         #[error("tiff: bytes 0..16")]
         struct Read(#[source] std::io::Error);
         let wrapped = Read(std::io::Error::other(generic()));
-        assert_eq!(input_hint(&wrapped), RetryHint::Later);
-        assert_eq!(input_hint(&Error::Store(not_found())), RetryHint::Later);
-        // Unreadable by us for good: a row, not a retry.
+        assert_eq!(store_hint(&wrapped), Some(RetryHint::Later));
+        assert_eq!(
+            store_hint(&Error::Store(not_found())),
+            Some(RetryHint::Later)
+        );
+        // Unreadable by us until access is fixed: still the store's fault,
+        // never a row that calls the input bad, and not worth a retry.
         let denied = Error::Store(object_store::Error::PermissionDenied {
             path: "in/a.tif".into(),
             source: boxed("403"),
         });
-        assert_eq!(input_hint(&denied), RetryHint::Never);
+        assert_eq!(store_hint(&denied), Some(RetryHint::Never));
+        let unavailable = Error::InputUnavailable {
+            uri: "s3://data/in/a.tif".into(),
+            source: Box::new(denied),
+        };
+        assert_eq!(unavailable.retry_hint(), RetryHint::Never);
         // Content errors never retry, even as I/O errors of a transient kind.
         let content = Error::Input {
             uri: "file:///in/a.png".into(),
             stage: ErrorStage::Decode,
             message: "Object at location x not found".into(),
         };
-        assert_eq!(input_hint(&content), RetryHint::Never);
+        assert_eq!(store_hint(&content), None);
         let decode = std::io::Error::new(std::io::ErrorKind::TimedOut, "decoder");
-        assert_eq!(input_hint(&decode), RetryHint::Never);
+        assert_eq!(store_hint(&decode), None);
     }
 
     #[test]

@@ -265,7 +265,7 @@ fn one_image_that_does_not_fit_fails_retryably_and_the_next_request_works() {
 }
 
 #[test]
-fn other_errors_pass_through_unchanged_and_are_not_retried() {
+fn other_errors_pass_through_unchanged_and_are_not_retried_here() {
     let (dev, sim) = device(64);
     let mut a = adaptive(dev, 32, 4);
     sim.fail_next("Got invalid dimensions for input: pixel_values for the following indices");
@@ -274,7 +274,9 @@ fn other_errors_pass_through_unchanged_and_are_not_retried() {
         Error::Device { message, .. } => assert!(message.starts_with("Got invalid dimensions")),
         other => panic!("changed: {other:?}"),
     }
-    assert!(!err.retry_hint().is_retryable());
+    // Not retried by the engine at a smaller size; the task itself may be
+    // tried later (possibly by a healthy worker), as any ORT run failure.
+    assert!(err.retry_hint().is_retryable());
     assert_eq!(sim.run_count(), 1, "not retried");
     assert_eq!(a.stats().bucket, 32, "not an OOM: the bucket stays");
     a.embed(&images(1, 32)).unwrap();

@@ -300,6 +300,6 @@ async fn an_unreadable_input_fails_the_task_with_its_store_error_and_bad_content
     assert_eq!(report.chips_file.rows, 1);
     assert_eq!(report.failures.len(), 1);
     assert_eq!(report.failures[0].source_uri, inputs[0].uri);
-    assert_eq!(report.failures[0].hint, RetryHint::Never);
+    assert_eq!(report.failures[0].store, None);
     assert!(report.failures[0].cause.is_none());
 }

@@ -19,7 +19,6 @@ use crate::input::{input_error, Item, Prepared};
 use crate::preprocess::Preprocessor;
 use crate::raster::image::{decode_rgb8, is_tiff_content, DecodeLimits};
 use crate::raster::tar::{member_uri, walk, Entry, TarLimits};
-use crate::retry::RetryHint;
 use crate::sink::rows::ErrorRow;
 use crate::store::StoreCache;
 use crate::task::Counters;
@@ -44,7 +43,7 @@ fn member_error(uri: String, stage: ErrorStage, error: String) -> Item {
         source_uri: uri,
         stage,
         error,
-        hint: RetryHint::Never,
+        store: None,
         cause: None,
     })
 }

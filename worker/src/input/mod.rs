@@ -17,7 +17,7 @@ use tracing::Instrument;
 
 use crate::error::chain;
 use crate::metrics::Held;
-use crate::retry::input_hint;
+use crate::retry::store_hint;
 use crate::sink::rows::{ErrorRow, Footprint};
 use crate::task::{JobContext, TaskRunner};
 
@@ -103,8 +103,8 @@ pub(crate) fn spawn_readers(
 }
 
 /// One input's failure as its error row, with the hint decided here: an
-/// input the store could not give us now ([`input_hint`]) keeps its error,
-/// so the batcher can fail the task with it as the source.
+/// input the store could not give us ([`store_hint`]) keeps its error, so
+/// the batcher can fail the task with it as the source.
 pub(crate) fn input_error(
     input: &TaskInput,
     stage: ErrorStage,
@@ -112,13 +112,13 @@ pub(crate) fn input_error(
 ) -> ErrorRow {
     let err = err.into();
     let message = chain(&*err);
-    let hint = input_hint(&*err);
-    tracing::warn!(uri = %input.uri, stage = stage.as_str(), cause = %message, retry = %hint, "input failed");
+    let store = store_hint(&*err);
+    tracing::warn!(uri = %input.uri, stage = stage.as_str(), cause = %message, store_failed = store.is_some(), "input failed");
     ErrorRow {
         source_uri: input.uri.clone(),
         stage,
         error: message,
-        hint,
-        cause: hint.is_retryable().then_some(err),
+        store,
+        cause: store.is_some().then_some(err),
     }
 }

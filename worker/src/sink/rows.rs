@@ -55,13 +55,13 @@ pub struct ErrorRow {
     pub stage: ErrorStage,
     /// Why.
     pub error: String,
-    /// Whether reading the input again can succeed: not
-    /// [`RetryHint::Never`] when a store error is in the chain (the object is
-    /// missing, or the store failed), which says nothing about its content.
+    /// `Some` when the store, not the content, failed (a store error is in
+    /// the chain: the object is missing, the store failed, or it refused our
+    /// credentials), with that error's hint; `None` for a content error.
     /// Not written to the file.
-    pub hint: RetryHint,
-    /// The error itself, kept only when the hint allows a retry: the batcher
-    /// fails the task with it as the source.
+    pub store: Option<RetryHint>,
+    /// The error itself, kept only for a store failure: a pull worker fails
+    /// the task with it as the source.
     pub cause: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
