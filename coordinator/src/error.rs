@@ -71,3 +71,85 @@ impl Error {
 
 /// The coordinator's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// When trying again can succeed (`rsembed_worker::retry`): wrapped
+    /// worker, store and queue errors answer with their own hint; a NATS
+    /// request that failed is an outage that may pass; everything else is the
+    /// user's input, flags or output, which no wait changes.
+    pub fn retry_hint(&self) -> rsembed_worker::retry::RetryHint {
+        use rsembed_worker::retry::{Retry, RetryHint};
+        match self {
+            Error::Worker(e) => e.retry_hint(),
+            Error::Store(e) => e.retry_hint(),
+            Error::Queue(e) => e.retry_hint(),
+            Error::Nats { .. } | Error::NatsTimeout { .. } | Error::NatsDisconnected => {
+                RetryHint::Later
+            }
+            _ => RetryHint::Never,
+        }
+    }
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use super::*;
+    use rsembed_worker::queue::QueueError;
+    use rsembed_worker::retry::RetryHint;
+
+    #[test]
+    fn each_coordinator_error_kind_has_its_hint() {
+        let store = || object_store::Error::Generic {
+            store: "S3",
+            source: "503 Service Unavailable".into(),
+        };
+        let cases = [
+            (
+                Error::Worker(rsembed_worker::Error::Store(store())),
+                RetryHint::Later,
+            ),
+            (
+                Error::Worker(rsembed_worker::Error::Usage("bad".into())),
+                RetryHint::Never,
+            ),
+            (Error::Store(store()), RetryHint::Later),
+            (Error::Input("no such prefix".into()), RetryHint::Never),
+            (Error::Output("not writable".into()), RetryHint::Never),
+            (Error::NoInputs("nothing to embed".into()), RetryHint::Never),
+            (Error::Usage("--interval 0".into()), RetryHint::Never),
+            (Error::Cancelled, RetryHint::Never),
+            (
+                Error::Queue(QueueError::State {
+                    bucket: "RSEMBED_STATE".into(),
+                    message: "timed out".into(),
+                }),
+                RetryHint::Later,
+            ),
+            (
+                Error::Queue(QueueError::OldServer {
+                    url: "nats://x".into(),
+                    version: "2.9.0".into(),
+                }),
+                RetryHint::Never,
+            ),
+            (
+                Error::nats("reading the job state", "request timed out"),
+                RetryHint::Later,
+            ),
+            (
+                Error::NatsTimeout {
+                    waited: "5 s".into(),
+                },
+                RetryHint::Later,
+            ),
+            (Error::NatsDisconnected, RetryHint::Later),
+            (
+                Error::Json(serde_json::from_str::<u8>("{").unwrap_err()),
+                RetryHint::Never,
+            ),
+        ];
+        for (e, want) in cases {
+            assert_eq!(e.retry_hint(), want, "{e:?}");
+        }
+    }
+}

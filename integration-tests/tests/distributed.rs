@@ -433,3 +433,79 @@ fn a_job_no_worker_serves_ends_dead_lettered_with_the_reason() {
         "{err}"
     );
 }
+
+/// A web server that describes `/denied.png` to HEAD (as the planner asks)
+/// but refuses to GET it with `403 Forbidden`, as a bucket policy or an
+/// expired presigned URL does. Stops serving when the test process ends.
+fn refusing_http_server(len: usize) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { continue };
+            let _ = c.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
+                match c.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let answer = if head.starts_with(b"HEAD ") {
+                format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nContent-Type: image/png\r\n\
+                     Last-Modified: Tue, 01 Dec 2026 10:00:00 GMT\r\nETag: \"v1\"\r\n\
+                     Connection: close\r\n\r\n"
+                )
+            } else {
+                "HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".into()
+            };
+            let _ = c.write_all(answer.as_bytes());
+        }
+    });
+    format!("http://127.0.0.1:{port}/denied.png")
+}
+
+/// An input the store refuses to give (403: `PermissionDenied`, hint
+/// `Never`) fails its task at once: retrying cannot change a refusal, and an
+/// error row would call a good input bad and mark the task done, so fixing
+/// the credentials and `submit --retry-failed` could not bring its chips
+/// back. Before the one retry decision every store error was redelivered up
+/// to `max_deliver` (3 deliveries here); a refusal as a row would be done.
+#[test]
+fn an_input_the_store_refuses_fails_its_task_at_once() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out");
+    let input = refusing_http_server(1234);
+    submit_ok(
+        &url,
+        Path::new(&input),
+        &output,
+        &["--task-size", "1", "--max-deliver", "3"],
+    );
+    let w = Worker::start(&url, "w", &["--retry-delay", "100ms"], &[]);
+    let st = wait_finished(&url, &output, FINISH);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(0), Some(1)),
+        "{st}\n{}",
+        w.log()
+    );
+    assert!(!w.log().contains("will be retried"), "{}", w.log());
+    assert!(!output.join("errors").exists(), "no error row calls it bad");
+    let (code, report) = finalize(&url, &output);
+    assert_eq!(code, Some(3), "{report}");
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
+    let failed = &manifest["failed_tasks"][0];
+    assert_eq!(failed["deliveries"], 1, "{manifest}");
+    let error = failed["error"].as_str().unwrap();
+    assert!(
+        error.contains("denied.png") && error.contains("403"),
+        "names the input and the cause: {error}"
+    );
+}

@@ -31,6 +31,7 @@ use rsembed_worker::engine::adaptive::{Adaptive, AdaptiveConfig, ImageShape};
 use rsembed_worker::engine::controller::ProbeOutcome;
 use rsembed_worker::engine::sim::{SimConfig, SimHandle, SimulatedDevice};
 use rsembed_worker::engine::{Backend, PixelBatch};
+use rsembed_worker::retry::Retry;
 
 const CHIPS: usize = 20_000;
 const MAX_BATCH: usize = 64;
@@ -191,7 +192,7 @@ fn adaptive(sc: &Scenario, print_probe: bool) -> Outcome {
         || a.borrow().preferred_batch().unwrap_or(1),
         |b| match a.borrow_mut().embed(b) {
             Ok(e) => Some(first_column(&e)),
-            Err(e) if e.is_retryable() => None,
+            Err(e) if e.retry_hint().is_retryable() => None,
             Err(e) => panic!("adaptive failed: {e}"),
         },
     );

@@ -64,10 +64,18 @@ impl TaskRunner {
                 }
                 item = rx.recv(), if receiving && pending.len() < target => match item {
                     Some(Ok(p)) => pending.push(p),
-                    Some(Err(e)) if e.store_error && self.store_errors == StoreErrors::FailTask => {
-                        return Err(Error::TaskRetry(format!("{}: {}", e.source_uri, e.error)));
+                    Some(Err(e)) if e.store.is_some() && self.store_errors == StoreErrors::FailTask => {
+                        // Not the input's fault: the task fails with the
+                        // store's error (and its hint) rather than recording
+                        // a "bad input" row no rerun would revisit.
+                        return Err(Error::InputUnavailable {
+                            uri: e.source_uri,
+                            source: e.cause.unwrap_or_else(|| e.error.into()),
+                        });
                     }
-                    Some(Err(e)) => {
+                    Some(Err(mut e)) => {
+                        // Recorded as a row: the error itself is not needed.
+                        e.cause = None;
                         self.counters.failed.fetch_add(1, Ordering::Relaxed);
                         metrics::global().failed_inputs.inc_by(1);
                         failures.push(e);

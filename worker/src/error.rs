@@ -72,10 +72,17 @@ pub enum Error {
     /// A flag or setting that cannot be used.
     #[error("{0}")]
     Usage(String),
-    /// The task could not run for a reason outside its inputs' content (the
-    /// store failed or an object is missing); a later delivery may succeed.
-    #[error("task must be retried: {0}")]
-    TaskRetry(String),
+    /// An input could not be read from its store now (missing, or the store
+    /// failed after its own retries): not a fault of its content, so the task
+    /// fails and is tried again later rather than recording a "bad input" row.
+    #[error("input {uri} cannot be read now")]
+    InputUnavailable {
+        /// The input.
+        uri: String,
+        /// The read's error, with the store error in its chain.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The tokenizer failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -110,15 +117,6 @@ impl Error {
             context: context.into(),
             source: source.into(),
         }
-    }
-}
-
-impl Error {
-    /// Whether trying the same work again later can succeed. Only the
-    /// one-image out-of-memory error says so for now; everything else is
-    /// treated as permanent by default.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, Error::OutOfMemory { .. })
     }
 }
 
@@ -159,27 +157,6 @@ pub fn is_out_of_memory(err: &Error) -> bool {
 /// The worker's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Whether an object store error is somewhere in `err`'s source chain: the
-/// input could not be read, which says nothing about its content.
-///
-/// `io::Error::other` hides the error it wraps from `source()` (it returns
-/// the inner error's source), so the wrapped error is looked at too.
-pub fn is_store_error(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if e.is::<object_store::Error>() {
-            return true;
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if io.get_ref().is_some_and(|inner| is_store_error(inner)) {
-                return true;
-            }
-        }
-        cur = e.source();
-    }
-    false
-}
-
 /// Formats an error with its whole source chain, as `a: b: c`.
 pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut s = err.to_string();
@@ -198,6 +175,7 @@ pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::retry::{Retry, RetryHint};
 
     fn device(message: &str) -> Error {
         Error::Device {
@@ -245,11 +223,11 @@ mod tests {
         let e = Error::OutOfMemory {
             source: Box::new(device("Failed to allocate memory for requested buffer")),
         };
-        assert!(e.is_retryable());
+        assert_eq!(e.retry_hint(), RetryHint::Later);
         assert!(is_out_of_memory(&e));
         let text = chain(&e);
         assert!(text.contains("retryable"), "{text}");
         assert!(text.contains("Failed to allocate memory"), "{text}");
-        assert!(!device("x").is_retryable());
+        assert!(!is_out_of_memory(&device("x")));
     }
 }

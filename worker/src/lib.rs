@@ -16,6 +16,7 @@ pub mod model;
 pub mod preprocess;
 pub mod pull;
 pub mod queue;
+pub mod retry;
 pub mod sink;
 pub mod store;
 pub mod task;

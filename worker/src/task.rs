@@ -193,21 +193,22 @@ pub struct JobContext {
     pub file_meta: FileMeta,
 }
 
-/// What a storage error while reading an input (not a decode error: the
-/// object is missing, or the store failed after its own retries) does.
+/// What an input that the store cannot give now does: its error row's hint is
+/// not [`crate::retry::RetryHint::Never`] (the object is missing, or the store
+/// failed after its own retries; not a decode error, nor refused credentials).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreErrors {
     /// The input becomes an error row, like a corrupt file (embedded mode: a run
     /// reports it, and a rerun of the job retries the task).
     Record,
-    /// The task fails with [`Error::TaskRetry`] before writing anything, so the
+    /// The task fails with [`Error::InputUnavailable`] before writing anything, so the
     /// queue can redeliver it (pull workers: a 5xx or a briefly missing object
     /// must not become a permanent "bad input" row).
     FailTask,
 }
 
 /// The result of a finished task.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct TaskReport {
     /// The task.
     pub task_id: String,

@@ -249,3 +249,57 @@ async fn a_fatal_engine_error_fails_the_task_and_writes_nothing() {
     assert_eq!(m.queue_batches.get(), 0);
     assert_eq!(m.queue_tasks.get(), 0);
 }
+
+/// A pull worker's input that its store cannot give (listed, then missing)
+/// fails the task with the store error as its typed source and hint `Later`,
+/// so the queue redelivers it; an input whose content is bad stays an error
+/// row (hint `Never`) and the task completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_input_fails_the_task_with_its_store_error_and_bad_content_is_a_row() {
+    use rsembed_worker::retry::{hint_in_chain, Retry, RetryHint};
+    let _serial = SERIAL.lock().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let slow = || Slow {
+        delay: Duration::ZERO,
+        runs: 0,
+        fail_at: None,
+        most_at_engine: Arc::new(AtomicI64::new(0)),
+    };
+    let out = tmp.path().join("out");
+
+    let inputs = images(tmp.path(), 3);
+    let missing = inputs[1].uri.clone();
+    std::fs::remove_file(missing.trim_start_matches("file://")).unwrap();
+    let (mut r, job) = runner(&out, slow(), 2);
+    r.store_errors = StoreErrors::FailTask;
+    let task = Task::new("job", inputs);
+    let err = r.run(&job, &task).await.unwrap_err();
+    match &err {
+        Error::InputUnavailable { uri, source } => {
+            assert_eq!(uri, &missing);
+            assert!(
+                matches!(hint_in_chain(&**source), Some(RetryHint::Later)),
+                "the store error is kept as the source: {source:?}"
+            );
+        }
+        other => panic!("not the typed input error: {other:?}"),
+    }
+    assert_eq!(err.retry_hint(), RetryHint::Later);
+    assert!(
+        !out.join(task.chips_path()).exists(),
+        "nothing written before the retry"
+    );
+
+    // Bad content is the input's own fault: a row, and the task is done.
+    let inputs = images(tmp.path(), 2);
+    std::fs::write(inputs[0].uri.trim_start_matches("file://"), b"not a png").unwrap();
+    let (mut r, job) = runner(&out, slow(), 2);
+    r.store_errors = StoreErrors::FailTask;
+    let task = Task::new("job", inputs.clone());
+    let report = r.run(&job, &task).await.unwrap();
+    assert_eq!(report.chips_file.rows, 1);
+    assert_eq!(report.failures.len(), 1);
+    assert_eq!(report.failures[0].source_uri, inputs[0].uri);
+    assert_eq!(report.failures[0].store, None);
+    assert!(report.failures[0].cause.is_none());
+}

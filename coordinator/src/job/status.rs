@@ -318,20 +318,10 @@ fn rate(snap: &Snapshot) -> Option<f64> {
     Some(chips as f64 / span)
 }
 
-/// Errors a later try may not have: NATS or the object store unreachable.
+/// Errors a later try may not have: NATS or the object store unreachable
+/// (status's outage grace waits for anything the hint says may pass).
 fn transient(e: &Error) -> bool {
-    use rsembed_worker::queue::QueueError;
-    match e {
-        Error::Store(_)
-        | Error::Nats { .. }
-        | Error::NatsTimeout { .. }
-        | Error::NatsDisconnected => true,
-        Error::Queue(q) => !matches!(
-            q,
-            QueueError::Option { .. } | QueueError::Json { .. } | QueueError::OldServer { .. }
-        ),
-        _ => false,
-    }
+    e.retry_hint() != rsembed_worker::retry::RetryHint::Never
 }
 
 /// Returns once the client has lost its connection to NATS.

@@ -43,7 +43,8 @@ fn member_error(uri: String, stage: ErrorStage, error: String) -> Item {
         source_uri: uri,
         stage,
         error,
-        store_error: false,
+        store: None,
+        cause: None,
     })
 }
 
@@ -58,7 +59,7 @@ pub(crate) async fn produce_archive(
         Ok(l) => l,
         Err(e) => {
             let _ = tx
-                .send(Err(input_error(&input, ErrorStage::Fetch, &e)))
+                .send(Err(input_error(&input, ErrorStage::Fetch, e)))
                 .await;
             return;
         }
@@ -67,7 +68,7 @@ pub(crate) async fn produce_archive(
         Ok(g) => g,
         Err(e) => {
             let _ = tx
-                .send(Err(input_error(&input, ErrorStage::Fetch, &e)))
+                .send(Err(input_error(&input, ErrorStage::Fetch, e)))
                 .await;
             return;
         }
@@ -158,7 +159,7 @@ pub(crate) async fn produce_archive(
     if let Some(message) = failure {
         let e = std::io::Error::other(message);
         let _ = tx
-            .send(Err(input_error(&input, ErrorStage::Decode, &e)))
+            .send(Err(input_error(&input, ErrorStage::Decode, e)))
             .await;
     }
 }

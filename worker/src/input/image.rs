@@ -42,7 +42,7 @@ pub(super) async fn prepare(
     };
     let bytes = fetch
         .await
-        .map_err(|e| input_error(&input, ErrorStage::Fetch, &e))?;
+        .map_err(|e| input_error(&input, ErrorStage::Fetch, e))?;
     counters
         .bytes_read
         .fetch_add(bytes.len() as u64, Ordering::Relaxed);
@@ -78,12 +78,12 @@ pub(super) async fn prepare(
             pixels,
             queued: crate::metrics::global().queue_chips.hold(1),
         }),
-        Ok(Err((stage, e))) => Err(input_error(&input, stage, &*e)),
+        Ok(Err((stage, e))) => Err(input_error(&input, stage, e)),
         Err(join) => {
             // A decoder panic is a bug in a dependency, but it must cost one
             // input, not the task.
             let e = std::io::Error::other(format!("decoder panicked: {join}"));
-            Err(input_error(&input, ErrorStage::Decode, &e))
+            Err(input_error(&input, ErrorStage::Decode, e))
         }
     }
 }

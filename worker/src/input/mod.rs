@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use crate::error::chain;
 use crate::metrics::Held;
+use crate::retry::store_hint;
 use crate::sink::rows::ErrorRow;
 use crate::task::{JobContext, TaskRunner};
 
@@ -146,18 +147,24 @@ pub(crate) fn spawn_readers(
     )
 }
 
+/// One input's failure as its error row, with the hint decided here: an
+/// input the store could not give us ([`store_hint`]) keeps its error, so
+/// the batcher can fail the task with it as the source.
 pub(crate) fn input_error(
     input: &TaskInput,
     stage: ErrorStage,
-    err: &(dyn std::error::Error + 'static),
+    err: impl Into<Box<dyn std::error::Error + Send + Sync>>,
 ) -> ErrorRow {
-    let message = chain(err);
-    tracing::warn!(uri = %input.uri, stage = stage.as_str(), cause = %message, "input failed");
+    let err = err.into();
+    let message = chain(&*err);
+    let store = store_hint(&*err);
+    tracing::warn!(uri = %input.uri, stage = stage.as_str(), cause = %message, store_failed = store.is_some(), "input failed");
     ErrorRow {
         source_uri: input.uri.clone(),
         stage,
         error: message,
-        store_error: crate::error::is_store_error(err),
+        store,
+        cause: store.is_some().then_some(err),
     }
 }
 

@@ -136,7 +136,7 @@ pub(crate) async fn produce_scene(
     match opened {
         Ok(scene) => emit_chips(&ctx, &scene, &input, tx).await,
         Err((stage, e)) => {
-            let _ = tx.send(Err(input_error(&input, stage, &*e))).await;
+            let _ = tx.send(Err(input_error(&input, stage, e))).await;
         }
     }
 }
@@ -165,7 +165,7 @@ pub(crate) async fn produce_member_scene(
         Ok(scene) => emit_chips(&ctx, &scene, &input, tx).await,
         Err(e) => {
             let _ = tx
-                .send(Err(input_error(&input, ErrorStage::Decode, &e)))
+                .send(Err(input_error(&input, ErrorStage::Decode, e)))
                 .await;
         }
     }
@@ -180,7 +180,7 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
             Ok(None) => continue,
             Err(e) => {
                 let _ = tx
-                    .send(Err(input_error(input, ErrorStage::Decode, &e)))
+                    .send(Err(input_error(input, ErrorStage::Decode, e)))
                     .await;
                 return;
             }
@@ -191,14 +191,14 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
                 let _ = tx
-                    .send(Err(input_error(input, ErrorStage::Preprocess, &e)))
+                    .send(Err(input_error(input, ErrorStage::Preprocess, e)))
                     .await;
                 return;
             }
             Err(join) => {
                 let e = std::io::Error::other(format!("preprocess panicked: {join}"));
                 let _ = tx
-                    .send(Err(input_error(input, ErrorStage::Preprocess, &e)))
+                    .send(Err(input_error(input, ErrorStage::Preprocess, e)))
                     .await;
                 return;
             }

@@ -8,9 +8,10 @@ use async_nats::jetstream::{self, AckKind};
 use rsembed_schemas::queue::{TaskDone, TaskError, TaskFailed, TaskMessage, TaskRunning};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::error::{chain, Error};
+use crate::error::chain;
 use crate::now_rfc3339;
 use crate::pull::{Outcome, Worker};
+use crate::retry::RetryHint;
 
 impl Worker {
     /// Keeps a running task held: an in-progress ack every
@@ -103,6 +104,32 @@ impl Worker {
         }
     }
 
+    /// Answers a failed try of `msg` as its hint says ([`answer`]).
+    pub(super) async fn retry_or_give_up(
+        &self,
+        m: &jetstream::Message,
+        msg: &TaskMessage,
+        delivered: u64,
+        last: bool,
+        hint: RetryHint,
+        why: String,
+    ) -> Outcome {
+        match answer(hint, last, self.retry_delay(delivered)) {
+            Answer::Term => {
+                tracing::warn!(retry = %hint, last, "no further try");
+                self.give_up(m, msg, delivered, why).await
+            }
+            Answer::Nak(delay) => {
+                let retry_in_s = delay.map_or(0.0, |d| d.as_secs_f64());
+                tracing::warn!(error = %why, retry = %hint, retry_in_s, "task failed; will be retried");
+                let (job, task) = (&msg.task.job_id, &msg.task.task_id);
+                self.note_error(job, task, &why, delivered).await;
+                let _ = m.ack_with(AckKind::Nak(delay)).await;
+                Outcome::Retried
+            }
+        }
+    }
+
     /// Records the task as failed, then terminates it.
     pub(super) async fn give_up(
         &self,
@@ -139,9 +166,47 @@ impl Worker {
 /// 3-node cluster), while the progress acks keep the task held.
 const RECORD_PATIENCE: Duration = Duration::from_secs(30);
 
-/// Whether a later try can succeed. Every failure of a whole task is assumed
-/// transient (a store, the network, device memory) except a task that cannot
-/// be understood.
-pub(super) fn retryable(e: &Error) -> bool {
-    !matches!(e, Error::Location { .. } | Error::Usage(_))
+/// What JetStream is told after a failed try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Answer {
+    /// Redeliver, after the delay when there is one (the error is recorded as
+    /// the task's last error for `status`).
+    Nak(Option<Duration>),
+    /// Record the task as failed, then terminate it (dead-lettered).
+    Term,
+}
+
+/// The pull worker's one mapping from a failure's [`RetryHint`] to JetStream:
+/// [`RetryHint::Later`] → nak after `delay` (the exponential retry delay),
+/// [`RetryHint::Now`] → nak without delay, so another worker takes it at once,
+/// [`RetryHint::Never`] → terminate at once. The last delivery terminates
+/// whatever the hint, so the `failed` record carries the last error (a nak
+/// would dead-letter it too, by the advisory, with a poorer reason).
+pub(super) fn answer(hint: RetryHint, last: bool, delay: Duration) -> Answer {
+    match hint {
+        _ if last => Answer::Term,
+        RetryHint::Later => Answer::Nak(Some(delay)),
+        RetryHint::Now => Answer::Nak(None),
+        RetryHint::Never => Answer::Term,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_hint_maps_to_one_jetstream_answer() {
+        let d = Duration::from_secs(5);
+        assert_eq!(answer(RetryHint::Later, false, d), Answer::Nak(Some(d)));
+        assert_eq!(answer(RetryHint::Now, false, d), Answer::Nak(None));
+        assert_eq!(answer(RetryHint::Never, false, d), Answer::Term);
+        for hint in [RetryHint::Later, RetryHint::Now, RetryHint::Never] {
+            assert_eq!(
+                answer(hint, true, d),
+                Answer::Term,
+                "{hint} on the last delivery"
+            );
+        }
+    }
 }

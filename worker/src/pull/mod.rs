@@ -12,8 +12,10 @@
 //! 4. Otherwise it runs, with an in-progress ack every `ack_wait / 3`, so a
 //!    slow task is not redelivered while a dead worker's task is.
 //! 5. Success: files (conditional creates), then the `done` record, then the
-//!    double ack. Failure: nak with exponential delay and the error recorded,
-//!    or, on the last delivery, the `failed` record and a terminate.
+//!    double ack. Failure: the error's [`crate::retry::RetryHint`] decides, in
+//!    one place (`ack.rs`, `answer`): nak with exponential delay (`Later`) or
+//!    at once (`Now`) with the error recorded, or the `failed` record and a
+//!    terminate (`Never`, and the last delivery of any failure).
 //!
 //! On shutdown it stops pulling, lets running tasks finish within the grace
 //! period, and naks what is left without delay, so another worker takes it at
@@ -38,11 +40,10 @@ use tracing::Instrument;
 use crate::error::chain;
 use crate::now_rfc3339;
 use crate::queue::Queue;
+use crate::retry::Retry;
 use crate::task::{JobContext, TaskRunner};
 
 mod ack;
-
-use ack::retryable;
 
 /// How the worker pulls and gives up.
 #[derive(Debug, Clone)]
@@ -341,11 +342,10 @@ impl Worker {
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(error = %chain(&e), "job state unreadable; retrying the task later");
-                let _ = m
-                    .ack_with(AckKind::Nak(Some(self.retry_delay(delivered))))
+                let why = format!("job state unreadable: {}", chain(&e));
+                return self
+                    .retry_or_give_up(m, &msg, delivered, last, e.retry_hint(), why)
                     .await;
-                return Outcome::Retried;
             }
         }
         let ctx = match self.job_context(&msg) {
@@ -418,11 +418,10 @@ impl Worker {
                 if let Err(e) = recorded {
                     // The files are written; the next delivery runs the task
                     // again, finds them and records completion then.
-                    tracing::warn!(error = %chain(&e), "cannot record completion; retrying");
-                    let _ = m
-                        .ack_with(AckKind::Nak(Some(self.retry_delay(delivered))))
+                    let why = format!("cannot record completion: {}", chain(&e));
+                    return self
+                        .retry_or_give_up(m, &msg, delivered, last, e.retry_hint(), why)
                         .await;
-                    return Outcome::Retried;
                 }
                 let _ = clear.await;
                 tracing::info!(
@@ -434,15 +433,8 @@ impl Worker {
             }
             Some(Err(e)) => {
                 let _ = clear.await;
-                let why = chain(&e);
-                if last || !retryable(&e) {
-                    return self.give_up(m, &msg, delivered, why).await;
-                }
-                let delay = self.retry_delay(delivered);
-                tracing::warn!(error = %why, retry_in_s = delay.as_secs_f64(), "task failed; will be retried");
-                self.note_error(&job, &task, &why, delivered).await;
-                let _ = m.ack_with(AckKind::Nak(Some(delay))).await;
-                Outcome::Retried
+                self.retry_or_give_up(m, &msg, delivered, last, e.retry_hint(), chain(&e))
+                    .await
             }
         }
     }

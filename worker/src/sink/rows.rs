@@ -12,6 +12,7 @@ use rsembed_schemas::chip::{bbox_fields, chip_schema, error_schema, ErrorStage};
 use rsembed_schemas::ids::Window;
 
 use crate::error::Result;
+use crate::retry::RetryHint;
 
 /// One row of `chips/*.parquet`.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,7 +36,7 @@ pub struct ChipRow {
 }
 
 /// One row of `errors/*.parquet`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct ErrorRow {
     /// The input that failed.
     pub source_uri: String,
@@ -43,9 +44,14 @@ pub struct ErrorRow {
     pub stage: ErrorStage,
     /// Why.
     pub error: String,
-    /// The input could not be read from its store (missing, or the store
-    /// failed): not a fault of its content. Not written to the file.
-    pub store_error: bool,
+    /// `Some` when the store, not the content, failed (a store error is in
+    /// the chain: the object is missing, the store failed, or it refused our
+    /// credentials), with that error's hint; `None` for a content error.
+    /// Not written to the file.
+    pub store: Option<RetryHint>,
+    /// The error itself, kept only for a store failure: a pull worker fails
+    /// the task with it as the source.
+    pub cause: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 /// Builds a record batch of chip rows; every embedding must have `embed_dim` floats.
