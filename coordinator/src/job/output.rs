@@ -98,10 +98,10 @@ impl JobOutput {
     /// The job spec at the output, if any.
     pub async fn spec(&self) -> Result<Option<JobSpec>> {
         read_json(&self.loc, JOB_FILE).await.map_err(|e| match e {
-            Error::Store(e) => Error::Output(format!(
-                "cannot read {}/{JOB_FILE}: {e}",
-                self.loc.url.as_str().trim_end_matches('/')
-            )),
+            Error::Store(source) => Error::ReadOutput {
+                path: format!("{}/{JOB_FILE}", self.loc.url.as_str().trim_end_matches('/')),
+                source,
+            },
             e => e,
         })
     }
