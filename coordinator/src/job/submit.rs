@@ -33,11 +33,11 @@ use crate::job::output::{Claim, JobOutput, Replace};
 use crate::job::plan;
 use crate::job::run::{check_output, now_rfc3339, tiling_spec};
 
-pub use crate::job::output::TASKS_FILE;
+pub(crate) use crate::job::output::TASKS_FILE;
 
 /// Publish acks awaited at once: enough to keep the connection busy, few
 /// enough that a failed publish is noticed within a fraction of a second.
-pub const ACKS_IN_FLIGHT: usize = 512;
+pub(crate) const ACKS_IN_FLIGHT: usize = 512;
 
 /// What a submit did.
 #[derive(Debug, Clone, Serialize)]
