@@ -77,26 +77,26 @@ pub enum Command {
 pub struct QueueArgs {
     /// Replicas of the task stream and the state bucket (1 on one server, 3 on a cluster).
     #[arg(long, env = "RSEMBED_STREAM_REPLICAS", default_value_t = 1)]
-    pub stream_replicas: usize,
+    pub(crate) stream_replicas: usize,
     /// How long a worker may hold a task without an ack or an in-progress ack
     /// before JetStream redelivers it (workers send progress every third of it).
     #[arg(long, env = "RSEMBED_ACK_WAIT", default_value = "60s", value_parser = parse_duration)]
-    pub ack_wait: Duration,
+    pub(crate) ack_wait: Duration,
     /// Deliveries before a task is dead-lettered.
     #[arg(long, env = "RSEMBED_MAX_DELIVER", default_value_t = 5)]
-    pub max_deliver: i64,
+    pub(crate) max_deliver: i64,
     /// Redelivery delays after missed acks, comma-separated (e.g. `10s,1m,5m`);
     /// their count must be below `--max-deliver`. Default: `--ack-wait` each time.
     #[arg(long, env = "RSEMBED_BACKOFF", value_delimiter = ',', value_parser = parse_duration)]
-    pub backoff: Vec<Duration>,
+    pub(crate) backoff: Vec<Duration>,
     /// Tasks delivered and not yet acked, over all workers: the fleet's prefetch cap.
     #[arg(long, env = "RSEMBED_MAX_ACK_PENDING", default_value_t = 1000)]
-    pub max_ack_pending: i64,
+    pub(crate) max_ack_pending: i64,
 }
 
 impl QueueArgs {
     /// The queue configuration these flags ask for.
-    pub fn config(&self) -> Result<QueueConfig, String> {
+    pub(crate) fn config(&self) -> Result<QueueConfig, String> {
         if self.max_deliver < 1 {
             return Err(format!(
                 "--max-deliver must be at least 1, not {}",
@@ -126,36 +126,36 @@ impl QueueArgs {
 pub struct SubmitArgs {
     /// NATS connection.
     #[command(flatten)]
-    pub nats: NatsArgs,
+    pub(crate) nats: NatsArgs,
     /// Input: a local folder or file, or an object store URL. Workers must be
     /// able to read it by the same URL.
     #[arg(long, env = "RSEMBED_INPUT")]
-    pub input: String,
+    pub(crate) input: String,
     /// Output: an object store URL (or a folder every worker mounts at the same path).
     #[arg(long, env = "RSEMBED_OUTPUT")]
-    pub output: String,
+    pub(crate) output: String,
     /// Model directory: its JSON files are read and its graphs hashed for the
     /// job fingerprint; ONNX Runtime is not loaded.
     #[arg(long, env = "RSEMBED_MODEL")]
-    pub model: PathBuf,
+    pub(crate) model: PathBuf,
     /// The job runs the model's float16 vision graph (workers need `--fp16` too).
     #[arg(long, env = "RSEMBED_FP16")]
-    pub fp16: bool,
+    pub(crate) fp16: bool,
     /// Tiling.
     #[command(flatten)]
-    pub tiling: TilingArgs,
+    pub(crate) tiling: TilingArgs,
     /// Queue settings.
     #[command(flatten)]
-    pub queue: QueueArgs,
+    pub(crate) queue: QueueArgs,
     /// Replace another job at this output: its queued tasks, job state and
     /// files (manifest.json first, then chips/, errors/, job.json) are deleted
     /// once the plan has found an input. This same job is resumed, not
     /// restarted, so a retried Kubernetes Job keeps its progress.
     #[arg(long, visible_alias = "overwrite", env = "RSEMBED_FORCE_NEW_JOB")]
-    pub force_new_job: bool,
+    pub(crate) force_new_job: bool,
     /// Requeue the tasks recorded as failed (dead-lettered).
     #[arg(long, env = "RSEMBED_RETRY_FAILED")]
-    pub retry_failed: bool,
+    pub(crate) retry_failed: bool,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,
@@ -166,10 +166,10 @@ pub struct SubmitArgs {
 pub struct StatusArgs {
     /// NATS connection.
     #[command(flatten)]
-    pub nats: NatsArgs,
+    pub(crate) nats: NatsArgs,
     /// The job's output (its job.json names the job).
     #[arg(long, env = "RSEMBED_OUTPUT")]
-    pub output: String,
+    pub(crate) output: String,
     /// Keep showing progress until the job is finished: one line per refresh
     /// (done, in flight, pending, failed, chips, chips/s, ETA), or a progress
     /// bar on a terminal.
@@ -177,11 +177,11 @@ pub struct StatusArgs {
     pub watch: bool,
     /// Refresh interval of `--watch`.
     #[arg(long, env = "RSEMBED_INTERVAL", default_value = "2s", value_parser = parse_duration)]
-    pub interval: Duration,
+    pub(crate) interval: Duration,
     /// How long `--watch` keeps trying while NATS or the object store fails
     /// (a NATS restart, a rolling upgrade) before it gives up with the error.
     #[arg(long, env = "RSEMBED_OUTAGE_GRACE", default_value = "10m", value_parser = parse_duration)]
-    pub outage_grace: Duration,
+    pub(crate) outage_grace: Duration,
     /// Print JSON (one object; one per line with `--watch`).
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,
@@ -192,10 +192,10 @@ pub struct StatusArgs {
 pub struct FinalizeArgs {
     /// NATS connection.
     #[command(flatten)]
-    pub nats: NatsArgs,
+    pub(crate) nats: NatsArgs,
     /// The job's output.
     #[arg(long, env = "RSEMBED_OUTPUT")]
-    pub output: String,
+    pub(crate) output: String,
     /// Print the result as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,
@@ -252,7 +252,7 @@ pub struct TilingArgs {
 
 impl TilingArgs {
     /// How inputs are grouped into tasks.
-    pub fn grouping(&self) -> Grouping {
+    pub(crate) fn grouping(&self) -> Grouping {
         Grouping {
             files: self.task_size,
             bytes: self.task_bytes,
@@ -261,7 +261,7 @@ impl TilingArgs {
     }
 
     /// The grouping as the job spec records it (part of the job's identity).
-    pub fn grouping_spec(&self) -> rsembed_schemas::job::GroupingSpec {
+    pub(crate) fn grouping_spec(&self) -> rsembed_schemas::job::GroupingSpec {
         let g = self.grouping();
         rsembed_schemas::job::GroupingSpec {
             task_files: g.files as u64,
@@ -339,18 +339,18 @@ pub struct TextEngineArgs {
     /// `cpu`, `cuda` or `cuda:N`. CUDA that cannot be used is an error with ONNX
     /// Runtime's reason, never a silent fall back to the CPU.
     #[arg(long, env = "RSEMBED_DEVICE", default_value = "cpu")]
-    pub device: Device,
+    pub(crate) device: Device,
     /// Threads inside one ONNX Runtime operator. Default: ONNX Runtime's choice (one per core).
     #[arg(long, env = "RSEMBED_INTRA_THREADS")]
-    pub intra_threads: Option<usize>,
+    pub(crate) intra_threads: Option<usize>,
     /// Path of libonnxruntime.so. Default: ORT_DYLIB_PATH, then next to the executable, then the system.
     #[arg(long, env = "RSEMBED_ORT_LIB")]
-    pub ort_lib: Option<PathBuf>,
+    pub(crate) ort_lib: Option<PathBuf>,
 }
 
 impl TextEngineArgs {
     /// The ONNX Runtime session settings for the text graph.
-    pub fn session_config(&self) -> SessionConfig {
+    pub(crate) fn session_config(&self) -> SessionConfig {
         SessionConfig {
             device: self.device,
             intra_threads: self.intra_threads,
@@ -365,17 +365,17 @@ impl TextEngineArgs {
 pub struct TextArgs {
     /// Model directory.
     #[arg(long, env = "RSEMBED_MODEL")]
-    pub model: PathBuf,
+    pub(crate) model: PathBuf,
     /// Inference for the text graph.
     #[command(flatten)]
-    pub engine: TextEngineArgs,
+    pub(crate) engine: TextEngineArgs,
     /// Texts to embed; each gets one output line.
     #[arg(required = true)]
-    pub texts: Vec<String>,
+    pub(crate) texts: Vec<String>,
 }
 
 /// Parses `W,S,E,N` (lon/lat degrees) for `--bbox`.
-pub fn parse_bbox(s: &str) -> Result<[f64; 4], String> {
+pub(crate) fn parse_bbox(s: &str) -> Result<[f64; 4], String> {
     let v: Vec<f64> = s
         .split(',')
         .map(|p| p.trim().parse::<f64>())
@@ -406,17 +406,17 @@ pub struct SearchArgs {
     /// Model directory: embeds the texts, and its logit scale and bias turn
     /// cosines into scores. Optional with `--like` or `--vector`.
     #[arg(long, env = "RSEMBED_MODEL")]
-    pub model: Option<PathBuf>,
+    pub(crate) model: Option<PathBuf>,
     /// The dataset: an output of `run`/`finalize` or of `compact` (a folder with
     /// `chips/`), its `chips/` folder, or one Parquet file.
     #[arg(long, env = "RSEMBED_INDEX")]
-    pub index: String,
+    pub(crate) index: String,
     /// Results to print.
     #[arg(long, env = "RSEMBED_TOP_K", default_value_t = 10)]
-    pub top_k: usize,
+    pub(crate) top_k: usize,
     /// Only chips whose footprint's bbox intersects W,S,E,N (lon/lat degrees).
     #[arg(long, env = "RSEMBED_BBOX", value_parser = parse_bbox, allow_hyphen_values = true)]
-    pub bbox: Option<[f64; 4]>,
+    pub(crate) bbox: Option<[f64; 4]>,
     /// Search by the embedding of this chip of the index instead of a text
     /// (the chip itself is left out of the results).
     #[arg(
@@ -425,24 +425,24 @@ pub struct SearchArgs {
         value_name = "CHIP_ID",
         conflicts_with = "vector"
     )]
-    pub like: Option<String>,
+    pub(crate) like: Option<String>,
     /// Search by a query vector: a file holding one JSON array (as `rsembed text` prints).
     #[arg(long, env = "RSEMBED_VECTOR", value_name = "FILE")]
-    pub vector: Option<PathBuf>,
+    pub(crate) vector: Option<PathBuf>,
     /// Print one JSON object per result (JSON Lines).
     #[arg(long, env = "RSEMBED_JSON", conflicts_with = "geojson")]
     pub json: bool,
     /// Print a GeoJSON FeatureCollection of the results' footprints.
     #[arg(long, env = "RSEMBED_GEOJSON")]
-    pub geojson: bool,
+    pub(crate) geojson: bool,
     /// Row groups scored at once. Default: twice the number of cores.
     #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
-    pub concurrency: Option<usize>,
+    pub(crate) concurrency: Option<usize>,
     /// Inference for the text graph.
     #[command(flatten)]
-    pub engine: TextEngineArgs,
+    pub(crate) engine: TextEngineArgs,
     /// The query texts; several are averaged (prompt ensembling).
-    pub texts: Vec<String>,
+    pub(crate) texts: Vec<String>,
 }
 
 /// `rsembed classify`.
@@ -450,35 +450,35 @@ pub struct SearchArgs {
 pub struct ClassifyArgs {
     /// Model directory.
     #[arg(long, env = "RSEMBED_MODEL")]
-    pub model: PathBuf,
+    pub(crate) model: PathBuf,
     /// The dataset (as for `search`).
     #[arg(long, env = "RSEMBED_INDEX")]
-    pub index: String,
+    pub(crate) index: String,
     /// Labels, one per line (blank lines and lines starting with `#` are skipped).
     #[arg(long, env = "RSEMBED_LABELS")]
-    pub labels: PathBuf,
+    pub(crate) labels: PathBuf,
     /// Prompt template; `{}` is replaced by the label (e.g. "a satellite image of {}").
     #[arg(long, env = "RSEMBED_TEMPLATE", default_value = "{}")]
-    pub template: String,
+    pub(crate) template: String,
     /// Labels kept per chip, best first.
     #[arg(long, env = "RSEMBED_TOP", default_value_t = 3)]
-    pub top: usize,
+    pub(crate) top: usize,
     /// The output Parquet file (local path or object store URL).
     #[arg(long, env = "RSEMBED_OUTPUT")]
-    pub output: String,
+    pub(crate) output: String,
     /// Replace the file at `--output` when there is one; without it an
     /// existing file is refused.
     #[arg(long, env = "RSEMBED_OVERWRITE")]
-    pub overwrite: bool,
+    pub(crate) overwrite: bool,
     /// Row groups scored at once. Default: twice the number of cores.
     #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
-    pub concurrency: Option<usize>,
+    pub(crate) concurrency: Option<usize>,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,
     /// Inference for the text graph.
     #[command(flatten)]
-    pub engine: TextEngineArgs,
+    pub(crate) engine: TextEngineArgs,
 }
 
 /// `rsembed compact`.
@@ -486,27 +486,27 @@ pub struct ClassifyArgs {
 pub struct CompactArgs {
     /// A finished job's output (it must have `manifest.json`).
     #[arg(long, env = "RSEMBED_INDEX")]
-    pub index: String,
+    pub(crate) index: String,
     /// Where the compacted dataset goes: `chips/part-*.parquet`, `job.json`, `manifest.json`.
     #[arg(long, env = "RSEMBED_OUTPUT")]
-    pub output: String,
+    pub(crate) output: String,
     /// Target size of one output file, e.g. `256MB`, `1GiB`.
     #[arg(long, env = "RSEMBED_TARGET_SIZE", default_value = "256MB", value_parser = parse_byte_size)]
-    pub target_size: u64,
+    pub(crate) target_size: u64,
     /// Local folder for the sort's spill files, which hold the whole dataset
     /// (uncompressed) for a while. Default: the system temp dir.
     #[arg(long, env = "RSEMBED_SPILL_DIR")]
-    pub spill_dir: Option<PathBuf>,
+    pub(crate) spill_dir: Option<PathBuf>,
     /// Replace a dataset already at `--output`: its manifest.json, job.json,
     /// chips/ and errors/ are deleted first (the manifest first). Default:
     /// refuse, so a typo cannot delete a job's output.
     #[arg(long, env = "RSEMBED_OVERWRITE")]
-    pub overwrite: bool,
+    pub(crate) overwrite: bool,
     /// Rows per row group of the output files, the unit a `--bbox` filter
     /// skips. Default: 8192, as in job files; smaller groups prune a
     /// Hilbert-sorted file more finely, for more footer and more requests.
     #[arg(long, env = "RSEMBED_ROW_GROUP_ROWS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
-    pub row_group_rows: u32,
+    pub(crate) row_group_rows: u32,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,
@@ -519,21 +519,21 @@ pub struct FetchModelArgs {
     /// http(s)://) or a local folder, holding `rsembed-model.json`. Credentials
     /// come from the usual environment variables (`AWS_*`, ...).
     #[arg(long, env = "RSEMBED_FETCH_FROM", value_name = "URL")]
-    pub from: String,
+    pub(crate) from: String,
     /// Local folder to copy it into (created if missing). Files already there
     /// with the same size as their object (and the digest rsembed-model.json
     /// records, if it records one) are kept, so a restarted copy resumes.
     #[arg(long, env = "RSEMBED_FETCH_TO", value_name = "DIR")]
-    pub to: PathBuf,
+    pub(crate) to: PathBuf,
     /// Load each graph with ONNX Runtime (CPU, unoptimised) once copied, so a
     /// truncated or garbled graph fails here: `auto` when a library is found
     /// (a warning otherwise), `always`, or `never`.
     #[arg(long, env = "RSEMBED_CHECK_GRAPHS", value_enum, default_value = "auto")]
-    pub check_graphs: GraphCheck,
+    pub(crate) check_graphs: GraphCheck,
     /// Path of libonnxruntime.so for `--check-graphs`. Default: ORT_DYLIB_PATH,
     /// then next to the executable, then the system.
     #[arg(long, env = "RSEMBED_ORT_LIB")]
-    pub ort_lib: Option<PathBuf>,
+    pub(crate) ort_lib: Option<PathBuf>,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,

@@ -1,5 +1,8 @@
 //! The coordinator's error type.
 
+/// A cause of any kind (file system, object store) kept as a source.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Errors of the coordinator library.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -9,12 +12,102 @@ pub enum Error {
     /// An object store operation failed.
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
-    /// The input cannot be listed.
+    /// The input cannot be used (a validation, with no cause to keep).
     #[error("input: {0}")]
     Input(String),
-    /// The output cannot be used.
+    /// The output cannot be used (a validation, with no cause to keep).
     #[error("output: {0}")]
     Output(String),
+    /// The local output folder cannot be created.
+    #[error("output: cannot create output folder {}: {source}", dir.display())]
+    CreateOutputDir {
+        /// The folder.
+        dir: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The output refuses the probe write made before any work.
+    #[error("output: cannot write to {url}: {source}")]
+    OutputNotWritable {
+        /// The output.
+        url: String,
+        /// The file system's or the store's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The probe written to the output cannot be deleted again.
+    #[error("output: cannot delete in {url}: {source}")]
+    OutputNotDeletable {
+        /// The output.
+        url: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// A file of the output cannot be read.
+    #[error("output: cannot read {path}: {source}")]
+    ReadOutput {
+        /// The file.
+        path: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// A file of the output cannot be written.
+    #[error("output: {path}: {source}")]
+    WriteOutput {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A finished task's file that does not read as Parquet.
+    #[error("output: {path} exists but is not readable Parquet: {source}")]
+    TaskFile {
+        /// The file, relative to the output.
+        path: String,
+        /// The reader's error.
+        #[source]
+        source: rsembed_worker::Error,
+    },
+    /// A local input folder that cannot be walked.
+    #[error("input: listing {url}: {source}")]
+    ListInput {
+        /// The input.
+        url: String,
+        /// The walk's error (it names the path).
+        #[source]
+        source: walkdir::Error,
+    },
+    /// An input object the store cannot describe.
+    #[error("input: {url}: {source}")]
+    InputStore {
+        /// The input.
+        url: String,
+        /// The store's error.
+        #[source]
+        source: object_store::Error,
+    },
+    /// The planner or its listing thread panicked or was cancelled.
+    #[error("input: {what} panicked: {source}")]
+    Panicked {
+        /// Which: `planner` or `listing`.
+        what: &'static str,
+        /// The join error.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// `--metrics-addr` cannot be bound.
+    #[error("--metrics-addr {addr}: cannot listen: {source}")]
+    MetricsListen {
+        /// The address asked for.
+        addr: String,
+        /// The bind error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The output holds another job.
     #[error("output: {0}")]
     OtherJob(Box<crate::job::output::OtherJob>),
@@ -40,7 +133,7 @@ pub enum Error {
         doing: String,
         /// The async-nats error.
         #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        source: BoxError,
     },
     /// NATS did not answer within the time given.
     #[error("NATS: no answer from NATS for {waited}")]
@@ -86,7 +179,11 @@ impl Error {
             Error::Nats { .. } | Error::NatsTimeout { .. } | Error::NatsDisconnected => {
                 RetryHint::Later
             }
-            _ => RetryHint::Never,
+            // The typed variants that keep a cause (reading `job.json`, a
+            // HEAD of an http input, deleting an old output) answer with the
+            // store error in their chain; without one it is the user's input,
+            // flags or output, which no wait changes.
+            _ => rsembed_worker::retry::hint_in_chain(self).unwrap_or(RetryHint::Never),
         }
     }
 }
@@ -143,6 +240,13 @@ mod retry_tests {
                 RetryHint::Later,
             ),
             (Error::NatsDisconnected, RetryHint::Later),
+            (
+                Error::ReadOutput {
+                    path: "out/job.json".into(),
+                    source: store(),
+                },
+                RetryHint::Later,
+            ),
             (
                 Error::Json(serde_json::from_str::<u8>("{").unwrap_err()),
                 RetryHint::Never,

@@ -175,30 +175,30 @@ pub enum FetchError {
 #[derive(Debug, Clone, Serialize)]
 pub struct FetchSummary {
     /// The source prefix, as a canonical URL.
-    pub from: String,
+    pub(crate) from: String,
     /// The local model directory.
-    pub to: PathBuf,
+    pub(crate) to: PathBuf,
     /// The model's name from its manifest.
-    pub model: String,
+    pub(crate) model: String,
     /// Files downloaded by this run (including kept files copied again
     /// because their content no longer matched the recorded digest).
-    pub files_copied: u64,
+    pub(crate) files_copied: u64,
     /// Files already present with the right size (and, where recorded, the
     /// right digest), left as they were.
-    pub files_skipped: u64,
+    pub(crate) files_skipped: u64,
     /// Bytes downloaded by this run.
-    pub bytes_copied: u64,
+    pub(crate) bytes_copied: u64,
     /// Bytes of the skipped files.
-    pub bytes_skipped: u64,
+    pub(crate) bytes_skipped: u64,
     /// Files checked against the digest recorded in `rsembed-model.json`.
-    pub files_verified: u64,
+    pub(crate) files_verified: u64,
     /// Graphs ONNX Runtime loaded.
-    pub graphs_parsed: u64,
+    pub(crate) graphs_parsed: u64,
     /// Why the graphs were not parsed, when they were not.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub graphs_not_parsed: Option<String>,
+    pub(crate) graphs_not_parsed: Option<String>,
     /// Wall time.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
 }
 
 impl FetchSummary {

@@ -13,3 +13,6 @@ pub use rsembed_worker::queue;
 pub mod text;
 
 pub use error::{Error, Result};
+
+#[cfg(test)]
+mod error_tests;

@@ -14,7 +14,11 @@ use crate::error::Result;
 const TEXT_BATCH: usize = 64;
 
 /// Unit embeddings of `texts`, in order, with the given inference flags.
-pub fn embed(model: &ModelDir, engine: &TextEngineArgs, texts: &[String]) -> Result<Vec<Vec<f32>>> {
+pub(crate) fn embed(
+    model: &ModelDir,
+    engine: &TextEngineArgs,
+    texts: &[String],
+) -> Result<Vec<Vec<f32>>> {
     let mut enc = TextEncoder::open(model, &engine.session_config())?;
     let mut out = Vec::with_capacity(texts.len());
     for chunk in texts.chunks(TEXT_BATCH) {

@@ -36,7 +36,7 @@ struct Advisory {
 }
 
 /// Records every dead letter not yet handled; returns how many it recorded.
-pub async fn reconcile(q: &Queue) -> Result<u64> {
+pub(crate) async fn reconcile(q: &Queue) -> Result<u64> {
     let dl =
         q.js.get_stream(&q.config.deadletter_stream)
             .await

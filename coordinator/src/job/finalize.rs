@@ -35,23 +35,23 @@ const NAMES_LISTED: usize = 10;
 #[derive(Debug, Clone, Serialize)]
 pub struct FinalizeReport {
     /// The job.
-    pub job_id: String,
+    pub(crate) job_id: String,
     /// Why the job is not complete; empty when the manifest was written.
-    pub gaps: Vec<String>,
+    pub(crate) gaps: Vec<String>,
     /// Tasks in the plan.
-    pub tasks: u64,
+    pub(crate) tasks: u64,
     /// Tasks done.
-    pub done: u64,
+    pub(crate) done: u64,
     /// Tasks failed (listed in the manifest).
     pub failed: u64,
     /// Chip rows.
-    pub rows: u64,
+    pub(crate) rows: u64,
     /// Failed inputs.
-    pub failed_inputs: u64,
+    pub(crate) failed_inputs: u64,
     /// Inputs that gave neither a chip nor an error row.
-    pub inputs_without_chips: u64,
+    pub(crate) inputs_without_chips: u64,
     /// Chip files of no task of the plan, removed (an earlier plan's).
-    pub superseded: u64,
+    pub(crate) superseded: u64,
     /// Where the manifest went, when it was written.
     pub manifest: Option<String>,
 }

@@ -9,7 +9,7 @@
 //! planned task is done or failed and writes `manifest.json`. [`summary`]
 //! renders what a command did.
 
-pub mod deadletter;
+pub(crate) mod deadletter;
 pub mod finalize;
 pub mod output;
 pub mod plan;

@@ -29,17 +29,17 @@ use rsembed_worker::store::Location;
 use crate::error::{Error, Result};
 
 /// The plan's task ids, one per line, in plan order (distributed mode).
-pub const TASKS_FILE: &str = "tasks.txt";
+pub(crate) const TASKS_FILE: &str = "tasks.txt";
 
 /// Folders of the output that hold a job's rows, one file per task.
 const TASK_DIRS: [&str; 2] = ["chips/", "errors/"];
 
 /// How many failures a manifest lists by name; its counts are always exact.
-pub const MANIFEST_FAILURES_LISTED: usize = 1000;
+pub(crate) const MANIFEST_FAILURES_LISTED: usize = 1000;
 
 /// What a command found at the output, once it may go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// Nothing of a job was there.
     New,
     /// The same job: the command resumes it. Holds the job's `created_at`.
@@ -51,7 +51,7 @@ pub enum Claim {
 
 impl Claim {
     /// `created_at` for the spec the command writes.
-    pub fn created_at(&self) -> Option<&str> {
+    pub(crate) fn created_at(&self) -> Option<&str> {
         match self {
             Claim::Resume(t) => Some(t),
             _ => None,
@@ -61,7 +61,7 @@ impl Claim {
 
 /// What a command may replace at its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Replace {
+pub(crate) enum Replace {
     /// Nothing: another job is refused, the same job resumed.
     No,
     /// Another job (`submit --force-new-job`); the same job is resumed, so a
@@ -73,7 +73,7 @@ pub enum Replace {
 
 impl Replace {
     /// `Anything` when `flag` was given, else `No`.
-    pub fn anything_if(flag: bool) -> Replace {
+    pub(crate) fn anything_if(flag: bool) -> Replace {
         if flag {
             Replace::Anything
         } else {
@@ -86,7 +86,7 @@ impl Replace {
 #[derive(Debug, Clone)]
 pub struct JobOutput {
     /// Where the job's files go.
-    pub loc: Location,
+    pub(crate) loc: Location,
 }
 
 impl JobOutput {
@@ -96,12 +96,12 @@ impl JobOutput {
     }
 
     /// The job spec at the output, if any.
-    pub async fn spec(&self) -> Result<Option<JobSpec>> {
+    pub(crate) async fn spec(&self) -> Result<Option<JobSpec>> {
         read_json(&self.loc, JOB_FILE).await.map_err(|e| match e {
-            Error::Store(e) => Error::Output(format!(
-                "cannot read {}/{JOB_FILE}: {e}",
-                self.loc.url.as_str().trim_end_matches('/')
-            )),
+            Error::Store(source) => Error::ReadOutput {
+                path: format!("{}/{JOB_FILE}", self.loc.url.as_str().trim_end_matches('/')),
+                source,
+            },
             e => e,
         })
     }
@@ -111,7 +111,7 @@ impl JobOutput {
     /// that would replace it (`--overwrite`). Nothing is written or deleted
     /// here: a refusal changes nothing, and a replacement happens in
     /// [`JobOutput::begin`], once the new job's plan has found an input.
-    pub async fn check(
+    pub(crate) async fn check(
         &self,
         ours: &JobSpec,
         replace: Replace,
@@ -144,14 +144,14 @@ impl JobOutput {
     /// Opens the job at the output, as [`JobOutput::check`] allowed: deletes
     /// the job it replaces, writes `job.json` and deletes the manifest (the
     /// job is open). Call it only once work will be done.
-    pub async fn begin(&self, spec: &JobSpec, claim: &Claim) -> Result<()> {
+    pub(crate) async fn begin(&self, spec: &JobSpec, claim: &Claim) -> Result<()> {
         self.replace_if(claim).await?;
         self.write_spec(spec).await?;
         self.delete_manifest().await
     }
 
     /// Deletes the job a [`Claim::Replace`] names; nothing otherwise.
-    pub async fn replace_if(&self, claim: &Claim) -> Result<()> {
+    pub(crate) async fn replace_if(&self, claim: &Claim) -> Result<()> {
         if let Claim::Replace(old) = claim {
             tracing::warn!(output = %self.loc.url, old_job = %old, "deleting the job this one replaces");
             self.wipe().await?;
@@ -172,20 +172,20 @@ impl JobOutput {
     }
 
     /// Writes `job.json`.
-    pub async fn write_spec(&self, spec: &JobSpec) -> Result<()> {
+    pub(crate) async fn write_spec(&self, spec: &JobSpec) -> Result<()> {
         put_json(&self.loc, JOB_FILE, spec).await
     }
 
     /// Deletes `manifest.json`: the job is open again, and an old manifest
     /// must not claim it is complete.
-    pub async fn delete_manifest(&self) -> Result<()> {
+    pub(crate) async fn delete_manifest(&self) -> Result<()> {
         delete_if_present(&self.loc, MANIFEST_FILE).await
     }
 
     /// Deletes everything a job wrote: the manifest first (so a reader never
     /// sees a manifest over missing files), then the task files, the plan and
     /// `job.json` last.
-    pub async fn wipe(&self) -> Result<()> {
+    pub(crate) async fn wipe(&self) -> Result<()> {
         self.delete_manifest().await?;
         for dir in TASK_DIRS.into_iter().chain(["stac/"]) {
             let prefix = self.loc.child(dir);
@@ -202,7 +202,7 @@ impl JobOutput {
     /// earlier plan of an input that changed since, they hold chips the
     /// plan's own files hold too, or chips of inputs that are gone. Returns
     /// how many chip files went.
-    pub async fn remove_stale(&self, plan: &HashSet<&str>) -> Result<u64> {
+    pub(crate) async fn remove_stale(&self, plan: &HashSet<&str>) -> Result<u64> {
         let mut removed = 0;
         for dir in TASK_DIRS {
             let prefix = self.loc.child(dir);
@@ -230,7 +230,7 @@ impl JobOutput {
 
     /// The plan's task ids from `tasks.txt`, in plan order; `None` when the
     /// output has none (no `submit` has run).
-    pub async fn plan(&self) -> Result<Option<Vec<String>>> {
+    pub(crate) async fn plan(&self) -> Result<Option<Vec<String>>> {
         match self.loc.store.get(&self.loc.child(TASKS_FILE)).await {
             Ok(g) => Ok(Some(
                 String::from_utf8_lossy(&g.bytes().await?)
@@ -245,14 +245,14 @@ impl JobOutput {
     }
 
     /// Writes `manifest.json`.
-    pub async fn write_manifest(&self, m: &Manifest) -> Result<()> {
+    pub(crate) async fn write_manifest(&self, m: &Manifest) -> Result<()> {
         put_json(&self.loc, MANIFEST_FILE, m).await
     }
 }
 
 /// Builds a job's manifest from its tasks' files, sorted by path so the
 /// manifest does not depend on the order tasks finished in.
-pub fn manifest(
+pub(crate) fn manifest(
     spec: &JobSpec,
     tasks: u64,
     mut files: Vec<ManifestFile>,
@@ -293,14 +293,14 @@ pub fn manifest(
 #[derive(Debug, Clone)]
 pub struct OtherJob {
     /// The output.
-    pub output: String,
+    pub(crate) output: String,
     /// The other job's id; `None` when the output holds task files without a
     /// `job.json`.
-    pub theirs: Option<String>,
+    pub(crate) theirs: Option<String>,
     /// What differs, by flag.
-    pub differences: Vec<Difference>,
+    pub(crate) differences: Vec<Difference>,
     /// The flag that replaces the other job.
-    pub remedy: &'static str,
+    pub(crate) remedy: &'static str,
 }
 
 impl std::fmt::Display for OtherJob {

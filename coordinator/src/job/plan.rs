@@ -200,7 +200,8 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
         }
         // object_store's local listing follows readdir order; a sorted walk keeps
         // plans deterministic, reading one directory at a time.
-        let (wtx, mut wrx) = mpsc::channel::<std::result::Result<std::path::PathBuf, String>>(256);
+        let (wtx, mut wrx) =
+            mpsc::channel::<std::result::Result<std::path::PathBuf, walkdir::Error>>(256);
         let root = dir.clone();
         let walker = tokio::task::spawn_blocking(move || {
             let walk = walkdir::WalkDir::new(&root)
@@ -213,7 +214,7 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
                 let item = match e {
                     Ok(e) if e.file_type().is_file() => Ok(e.into_path()),
                     Ok(_) => continue,
-                    Err(err) => Err(err.to_string()),
+                    Err(err) => Err(err),
                 };
                 if wtx.blocking_send(item).is_err() {
                     break;
@@ -221,14 +222,18 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
             }
         });
         while let Some(item) = wrx.recv().await {
-            let path = item.map_err(|e| Error::Input(format!("listing {}: {e}", loc.url)))?;
+            let path = item.map_err(|source| Error::ListInput {
+                url: loc.url.to_string(),
+                source,
+            })?;
             let p = object_store::path::Path::from(path.to_string_lossy().trim_start_matches('/'));
             let meta = loc.store.head(&p).await?;
             send(meta).await?;
         }
-        walker
-            .await
-            .map_err(|e| Error::Input(format!("listing panicked: {e}")))?;
+        walker.await.map_err(|source| Error::Panicked {
+            what: "listing",
+            source,
+        })?;
         return Ok(());
     }
     let mut s = loc.store.list(Some(&loc.prefix));
@@ -295,7 +300,10 @@ async fn http_file(loc: &Location) -> Result<ObjectMeta> {
             "{}: not found (HTTP 404 to a HEAD request)",
             loc.url
         ))),
-        Err(e) => Err(Error::Input(format!("{}: {e}", loc.url))),
+        Err(source) => Err(Error::InputStore {
+            url: loc.url.to_string(),
+            source,
+        }),
     }
 }
 

@@ -106,11 +106,9 @@ pub(crate) async fn check_output(out: &Location) -> Result<CreatedDir> {
                 }
                 top = p.to_path_buf();
             }
-            std::fs::create_dir_all(&dir).map_err(|e| {
-                Error::Output(format!(
-                    "cannot create output folder {}: {e}",
-                    dir.display()
-                ))
+            std::fs::create_dir_all(&dir).map_err(|source| Error::CreateOutputDir {
+                dir: dir.clone(),
+                source,
             })?;
             if top == dir {
                 created.0 = Some(dir.clone());
@@ -121,19 +119,29 @@ pub(crate) async fn check_output(out: &Location) -> Result<CreatedDir> {
         // object_store's local put retries forever where a folder refuses new
         // files (`/proc`): the probe goes through std::fs, which fails.
         out.probe_local_write(".rsembed-write-probe")
-            .map_err(|e| Error::Output(format!("cannot write to {}: {e}", out.url)))?;
+            .map_err(|e| not_writable(out, e))?;
         return Ok(created);
     }
     let probe = out.child(".rsembed-write-probe");
     out.store
         .put(&probe, PutPayload::from_static(b"probe"))
         .await
-        .map_err(|e| Error::Output(format!("cannot write to {}: {e}", out.url)))?;
+        .map_err(|e| not_writable(out, e))?;
     out.store
         .delete(&probe)
         .await
-        .map_err(|e| Error::Output(format!("cannot delete in {}: {e}", out.url)))?;
+        .map_err(|source| Error::OutputNotDeletable {
+            url: out.url.to_string(),
+            source,
+        })?;
     Ok(created)
+}
+
+fn not_writable(out: &Location, e: impl Into<crate::error::BoxError>) -> Error {
+    Error::OutputNotWritable {
+        url: out.url.to_string(),
+        source: e.into(),
+    }
 }
 
 /// Looks for a finished task's files, for resume. `None` when the task must run.
@@ -162,7 +170,10 @@ async fn describe(out: &Location, rel: &str) -> Result<Option<(ManifestFile, Vec
     let empty = empty_inputs_of(&bytes);
     describe_bytes(rel, bytes)
         .map(|f| Some((f, empty)))
-        .map_err(|e| Error::Output(format!("{rel} exists but is not readable Parquet: {e}")))
+        .map_err(|source| Error::TaskFile {
+            path: rel.to_owned(),
+            source,
+        })
 }
 
 pub(crate) use rsembed_worker::now_rfc3339;
@@ -244,10 +255,10 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     // The job exists once its plan has found an input: a mistyped --input
     // must leave the output (and the job it holds) as it was.
     let Some(first) = planner.tasks.recv().await else {
-        planner
-            .done
-            .await
-            .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
+        planner.done.await.map_err(|source| Error::Panicked {
+            what: "planner",
+            source,
+        })??;
         runner.engine.shutdown().await;
         return Err(no_inputs(&input.url, &stats));
     };
@@ -289,10 +300,10 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         }
     }
     drop(results);
-    planner
-        .done
-        .await
-        .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
+    planner.done.await.map_err(|source| Error::Panicked {
+        what: "planner",
+        source,
+    })??;
     progress.finish();
 
     // Every task is done: drop the session now, so ORT writes its profile and
@@ -373,7 +384,10 @@ async fn serve_metrics(addr: &str) -> Result<tokio_util::sync::DropGuard> {
     let stop = tokio_util::sync::CancellationToken::new();
     let (bound, _task) = rsembed_worker::http::start(addr, metrics::global(), None, stop.clone())
         .await
-        .map_err(|e| Error::Usage(format!("--metrics-addr {addr}: cannot listen: {e}")))?;
+        .map_err(|source| Error::MetricsListen {
+            addr: addr.to_owned(),
+            source,
+        })?;
     tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");
     Ok(stop.drop_guard())
 }

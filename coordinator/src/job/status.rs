@@ -22,48 +22,48 @@ use crate::job::output::read_json;
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct JobStatus {
     /// The job.
-    pub job_id: String,
+    pub(crate) job_id: String,
     /// Output URL.
-    pub output: String,
+    pub(crate) output: String,
     /// Tasks in the plan (known once `submit` has finished planning).
-    pub tasks: Option<u64>,
+    pub(crate) tasks: Option<u64>,
     /// Tasks whose files are written.
-    pub done: u64,
+    pub(crate) done: u64,
     /// Tasks a worker holds now.
-    pub in_flight: u64,
+    pub(crate) in_flight: u64,
     /// Tasks queued and not yet taken.
-    pub pending: u64,
+    pub(crate) pending: u64,
     /// Tasks given up on.
-    pub failed: u64,
+    pub(crate) failed: u64,
     /// Chip rows written.
-    pub chips: u64,
+    pub(crate) chips: u64,
     /// Inputs recorded in errors/.
-    pub failed_inputs: u64,
+    pub(crate) failed_inputs: u64,
     /// Chips per second over the last minutes of finished tasks.
-    pub chips_per_s: Option<f64>,
+    pub(crate) chips_per_s: Option<f64>,
     /// Seconds until every task is done at that rate.
-    pub eta_s: Option<f64>,
+    pub(crate) eta_s: Option<f64>,
     /// Every planned task is done or failed, and nothing is queued.
-    pub finished: bool,
+    pub(crate) finished: bool,
     /// Pull requests of idle workers waiting at the shared consumer (all jobs).
-    pub workers_waiting: u64,
+    pub(crate) workers_waiting: u64,
     /// Tasks delivered and not acked, over all jobs, as the consumer counts them.
-    pub ack_pending: u64,
+    pub(crate) ack_pending: u64,
     /// Why work waits, when nothing is taking it (no worker is pulling, or the
     /// tasks marked running are held by no one).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub note: Option<String>,
+    pub(crate) note: Option<String>,
 }
 
 /// What the shared consumer says about the workers.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ConsumerState {
+pub(crate) struct ConsumerState {
     /// Pull requests waiting (idle workers).
-    pub waiting: u64,
+    pub(crate) waiting: u64,
     /// Delivered, not yet acked (all jobs).
-    pub ack_pending: u64,
+    pub(crate) ack_pending: u64,
     /// The consumer's ack wait.
-    pub ack_wait: Duration,
+    pub(crate) ack_wait: Duration,
 }
 
 impl JobStatus {
@@ -103,7 +103,7 @@ pub(crate) fn fmt_secs(s: f64) -> String {
 }
 
 /// The job of an output, from its `job.json`.
-pub async fn job_of(output: &Location) -> Result<JobSpec> {
+pub(crate) async fn job_of(output: &Location) -> Result<JobSpec> {
     read_json(output, JOB_FILE).await?.ok_or_else(|| {
         Error::Output(format!(
             "{} has no {JOB_FILE}: no job was submitted to this output",
@@ -113,7 +113,7 @@ pub async fn job_of(output: &Location) -> Result<JobSpec> {
 }
 
 /// Tasks of `job` stored in the task stream (pending and in flight).
-pub async fn queued(q: &Queue, job: &str) -> Result<u64> {
+pub(crate) async fn queued(q: &Queue, job: &str) -> Result<u64> {
     use futures::TryStreamExt;
     let mut info = q
         .stream
@@ -134,7 +134,10 @@ pub async fn queued(q: &Queue, job: &str) -> Result<u64> {
 /// The done records of `spec`'s own output. Records name the output they
 /// were written to; one of another output (older state, a copied job) is not
 /// this job's work.
-pub fn done_for(spec: &JobSpec, done: HashMap<String, TaskDone>) -> HashMap<String, TaskDone> {
+pub(crate) fn done_for(
+    spec: &JobSpec,
+    done: HashMap<String, TaskDone>,
+) -> HashMap<String, TaskDone> {
     done.into_iter()
         .filter(|(_, d)| d.output.as_deref().is_none_or(|o| o == spec.output))
         .collect()
@@ -143,7 +146,7 @@ pub fn done_for(spec: &JobSpec, done: HashMap<String, TaskDone>) -> HashMap<Stri
 /// The task ids of the job's plan (`tasks.txt`), once `submit` has finished
 /// planning; `None` before. Read again only when another submit has run.
 #[derive(Default)]
-pub struct PlanCache {
+pub(crate) struct PlanCache {
     submitted_at: Option<String>,
     ids: Option<HashSet<String>>,
 }
@@ -178,7 +181,7 @@ fn restrict(snap: &mut Snapshot, plan: &HashSet<String>) {
 }
 
 /// Counts from a job's state and its queued messages.
-pub fn summarize(
+pub(crate) fn summarize(
     spec: &JobSpec,
     snap: &Snapshot,
     queued: u64,
@@ -279,7 +282,7 @@ fn parse_time(s: &str) -> Option<time::OffsetDateTime> {
 }
 
 /// The shared consumer's waiting pulls and unacked deliveries.
-pub async fn consumer_state(q: &Queue) -> Result<ConsumerState> {
+pub(crate) async fn consumer_state(q: &Queue) -> Result<ConsumerState> {
     let mut c = q.consumer.clone();
     let info = c
         .info()
@@ -332,13 +335,17 @@ async fn disconnected(client: &async_nats::Client) {
 }
 
 /// Opens the queue for reading a job's state.
-pub async fn open(nats: &queue::NatsArgs, name: &str) -> Result<Queue> {
+pub(crate) async fn open(nats: &queue::NatsArgs, name: &str) -> Result<Queue> {
     let client = nats.connect(name).await?;
     Ok(Queue::open(client, &QueueConfig::default(), false).await?)
 }
 
 /// Where the job of `output` stands now.
-pub async fn status_once(q: &Queue, output: &Location, plans: &mut PlanCache) -> Result<JobStatus> {
+pub(crate) async fn status_once(
+    q: &Queue,
+    output: &Location,
+    plans: &mut PlanCache,
+) -> Result<JobStatus> {
     let spec = job_of(output).await?;
     deadletter::reconcile(q).await?;
     let mut snap = q.state.snapshot(&spec.job_id).await?;
@@ -353,7 +360,7 @@ pub async fn status_once(q: &Queue, output: &Location, plans: &mut PlanCache) ->
 
 /// One `--watch` line for logs (no terminal): elapsed time, task counts,
 /// chips, rate and ETA.
-pub fn watch_line(s: &JobStatus, elapsed: Duration) -> String {
+pub(crate) fn watch_line(s: &JobStatus, elapsed: Duration) -> String {
     format!(
         "[{}] {}/{} done, {} in flight, {} pending, {} failed, {} chips, {} chips/s, ETA {}",
         fmt_secs(elapsed.as_secs_f64()),

@@ -33,11 +33,11 @@ use crate::job::output::{Claim, JobOutput, Replace};
 use crate::job::plan;
 use crate::job::run::{check_output, now_rfc3339, tiling_spec};
 
-pub use crate::job::output::TASKS_FILE;
+pub(crate) use crate::job::output::TASKS_FILE;
 
 /// Publish acks awaited at once: enough to keep the connection busy, few
 /// enough that a failed publish is noticed within a fraction of a second.
-pub const ACKS_IN_FLIGHT: usize = 512;
+pub(crate) const ACKS_IN_FLIGHT: usize = 512;
 
 /// What a submit did.
 #[derive(Debug, Clone, Serialize)]
@@ -140,10 +140,10 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     // The job exists once its plan has found an input: a mistyped --input
     // must leave the output (and the job it holds) as it was.
     let Some(first) = planner.tasks.recv().await else {
-        planner
-            .done
-            .await
-            .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
+        planner.done.await.map_err(|source| Error::Panicked {
+            what: "planner",
+            source,
+        })??;
         return Err(crate::job::run::no_inputs(&input.url, &planner.stats));
     };
     if let Claim::Replace(old) = &claim {
@@ -210,10 +210,10 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         planner.done.abort();
         return Err(e);
     }
-    planner
-        .done
-        .await
-        .map_err(|e| Error::Input(format!("planner panicked: {e}")))??;
+    planner.done.await.map_err(|source| Error::Panicked {
+        what: "planner",
+        source,
+    })??;
     s.inputs = planner.stats.inputs.load(Ordering::Relaxed);
     q.state
         .put_record(&record(
@@ -274,7 +274,10 @@ pub async fn publish_tasks(
             tasks_file
                 .write_all(format!("{}\n", task.task_id).as_bytes())
                 .await
-                .map_err(|e| Error::Output(format!("{path}: {e}")))?;
+                .map_err(|source| Error::WriteOutput {
+                    path: path.to_string(),
+                    source,
+                })?;
             if job.done.contains_key(&task.task_id) {
                 s.done += 1;
                 continue;
@@ -323,7 +326,10 @@ pub async fn publish_tasks(
     tasks_file
         .shutdown()
         .await
-        .map_err(|e| Error::Output(format!("{path}: {e}")))
+        .map_err(|source| Error::WriteOutput {
+            path: path.to_string(),
+            source,
+        })
 }
 
 fn count(

@@ -8,45 +8,45 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     /// The job.
-    pub job_id: String,
+    pub(crate) job_id: String,
     /// Output URL.
-    pub output: String,
+    pub(crate) output: String,
     /// Output folder, when local.
-    pub local_output: Option<PathBuf>,
+    pub(crate) local_output: Option<PathBuf>,
     /// Tasks in the plan.
-    pub tasks: u64,
+    pub(crate) tasks: u64,
     /// Tasks found finished and not run again.
-    pub tasks_resumed: u64,
+    pub(crate) tasks_resumed: u64,
     /// Inputs planned.
-    pub inputs: u64,
+    pub(crate) inputs: u64,
     /// Objects left out as not images (by extension).
-    pub skipped: u64,
+    pub(crate) skipped: u64,
     /// Chip rows in the dataset.
-    pub chips: u64,
+    pub(crate) chips: u64,
     /// Chips embedded by this run (less than `chips` on resume).
-    pub chips_embedded: u64,
+    pub(crate) chips_embedded: u64,
     /// Inputs recorded in errors/.
     pub failed_inputs: u64,
     /// Inputs that produced no chip and no error (every chip empty or below
     /// `--min-valid`); blocks of split scenes aside.
-    pub inputs_without_chips: u64,
+    pub(crate) inputs_without_chips: u64,
     /// Those inputs, the first thousand (as the manifest lists them).
-    pub empty_inputs: Vec<String>,
+    pub(crate) empty_inputs: Vec<String>,
     /// Chip files of an earlier plan of the input removed (see `docs/decisions.md`).
-    pub superseded_files: u64,
+    pub(crate) superseded_files: u64,
     /// The job `--overwrite` replaced, if any.
-    pub replaced_job: Option<String>,
+    pub(crate) replaced_job: Option<String>,
     /// Bytes read from the input store.
-    pub bytes_read: u64,
+    pub(crate) bytes_read: u64,
     /// Wall time.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Embedding dimension.
-    pub embed_dim: usize,
+    pub(crate) embed_dim: usize,
 }
 
 impl Summary {
     /// Chips embedded per second of wall time.
-    pub fn chips_per_second(&self) -> f64 {
+    pub(crate) fn chips_per_second(&self) -> f64 {
         if self.seconds > 0.0 {
             self.chips_embedded as f64 / self.seconds
         } else {
@@ -55,7 +55,7 @@ impl Summary {
     }
 
     /// The glob a query engine reads the chips with.
-    pub fn chips_glob(&self) -> String {
+    pub(crate) fn chips_glob(&self) -> String {
         match &self.local_output {
             Some(p) => format!("{}/chips/*.parquet", p.display()),
             None => format!("{}/chips/*.parquet", self.output.trim_end_matches('/')),

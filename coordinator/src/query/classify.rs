@@ -45,15 +45,15 @@ const MAX_LABELS: usize = 100_000;
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ClassifySummary {
     /// The output file.
-    pub output: String,
+    pub(crate) output: String,
     /// Chips labelled (every chip of the index).
-    pub rows: u64,
+    pub(crate) rows: u64,
     /// Labels scored.
-    pub labels: usize,
+    pub(crate) labels: usize,
     /// How many chips got each label as their best, most frequent first.
-    pub best_counts: Vec<(String, u64)>,
+    pub(crate) best_counts: Vec<(String, u64)>,
     /// Seconds.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
 }
 
 impl ClassifySummary {
@@ -73,7 +73,7 @@ impl ClassifySummary {
 /// The labels of a labels file: one per line, trimmed; blank lines and
 /// `#` comments skipped; duplicates refused (their scores would be equal and
 /// their order arbitrary).
-pub fn read_labels(text: &str) -> Result<Vec<String>> {
+pub(crate) fn read_labels(text: &str) -> Result<Vec<String>> {
     let mut out: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for (i, line) in text.lines().enumerate() {
@@ -102,7 +102,7 @@ pub fn read_labels(text: &str) -> Result<Vec<String>> {
 }
 
 /// The text a label is embedded as.
-pub fn apply_template(template: &str, label: &str) -> String {
+pub(crate) fn apply_template(template: &str, label: &str) -> String {
     template.replace("{}", label)
 }
 

@@ -7,7 +7,7 @@ use arrow_schema::ArrowError;
 use parquet::errors::ParquetError;
 
 /// A cause of any kind (object store, Parquet, I/O) kept as a source.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Errors of `search`, `classify`, `compact` and the index they read.
 #[derive(Debug, thiserror::Error)]

@@ -40,63 +40,63 @@ const FOOTER_CONCURRENCY: usize = 16;
 /// embeddings at D = 1024) that glibc serves the decode buffers from its
 /// heap: at 4096 rows each 16 MiB buffer was a fresh mmap, and page faults
 /// took 40 % of a search (docs/benchmarks.md).
-pub const SCAN_BATCH_ROWS: usize = 512;
+pub(crate) const SCAN_BATCH_ROWS: usize = 512;
 
 /// One chip file of an index.
 #[derive(Debug, Clone)]
-pub struct Part {
+pub(crate) struct Part {
     /// Object path in the index's store.
-    pub path: Path,
+    pub(crate) path: Path,
     /// Its URI, for messages.
-    pub uri: String,
+    pub(crate) uri: String,
     /// Size in bytes.
-    pub size: u64,
+    pub(crate) size: u64,
     /// Its footer, with the Arrow schema.
-    pub meta: ArrowReaderMetadata,
+    pub(crate) meta: ArrowReaderMetadata,
     /// Its `rsembed` metadata, when it has one.
-    pub file_meta: Option<FileMeta>,
+    pub(crate) file_meta: Option<FileMeta>,
 }
 
 /// A row group of a part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GroupRef {
+pub(crate) struct GroupRef {
     /// Index into [`Index::parts`].
-    pub part: usize,
+    pub(crate) part: usize,
     /// Row group within the part.
-    pub row_group: usize,
+    pub(crate) row_group: usize,
 }
 
 /// What pruning kept.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Pruning {
+pub(crate) struct Pruning {
     /// Row groups in the index.
-    pub groups_total: usize,
+    pub(crate) groups_total: usize,
     /// Row groups that may hold matching rows (read).
-    pub groups_kept: usize,
+    pub(crate) groups_kept: usize,
     /// Rows in the index.
-    pub rows_total: u64,
+    pub(crate) rows_total: u64,
     /// Rows in the kept row groups.
-    pub rows_kept: u64,
+    pub(crate) rows_kept: u64,
 }
 
 /// An opened index.
 #[derive(Debug, Clone)]
-pub struct Index {
+pub(crate) struct Index {
     /// Where it is; part paths are in this location's store.
-    pub root: Location,
+    pub(crate) root: Location,
     /// Its chip files, in a stable order (the manifest's, else by path).
-    pub parts: Vec<Part>,
+    pub(crate) parts: Vec<Part>,
     /// `manifest.json`, when the index has one.
-    pub manifest: Option<Manifest>,
+    pub(crate) manifest: Option<Manifest>,
     /// Embedding dimension, equal in every part.
-    pub embed_dim: usize,
+    pub(crate) embed_dim: usize,
     /// Bytes fetched from the store so far, footers included.
     read: Arc<AtomicU64>,
 }
 
 impl Index {
     /// Opens the index at `url` and reads every part's footer.
-    pub async fn open(stores: &StoreCache, url: &str) -> Result<Index> {
+    pub(crate) async fn open(stores: &StoreCache, url: &str) -> Result<Index> {
         let loc = stores.location(url)?;
         let (root, listed, manifest) = if url.trim_end_matches('/').ends_with(".parquet") {
             let head = loc.store.head(&loc.prefix).await?;
@@ -164,7 +164,7 @@ impl Index {
     }
 
     /// The model name and sha256 recorded in the files, when they say.
-    pub fn model(&self) -> Option<(&str, &str)> {
+    pub(crate) fn model(&self) -> Option<(&str, &str)> {
         self.parts
             .iter()
             .find_map(|p| p.file_meta.as_ref())
@@ -172,19 +172,19 @@ impl Index {
     }
 
     /// Bytes fetched from the store so far, footers included.
-    pub fn bytes_read(&self) -> u64 {
+    pub(crate) fn bytes_read(&self) -> u64 {
         self.read.load(Ordering::Relaxed)
     }
 
     /// Total rows.
-    pub fn rows(&self) -> u64 {
+    pub(crate) fn rows(&self) -> u64 {
         self.parts.iter().map(|p| p.rows()).sum()
     }
 
     /// The row groups that may hold a chip whose bbox intersects `bbox`
     /// (all of them without one), judged from the `bbox` column statistics
     /// only: nothing but the footers is read.
-    pub fn row_groups(&self, bbox: Option<[f64; 4]>) -> (Vec<GroupRef>, Pruning) {
+    pub(crate) fn row_groups(&self, bbox: Option<[f64; 4]>) -> (Vec<GroupRef>, Pruning) {
         let mut kept = Vec::new();
         let mut p = Pruning::default();
         for (pi, part) in self.parts.iter().enumerate() {
@@ -214,7 +214,7 @@ impl Index {
     /// A stream of the columns `columns` (top-level names) of one row group,
     /// in batches of at most [`SCAN_BATCH_ROWS`] rows, optionally only the
     /// rows `selection` picks.
-    pub fn stream(
+    pub(crate) fn stream(
         &self,
         g: GroupRef,
         columns: &[&str],
@@ -254,17 +254,17 @@ impl Index {
 
 impl Part {
     /// Rows in the file.
-    pub fn rows(&self) -> u64 {
+    pub(crate) fn rows(&self) -> u64 {
         self.meta.metadata().file_metadata().num_rows().max(0) as u64
     }
 
     /// Rows of row group `g`.
-    pub fn group_rows(&self, g: usize) -> usize {
+    pub(crate) fn group_rows(&self, g: usize) -> usize {
         self.meta.metadata().row_group(g).num_rows().max(0) as usize
     }
 
     /// D of the `embedding` column, FixedSizeList<Float32, D>.
-    pub fn embed_dim(&self) -> Result<usize> {
+    pub(crate) fn embed_dim(&self) -> Result<usize> {
         let schema = self.meta.schema();
         let f = schema.field_with_name(col::EMBEDDING).map_err(|_| {
             QueryError::dataset(&self.uri, "no `embedding` column: not an rsembed chip file")
@@ -423,7 +423,7 @@ async fn open_part(
 
 /// Reads a part through object_store ranged gets (the size is known, so a
 /// footer costs one or two requests), counting the bytes fetched.
-pub struct StoreReader {
+pub(crate) struct StoreReader {
     store: Arc<dyn ObjectStore>,
     path: Path,
     size: u64,
@@ -538,7 +538,7 @@ impl BboxColumns {
 /// The embeddings of a batch as one contiguous row-major slice of
 /// `rows × dim` floats, or an error naming the file when the column is not
 /// FixedSizeList<Float32, dim> or has nulls.
-pub fn embeddings<'a>(batch: &'a RecordBatch, dim: usize, uri: &str) -> Result<&'a [f32]> {
+pub(crate) fn embeddings<'a>(batch: &'a RecordBatch, dim: usize, uri: &str) -> Result<&'a [f32]> {
     let c = batch
         .column_by_name(col::EMBEDDING)
         .ok_or_else(|| QueryError::MissingColumn {
@@ -568,7 +568,7 @@ pub fn embeddings<'a>(batch: &'a RecordBatch, dim: usize, uri: &str) -> Result<&
 }
 
 /// Per row of `batch`: whether its bbox intersects `b` (false for a null bbox).
-pub fn bbox_mask(batch: &RecordBatch, b: [f64; 4], uri: &str) -> Result<Vec<bool>> {
+pub(crate) fn bbox_mask(batch: &RecordBatch, b: [f64; 4], uri: &str) -> Result<Vec<bool>> {
     use arrow_array::{Float64Array, StructArray};
     let s = batch
         .column_by_name(col::BBOX)

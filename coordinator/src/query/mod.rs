@@ -9,8 +9,8 @@
 pub mod classify;
 pub mod compact;
 mod error;
-pub mod index;
-pub mod scan;
+pub(crate) mod index;
+pub(crate) mod scan;
 pub mod search;
 
-pub use error::Error;
+pub(crate) use error::Error;

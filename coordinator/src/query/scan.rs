@@ -15,7 +15,7 @@ use crate::query::Error as QueryError;
 
 /// Row groups scanned at once when the user does not say: two per core keeps
 /// one group's fetch overlapping another's decode and scoring.
-pub fn default_concurrency() -> usize {
+pub(crate) fn default_concurrency() -> usize {
     2 * std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
@@ -26,7 +26,7 @@ pub fn default_concurrency() -> usize {
 /// group's accumulator. The stream yields the groups' accumulators in the
 /// order of `groups`; memory is bounded by `concurrency` groups' batches and
 /// accumulators.
-pub fn scan_groups<T, I, F>(
+pub(crate) fn scan_groups<T, I, F>(
     index: Arc<Index>,
     groups: Vec<GroupRef>,
     columns: Vec<&'static str>,
@@ -72,13 +72,13 @@ where
 }
 
 /// The rows `rows` (sorted, distinct, within the group) as a row selection.
-pub fn selection_of(rows: &[usize], group_rows: usize) -> RowSelection {
+pub(crate) fn selection_of(rows: &[usize], group_rows: usize) -> RowSelection {
     let ranges = rows.iter().map(|&r| r..r + 1);
     RowSelection::from_consecutive_ranges(ranges, group_rows)
 }
 
 /// `out[i] = rows[i] · q` for the `out.len()` rows of `dim` floats in `rows`.
-pub fn dots(rows: &[f32], dim: usize, q: &[f32], out: &mut [f32]) {
+pub(crate) fn dots(rows: &[f32], dim: usize, q: &[f32], out: &mut [f32]) {
     assert_eq!(q.len(), dim, "query dimension");
     assert!(rows.len() >= out.len() * dim, "rows hold out.len() rows");
     #[cfg(target_arch = "x86_64")]
@@ -108,7 +108,7 @@ fn dots_generic(rows: &[f32], dim: usize, q: &[f32], out: &mut [f32]) {
 /// A dot product written for the autovectoriser: sixteen independent lanes
 /// (no loop-carried dependency on one sum), then a fixed-order reduction.
 #[inline(always)]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     const W: usize = 16;
     let mut acc = [0f32; W];
     let (ca, ra) = a.as_chunks::<W>();
@@ -131,13 +131,13 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// A scored row: where it is, and its cosine with the query.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Hit {
+pub(crate) struct Hit {
     /// Its row group.
-    pub group: GroupRef,
+    pub(crate) group: GroupRef,
     /// Row within the group.
-    pub row: usize,
+    pub(crate) row: usize,
     /// Cosine with the query (both are unit vectors).
-    pub cosine: f32,
+    pub(crate) cosine: f32,
 }
 
 impl Hit {
@@ -173,14 +173,14 @@ impl Ord for Worst {
 
 /// The best `k` hits seen: O(k) memory, O(log k) per hit that enters.
 #[derive(Debug, Clone, Default)]
-pub struct TopK {
+pub(crate) struct TopK {
     k: usize,
     heap: BinaryHeap<Worst>,
 }
 
 impl TopK {
     /// An empty top-`k`.
-    pub fn new(k: usize) -> TopK {
+    pub(crate) fn new(k: usize) -> TopK {
         TopK {
             k,
             heap: BinaryHeap::with_capacity(k.min(1 << 16) + 1),
@@ -189,7 +189,7 @@ impl TopK {
 
     /// Offers a hit; cheap when it is worse than everything kept.
     #[inline]
-    pub fn push(&mut self, h: Hit) {
+    pub(crate) fn push(&mut self, h: Hit) {
         if self.k == 0 {
             return;
         }
@@ -206,7 +206,7 @@ impl TopK {
     /// The lowest cosine that still enters, once full: rows below it can be
     /// skipped without building a hit.
     #[inline]
-    pub fn threshold(&self) -> f32 {
+    pub(crate) fn threshold(&self) -> f32 {
         if self.heap.len() < self.k {
             f32::NEG_INFINITY
         } else {
@@ -215,14 +215,14 @@ impl TopK {
     }
 
     /// Adds every hit of `other`.
-    pub fn merge(&mut self, other: TopK) {
+    pub(crate) fn merge(&mut self, other: TopK) {
         for w in other.heap {
             self.push(w.0);
         }
     }
 
     /// The hits, best first.
-    pub fn into_sorted(self) -> Vec<Hit> {
+    pub(crate) fn into_sorted(self) -> Vec<Hit> {
         let mut v: Vec<Hit> = self.heap.into_iter().map(|w| w.0).collect();
         v.sort_by(Hit::rank_cmp);
         v
@@ -231,13 +231,13 @@ impl TopK {
 
 /// `sigmoid(exp(logit_scale) · cos + logit_bias)`: SigLIP's probability that
 /// a text matches an image.
-pub fn sigmoid_score(cos: f32, logit_scale: f64, logit_bias: f64) -> f64 {
+pub(crate) fn sigmoid_score(cos: f32, logit_scale: f64, logit_bias: f64) -> f64 {
     let z = logit_scale.exp() * f64::from(cos) + logit_bias;
     1.0 / (1.0 + (-z).exp())
 }
 
 /// Scales `v` to unit length; an error for a zero or non-finite vector.
-pub fn normalize(v: &mut [f32]) -> Result<()> {
+pub(crate) fn normalize(v: &mut [f32]) -> Result<()> {
     let n = v
         .iter()
         .map(|x| f64::from(*x) * f64::from(*x))

@@ -42,49 +42,49 @@ use crate::query::Error as QueryError;
 
 /// One result, with what the output shows of its chip.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct SearchResult {
+pub(crate) struct SearchResult {
     /// 1 for the best.
-    pub rank: usize,
+    pub(crate) rank: usize,
     /// `sigmoid(exp(logit_scale)·cos + logit_bias)`; absent without a model.
-    pub score: Option<f64>,
+    pub(crate) score: Option<f64>,
     /// Cosine between the chip's and the query's embedding.
-    pub cosine: f32,
+    pub(crate) cosine: f32,
     /// The chip's id.
-    pub chip_id: String,
+    pub(crate) chip_id: String,
     /// Its source.
-    pub source_uri: String,
+    pub(crate) source_uri: String,
     /// Window origin and size in source pixels.
-    pub x: i32,
+    pub(crate) x: i32,
     /// Window origin.
-    pub y: i32,
+    pub(crate) y: i32,
     /// Window size.
-    pub width: i32,
+    pub(crate) width: i32,
     /// Window size.
-    pub height: i32,
+    pub(crate) height: i32,
     /// Share of real pixels.
-    pub valid_fraction: f32,
+    pub(crate) valid_fraction: f32,
     /// Source CRS.
-    pub crs: Option<String>,
+    pub(crate) crs: Option<String>,
     /// Centre, lon/lat.
-    pub centre_lon: Option<f64>,
+    pub(crate) centre_lon: Option<f64>,
     /// Centre, lon/lat.
-    pub centre_lat: Option<f64>,
+    pub(crate) centre_lat: Option<f64>,
     /// Footprint as GeoJSON geometry.
     #[serde(skip)]
-    pub geometry: Option<Value>,
+    pub(crate) geometry: Option<Value>,
 }
 
 /// What the scan did, for the closing line on stderr.
 #[derive(Debug, Clone, Default, serde::Serialize)]
-pub struct SearchStats {
+pub(crate) struct SearchStats {
     /// Row-group pruning by `--bbox`.
-    pub pruning: Pruning,
+    pub(crate) pruning: Pruning,
     /// Rows scored (after the row-level bbox test).
-    pub rows_scored: u64,
+    pub(crate) rows_scored: u64,
     /// Bytes fetched from the store, footers included.
-    pub bytes_read: u64,
+    pub(crate) bytes_read: u64,
     /// Seconds from opening the index to the results.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
 }
 
 /// Runs a search and prints its results to `out` (and one line of scan
@@ -170,7 +170,7 @@ fn print_results(
 }
 
 /// The top-K results of a search, best first, and what the scan did.
-pub async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats)> {
+pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats)> {
     let t0 = Instant::now();
     let sources = usize::from(!args.texts.is_empty())
         + usize::from(args.like.is_some())
@@ -269,7 +269,7 @@ pub async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats
 }
 
 /// The model must be the one the index was embedded with.
-pub fn check_model(index: &Index, m: &ModelDir) -> Result<()> {
+pub(crate) fn check_model(index: &Index, m: &ModelDir) -> Result<()> {
     if m.manifest.embed_dim != index.embed_dim {
         return Err(QueryError::flag(
             "--model",
@@ -538,7 +538,7 @@ fn string_col<'a>(batch: &'a RecordBatch, name: &str, uri: &str) -> Result<&'a S
 /// A WKB polygon (either byte order, 2D) as a GeoJSON geometry; `None` for
 /// anything else or for bytes that do not parse (a footprint is only shown,
 /// never trusted, here).
-pub fn wkb_to_geojson(b: &[u8]) -> Option<Value> {
+pub(crate) fn wkb_to_geojson(b: &[u8]) -> Option<Value> {
     let mut r = Wkb {
         b,
         pos: 0,

@@ -24,7 +24,7 @@ pub type Key = (u64, u128);
 /// The index of cell (`x`, `y`) along the Hilbert curve of `order` (1..=32)
 /// over a 2^order × 2^order grid; the curve starts at (0, 0) and ends at
 /// (2^order − 1, 0), and consecutive indexes are adjacent cells.
-pub fn hilbert_index(order: u32, x: u32, y: u32) -> u64 {
+pub(crate) fn hilbert_index(order: u32, x: u32, y: u32) -> u64 {
     assert!((1..=32).contains(&order), "Hilbert order {order}");
     let max = u32::MAX >> (32 - order);
     let (mut x, mut y) = (x & max, y & max);
@@ -115,25 +115,25 @@ pub(super) fn batch_keys(batch: &RecordBatch, uri: &str) -> Result<Vec<Key>> {
 
 /// An order-independent digest of a set of chip ids.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct IdDigest {
+pub(crate) struct IdDigest {
     /// How many.
-    pub rows: u64,
+    pub(crate) rows: u64,
     /// Their wrapping sum.
-    pub sum: u128,
+    pub(crate) sum: u128,
     /// Their xor.
-    pub xor: u128,
+    pub(crate) xor: u128,
 }
 
 impl IdDigest {
     /// Adds one id.
-    pub fn add(&mut self, id: u128) {
+    pub(crate) fn add(&mut self, id: u128) {
         self.rows += 1;
         self.sum = self.sum.wrapping_add(id);
         self.xor ^= id;
     }
 
     /// Adds another digest's ids.
-    pub fn merge(&mut self, o: &IdDigest) {
+    pub(crate) fn merge(&mut self, o: &IdDigest) {
         self.rows += o.rows;
         self.sum = self.sum.wrapping_add(o.sum);
         self.xor ^= o.xor;

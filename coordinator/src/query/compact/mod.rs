@@ -106,28 +106,29 @@ mod source;
 mod spill;
 mod write;
 
-pub use keys::{hilbert_index, hilbert_key, parse_chip_id, IdDigest, Key};
+pub(crate) use keys::IdDigest;
+pub use keys::{hilbert_key, parse_chip_id, Key};
 pub(crate) use write::AtomicUpload;
 
 /// Hilbert curve order per axis: 2^32 cells of 8 mm of longitude at the equator.
-pub const HILBERT_ORDER: u32 = 32;
+pub(crate) const HILBERT_ORDER: u32 = 32;
 /// The key of a row without a centre: after every located row.
-pub const NO_CENTRE: u64 = u64::MAX;
+pub(crate) const NO_CENTRE: u64 = u64::MAX;
 /// Keys kept by pass 1's sample; datasets of at most this many rows are split exactly.
-pub const SAMPLE_ROWS: usize = 1 << 18;
+pub(crate) const SAMPLE_ROWS: usize = 1 << 18;
 /// Pass 2's spill buffers over all buckets, before the largest are flushed.
-pub const SPILL_BUFFER_BYTES: usize = 64 << 20;
+pub(crate) const SPILL_BUFFER_BYTES: usize = 64 << 20;
 /// A bucket's buffer is flushed once it holds this much, whatever the total.
-pub const SPILL_FRAME_BYTES: usize = 16 << 20;
+pub(crate) const SPILL_FRAME_BYTES: usize = 16 << 20;
 /// Source row groups decoded ahead of the routing in pass 2.
-pub const ROUTE_CONCURRENCY: usize = 2;
+pub(crate) const ROUTE_CONCURRENCY: usize = 2;
 /// Rows gathered into one batch for the writer in pass 3 (it fills its
 /// 8192-row groups from several): the copy made by the gather stays small.
-pub const WRITE_BATCH_ROWS: usize = 1024;
+pub(crate) const WRITE_BATCH_ROWS: usize = 1024;
 /// Parts of one output file uploaded at once (10 MiB each).
-pub const UPLOAD_CONCURRENCY: usize = 2;
+pub(crate) const UPLOAD_CONCURRENCY: usize = 2;
 /// More output files than this means a `--target-size` far too small.
-pub const MAX_FILES: usize = 100_000;
+pub(crate) const MAX_FILES: usize = 100_000;
 
 /// The columns of a chip file, in file order.
 const COLUMNS: [&str; 14] = [
@@ -151,28 +152,28 @@ const COLUMNS: [&str; 14] = [
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CompactSummary {
     /// The compacted dataset's URL.
-    pub output: String,
+    pub(crate) output: String,
     /// Rows written (equal to the source manifest's).
-    pub rows: u64,
+    pub(crate) rows: u64,
     /// Files written.
-    pub files: usize,
+    pub(crate) files: usize,
     /// The source dataset's URL.
-    pub source: String,
+    pub(crate) source: String,
     /// Chip files of the source.
-    pub source_files: usize,
+    pub(crate) source_files: usize,
     /// Bytes of the source's chip files.
-    pub bytes_in: u64,
+    pub(crate) bytes_in: u64,
     /// Bytes fetched from the source, footers included (each row group once
     /// for the keys, once for the rows).
-    pub bytes_read: u64,
+    pub(crate) bytes_read: u64,
     /// Bytes of the files written.
-    pub bytes_out: u64,
+    pub(crate) bytes_out: u64,
     /// Row groups in the files written.
-    pub row_groups: usize,
+    pub(crate) row_groups: usize,
     /// Bytes written to the local spill.
-    pub spill_bytes: u64,
+    pub(crate) spill_bytes: u64,
     /// Wall time.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
 }
 
 impl CompactSummary {
