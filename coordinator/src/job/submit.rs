@@ -250,7 +250,7 @@ pub struct PublishJob<'a> {
     pub retry_failed: bool,
 }
 
-/// Publishes every task `tasks` yields, with up to [`ACKS_IN_FLIGHT`] acks
+/// Publishes every task `tasks` yields, with up to `ACKS_IN_FLIGHT` acks
 /// awaited at once, and writes the plan's task ids to `tasks.txt`; counts go
 /// into `s`. The planner streams into `tasks`, so the plan is never held.
 pub async fn publish_tasks(

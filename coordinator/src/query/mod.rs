@@ -1,7 +1,7 @@
 //! The query side: reading a finished dataset back.
 //!
-//! [`index`] opens a job's output, a compacted dataset or one Parquet file and
-//! prunes row groups by their `bbox` statistics; [`scan`] reads the selected
+//! `index` opens a job's output, a compacted dataset or one Parquet file and
+//! prunes row groups by their `bbox` statistics; `scan` reads the selected
 //! row groups in parallel and scores them; [`search`] and [`classify`] are the
 //! two commands over that scan; [`compact`] rewrites a job's per-task files
 //! into large Hilbert-sorted parts.

@@ -47,7 +47,7 @@ pub(crate) fn hilbert_index(order: u32, x: u32, y: u32) -> u64 {
 }
 
 /// The Hilbert key of a chip centre: order 32 over the whole globe, lon
-/// [-180, 180] × lat [-90, 90] (values outside are clamped); [`NO_CENTRE`]
+/// [-180, 180] × lat [-90, 90] (values outside are clamped); `NO_CENTRE`
 /// for a missing or non-finite centre.
 pub fn hilbert_key(lon: Option<f64>, lat: Option<f64>) -> u64 {
     match (lon, lat) {

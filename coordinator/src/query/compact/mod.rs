@@ -17,7 +17,7 @@
 //!    centre get `u64::MAX` and sort last, by chip id. The rows are counted
 //!    against the manifest, an order-independent digest of the chip ids is
 //!    kept, and a bottom-k sample of the keys (by a hash of the chip id, at most
-//!    [`SAMPLE_ROWS`]; all rows when there are fewer) gives the split keys:
+//!    `SAMPLE_ROWS`; all rows when there are fewer) gives the split keys:
 //!    output file *i* holds the keys between split *i−1* and split *i*, about
 //!    `--target-size` divided by the source's bytes per row rows each.
 //! 2. **Route.** Every row group of the source is read once, whole; each row
@@ -34,15 +34,15 @@
 //!    streamed to the store through an atomic upload (one put, or a multipart
 //!    upload that appears whole), hashed on the way. The spill is then deleted.
 //!
-//! **Memory bound.** Pass 1: the key sample, at most 2 × [`SAMPLE_ROWS`] × 32 B
+//! **Memory bound.** Pass 1: the key sample, at most 2 × `SAMPLE_ROWS` × 32 B
 //! = 16 MiB, plus a few row groups of three small columns. Pass 2:
-//! [`ROUTE_CONCURRENCY`] source row groups (8192 rows each in rsembed files)
-//! and the spill buffers, at most [`SPILL_BUFFER_BYTES`] over all buckets (the
+//! `ROUTE_CONCURRENCY` source row groups (8192 rows each in rsembed files)
+//! and the spill buffers, at most `SPILL_BUFFER_BYTES` over all buckets (the
 //! largest are flushed first) plus one frame being encoded. Pass 3: one output
 //! file's rows decoded (about `--target-size`, since embeddings hardly
 //! compress; a little more where the sample's split was off), 64 B per row of
-//! sort index, [`WRITE_BATCH_ROWS`] rows being gathered, one row group being
-//! encoded and [`UPLOAD_CONCURRENCY`] 10 MiB upload parts. So about
+//! sort index, `WRITE_BATCH_ROWS` rows being gathered, one row group being
+//! encoded and `UPLOAD_CONCURRENCY` 10 MiB upload parts. So about
 //! `--target-size` + 150 MiB, whatever the number of rows; lower
 //! `--target-size` to need less. Passes 2 and 3 run on one thread so that
 //! malloc reuses one arena's memory (see `spill_and_write`). Measured on a
@@ -55,7 +55,7 @@
 //! manifest's `rows` (and each file's footer against its manifest entry). Pass 3
 //! checks each bucket for a repeated chip id (copies of one chip share its
 //! centre, so its key, so its bucket; pass 1 already checks the sample, which
-//! is every row for up to [`SAMPLE_ROWS`] rows), and sums rows and the chip-id
+//! is every row for up to `SAMPLE_ROWS` rows), and sums rows and the chip-id
 //! digest (count, wrapping sum and xor of the 128-bit ids) of what it hands the
 //! writer, checking each file's row count in its footer. The manifest is
 //! written only when count and digest equal pass 1's.
