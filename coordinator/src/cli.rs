@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-pub use rsembed_worker::engine::flags::{BatchPolicy, EngineArgs};
+use rsembed_worker::engine::flags::EngineArgs;
 use rsembed_worker::engine::session::{parse_byte_size, Device, SessionConfig};
 
 use crate::fetch_model::GraphCheck;

@@ -74,11 +74,11 @@ impl Counter {
         Counter::default()
     }
     /// Adds `n`.
-    pub fn inc_by(&self, n: u64) {
+    pub(crate) fn inc_by(&self, n: u64) {
         self.0.inc_by(n);
     }
     /// Raises the counter to `v` when it is below (for a count kept elsewhere).
-    pub fn raise_to(&self, v: u64) {
+    pub(crate) fn raise_to(&self, v: u64) {
         self.0.inner().fetch_max(v, Ordering::Relaxed);
     }
     /// The value now.
@@ -156,7 +156,7 @@ impl Histogram {
     }
     /// Records one observation of `seconds`; a negative or non-finite one
     /// (a clock step) counts as zero rather than poisoning the sum.
-    pub fn observe(&self, seconds: f64) {
+    pub(crate) fn observe(&self, seconds: f64) {
         let s = if seconds.is_finite() {
             seconds.max(0.0)
         } else {
@@ -322,14 +322,14 @@ impl Registry {
 
     /// Follows an adaptive engine's statistics: bucket, ceiling and OOM count
     /// are copied from it by [`Registry::publish_adaptive`].
-    pub fn watch_adaptive(&self, stats: StatsHandle) {
+    pub(crate) fn watch_adaptive(&self, stats: StatsHandle) {
         *self.adaptive.lock().unwrap_or_else(|p| p.into_inner()) = Some(stats);
         self.publish_adaptive();
     }
 
     /// Copies the watched adaptive statistics, if any, into the gauges and the
     /// OOM counter.
-    pub fn publish_adaptive(&self) {
+    pub(crate) fn publish_adaptive(&self) {
         let handle = self
             .adaptive
             .lock()
@@ -344,7 +344,7 @@ impl Registry {
     }
 
     /// Records device memory, as NVML reports it.
-    pub fn set_device_memory(&self, m: DeviceMemory) {
+    pub(crate) fn set_device_memory(&self, m: DeviceMemory) {
         let clamp = |v: u64| v.min(i64::MAX as u64) as i64;
         self.gpu.used.store(clamp(m.used), Ordering::Relaxed);
         self.gpu.total.store(clamp(m.total), Ordering::Relaxed);
@@ -354,7 +354,7 @@ impl Registry {
     /// What the engine thread publishes after building the backend and after
     /// each request: its preferred batch, device memory when it can measure
     /// it, and the adaptive statistics.
-    pub fn observe_backend<B: Backend + ?Sized>(&self, backend: &B) {
+    pub(crate) fn observe_backend<B: Backend + ?Sized>(&self, backend: &B) {
         if let Some(n) = backend.preferred_batch() {
             self.batch_size.set(n as i64);
         }

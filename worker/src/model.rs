@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 ///
 /// Graphs are checked where they are used: an image run needs only the vision
 /// graph it runs, a text command only the text graph, so a directory copied
-/// without the others still serves them ([`ModelDir::graph_path`]).
+/// without the others still serves them (`ModelDir::graph_path`).
 /// [`ModelDir::check_files`] asks for every file the manifest names.
 #[derive(Debug, Clone)]
 pub struct ModelDir {
@@ -158,7 +158,7 @@ impl ModelDir {
     }
 
     /// Path of a graph of the manifest, checked to exist.
-    pub fn graph_path(&self, g: &GraphSpec) -> Result<PathBuf> {
+    pub(crate) fn graph_path(&self, g: &GraphSpec) -> Result<PathBuf> {
         let p = self.dir.join(&g.file);
         if p.is_file() {
             return Ok(p);

@@ -10,7 +10,7 @@
 //!   [`RetryHint::Now`] → nak without delay, [`RetryHint::Never`] → record the
 //!   task as failed and terminate it (`pull`'s one mapping);
 //! - the batcher (pull workers): an input the store could not give us (any
-//!   store error, [`store_hint`]) fails its task with that error's hint
+//!   store error, `store_hint`) fails its task with that error's hint
 //!   instead of becoming an error row that calls the input bad;
 //! - `rsembed status --watch`: anything but [`RetryHint::Never`] is an outage
 //!   it waits out for its grace period.
@@ -261,7 +261,7 @@ pub fn hint_in_chain(err: &(dyn StdError + 'static)) -> Option<RetryHint> {
 /// `errors/`); `Some` means the input could not be read at all, which says
 /// nothing about it, so a pull worker fails the task instead of recording
 /// the input as bad (see [`crate::task::StoreErrors`]).
-pub fn store_hint(err: &(dyn StdError + 'static)) -> Option<RetryHint> {
+pub(crate) fn store_hint(err: &(dyn StdError + 'static)) -> Option<RetryHint> {
     hint_in_chain(err)
 }
 

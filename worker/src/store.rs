@@ -37,7 +37,7 @@ impl std::fmt::Debug for Location {
 
 /// Turns a plain path or URL into a canonical URL. Relative paths are made absolute
 /// against the current directory; they need not exist.
-pub fn canonical_url(s: &str) -> Result<Url> {
+pub(crate) fn canonical_url(s: &str) -> Result<Url> {
     let bad = |reason: String| Error::Location {
         url: s.to_owned(),
         reason,

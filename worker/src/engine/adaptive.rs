@@ -266,7 +266,7 @@ impl<B: Backend> Adaptive<B> {
     }
 
     /// A handle that reads the statistics from any thread.
-    pub fn stats_handle(&self) -> StatsHandle {
+    pub(crate) fn stats_handle(&self) -> StatsHandle {
         StatsHandle(self.shared.clone())
     }
 

@@ -99,7 +99,7 @@ pub trait Backend: Send {
 /// Scales every row of `data` (rows of `dim`) to unit L2 norm.
 ///
 /// An all-zero row stays zero rather than becoming NaN.
-pub fn l2_normalize_rows(data: &mut [f32], dim: usize) {
+pub(crate) fn l2_normalize_rows(data: &mut [f32], dim: usize) {
     for row in data.chunks_exact_mut(dim) {
         let norm = row
             .iter()

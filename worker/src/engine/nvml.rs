@@ -16,7 +16,7 @@
 //!
 //! NVML numbers devices in PCI bus order and sees every GPU of the machine;
 //! CUDA numbers the devices `CUDA_VISIBLE_DEVICES` leaves visible, so
-//! [`NvmlDevice::for_cuda`] maps a CUDA index through that variable.
+//! `NvmlDevice::for_cuda` maps a CUDA index through that variable.
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 
@@ -82,7 +82,7 @@ impl NvmlDevice {
     /// `CUDA_VISIBLE_DEVICES` (`None` when unset: the identity). Assumes NVML's
     /// PCI order matches CUDA's numbering, which holds on machines of one GPU
     /// model and under `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
-    pub fn for_cuda(cuda_index: u32, visible: Option<&str>) -> Option<NvmlDevice> {
+    pub(crate) fn for_cuda(cuda_index: u32, visible: Option<&str>) -> Option<NvmlDevice> {
         let Some(list) = visible.map(str::trim).filter(|v| !v.is_empty()) else {
             return Some(NvmlDevice::Index(cuda_index));
         };

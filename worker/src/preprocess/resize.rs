@@ -61,7 +61,7 @@ pub enum Filter {
 
 impl Filter {
     /// PIL code: 0 nearest, 1 lanczos, 2 bilinear, 3 bicubic, 4 box, 5 hamming. None for anything else.
-    pub fn from_pil_code(code: u32) -> Option<Filter> {
+    pub(crate) fn from_pil_code(code: u32) -> Option<Filter> {
         Some(match code {
             0 => Filter::Nearest,
             1 => Filter::Lanczos,

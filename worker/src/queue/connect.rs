@@ -33,7 +33,7 @@ pub fn install_crypto_provider() {
 ///
 /// The first connection is tried once, so a wrong URL, credential or
 /// certificate is an error at start rather than a silent retry loop.
-pub async fn connect_with(
+pub(crate) async fn connect_with(
     urls: &str,
     options: async_nats::ConnectOptions,
 ) -> Result<async_nats::Client, QueueError> {
@@ -419,7 +419,7 @@ impl NatsArgs {
         Ok(o)
     }
 
-    /// Connects (see [`connect_with`]).
+    /// Connects (see `connect_with`).
     pub async fn connect(&self, name: &str) -> Result<async_nats::Client, QueueError> {
         self.connect_watched(name, &ConnectionWatch::new()).await
     }

@@ -17,8 +17,8 @@ mod connect;
 pub mod state;
 
 pub use connect::{
-    connect, connect_with, install_crypto_provider, redact_urls, server_supported,
-    ConnectionProblem, ConnectionWatch, NatsArgs,
+    connect, install_crypto_provider, redact_urls, server_supported, ConnectionProblem,
+    ConnectionWatch, NatsArgs,
 };
 
 pub use jetstream::context::{PublishAckFuture, PublishError};
