@@ -21,8 +21,8 @@ set +e
 cargo test --workspace --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
-# Bounded fuzzing of the TIFF reader (about 60 s a target, after a long
-# instrumented build): in CI, or when asked for with RSEMBED_FUZZ=1.
+# Bounded fuzzing of the TIFF and JPEG readers (about 60 s a target, after an
+# instrumented build of rsembed-raster alone): in CI, or with RSEMBED_FUZZ=1.
 fuzz_status=0
 if [[ "${CI:-}" == "true" || "${RSEMBED_FUZZ:-0}" == "1" ]]; then
   scripts/fuzz.sh "${FUZZ_SECONDS:-60}" || fuzz_status=$?
