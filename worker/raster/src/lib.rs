@@ -13,6 +13,7 @@ pub mod geo;
 pub mod grid;
 pub mod image;
 pub mod jpeg;
+pub mod kind;
 pub mod png;
 pub mod scale;
 pub mod scene;

@@ -11,6 +11,8 @@ use std::io::{self, Read};
 
 use ::tar::{Archive, EntryType};
 
+use crate::kind::InputKind;
+
 /// Extension records (GNU long names, PAX headers) are read whole by the `tar`
 /// crate, so the bytes it may consume between two members are capped; real ones
 /// are a few KiB, and a gzip bomb disguised as a long name must not exhaust memory.
@@ -304,12 +306,12 @@ fn normalize(raw: &[u8]) -> Result<String, String> {
 
 fn is_image_name(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
-    let ext = name
-        .rsplit_once('.')
-        .map_or("", |(_, ext)| ext)
-        .to_ascii_lowercase();
     // Dotfiles are mostly macOS AppleDouble (`._x.jpg`) resource forks, not images.
-    !name.starts_with('.') && matches!(ext.as_str(), "png" | "jpg" | "jpeg" | "tif" | "tiff")
+    !name.starts_with('.')
+        && matches!(
+            InputKind::of(name),
+            Some(InputKind::Image | InputKind::Scene)
+        )
 }
 
 #[cfg(test)]

@@ -18,51 +18,17 @@ use tracing::Instrument;
 
 use crate::error::chain;
 use crate::metrics::Held;
-use crate::retry::store_hint;
+use crate::retry::hint_in_chain;
 use crate::sink::rows::ErrorRow;
 use crate::task::{JobContext, TaskRunner};
+
+/// The one place that decides an input's kind (defined with the readers, so
+/// the tar reader's member filter uses it too).
+pub use rsembed_raster::kind::InputKind;
 
 mod archive;
 mod image;
 mod scene;
-
-/// What an input is, by its name: the one place that decides which reader
-/// takes it, for the planner (which objects of a listing are inputs) and the
-/// task (which reader runs). Case-insensitive, by the name's ending.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InputKind {
-    /// A whole image (PNG, JPEG): one chip.
-    Image,
-    /// A TIFF (GeoTIFF, COG, or one band file of a scene): cut into chips.
-    Scene,
-    /// A tar archive, plain or gzip: every image or TIFF member is read.
-    Archive,
-}
-
-impl InputKind {
-    /// Endings of whole images.
-    pub const IMAGE: [&'static str; 3] = [".png", ".jpg", ".jpeg"];
-    /// Endings of TIFF scenes.
-    pub const SCENE: [&'static str; 2] = [".tif", ".tiff"];
-    /// Endings of tar archives.
-    pub const ARCHIVE: [&'static str; 3] = [".tar", ".tar.gz", ".tgz"];
-
-    /// The kind of the input named `uri` (a URI or a file name); `None` for
-    /// a name that is not an input (the planner skips it).
-    pub fn of(uri: &str) -> Option<InputKind> {
-        let lower = uri.to_ascii_lowercase();
-        let ends = |endings: &[&str]| endings.iter().any(|e| lower.ends_with(e));
-        if ends(&Self::ARCHIVE) {
-            Some(InputKind::Archive)
-        } else if ends(&Self::SCENE) {
-            Some(InputKind::Scene)
-        } else if ends(&Self::IMAGE) {
-            Some(InputKind::Image)
-        } else {
-            None
-        }
-    }
-}
 
 /// What the input stage sends on: a chip ready for the model, or an error row.
 pub(crate) type Item = std::result::Result<Prepared, ErrorRow>;
@@ -148,8 +114,9 @@ pub(crate) fn spawn_readers(
 }
 
 /// One input's failure as its error row, with the hint decided here: an
-/// input the store could not give us ([`store_hint`]) keeps its error, so
-/// the batcher can fail the task with it as the source.
+/// input the store could not give us (a store error in the chain: the
+/// store's failure, which says nothing about the content) keeps its error,
+/// so the batcher can fail the task with it as the source.
 pub(crate) fn input_error(
     input: &TaskInput,
     stage: ErrorStage,
@@ -157,7 +124,7 @@ pub(crate) fn input_error(
 ) -> ErrorRow {
     let err = err.into();
     let message = chain(&*err);
-    let store = store_hint(&*err);
+    let store = hint_in_chain(&*err);
     tracing::warn!(uri = %input.uri, stage = stage.as_str(), cause = %message, store_failed = store.is_some(), "input failed");
     ErrorRow {
         source_uri: input.uri.clone(),
@@ -165,31 +132,5 @@ pub(crate) fn input_error(
         error: message,
         store,
         cause: store.is_some().then_some(err),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::InputKind;
-
-    #[test]
-    fn kind_by_name() {
-        for (name, kind) in [
-            ("s3://b/a/c.PNG", Some(InputKind::Image)),
-            ("x.jpeg", Some(InputKind::Image)),
-            ("x.jpg", Some(InputKind::Image)),
-            ("scene.TIF", Some(InputKind::Scene)),
-            ("gs://b/B4.tiff", Some(InputKind::Scene)),
-            ("s3://b/x.TAR", Some(InputKind::Archive)),
-            ("chips/batch1.tar.gz", Some(InputKind::Archive)),
-            ("A.TGZ", Some(InputKind::Archive)),
-            ("a.tar.zst", None),
-            ("labels.csv", None),
-            ("noext", None),
-            ("tar", None),
-            ("png", None),
-        ] {
-            assert_eq!(InputKind::of(name), kind, "{name}");
-        }
     }
 }
