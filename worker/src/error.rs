@@ -72,9 +72,10 @@ pub enum Error {
     /// A flag or setting that cannot be used.
     #[error("{0}")]
     Usage(String),
-    /// An input could not be read from its store now (missing, or the store
-    /// failed after its own retries): not a fault of its content, so the task
-    /// fails and is tried again later rather than recording a "bad input" row.
+    /// An input could not be read from its store (missing, the store failed
+    /// after its own retries, or it refused our credentials): not a fault of
+    /// its content, so the task fails, with the store error's retry hint,
+    /// rather than recording a "bad input" row.
     #[error("input {uri} cannot be read now")]
     InputUnavailable {
         /// The input.

@@ -9,8 +9,9 @@
 //! - the pull worker: [`RetryHint::Later`] → nak with its exponential delay,
 //!   [`RetryHint::Now`] → nak without delay, [`RetryHint::Never`] → record the
 //!   task as failed and terminate it (`pull`'s one mapping);
-//! - the batcher (pull workers): an input the store could not give us (any
-//!   store error, `store_hint`) fails its task with that error's hint
+//! - the batcher (pull workers): an input the store could not give us (a
+//!   store error in its chain, [`hint_in_chain`]) fails its task with that
+//!   error's hint
 //!   instead of becoming an error row that calls the input bad;
 //! - `rsembed status --watch`: anything but [`RetryHint::Never`] is an outage
 //!   it waits out for its grace period.
@@ -254,15 +255,6 @@ pub fn hint_in_chain(err: &(dyn StdError + 'static)) -> Option<RetryHint> {
         cur = e.source();
     }
     None
-}
-
-/// Whether one input's failure is the store's, not its content's, and then
-/// the store's hint: `None` means the content is at fault (a row in
-/// `errors/`); `Some` means the input could not be read at all, which says
-/// nothing about it, so a pull worker fails the task instead of recording
-/// the input as bad (see [`crate::task::StoreErrors`]).
-pub(crate) fn store_hint(err: &(dyn StdError + 'static)) -> Option<RetryHint> {
-    hint_in_chain(err)
 }
 
 #[cfg(test)]
@@ -634,9 +626,9 @@ mod tests {
         #[error("tiff: bytes 0..16")]
         struct Read(#[source] std::io::Error);
         let wrapped = Read(std::io::Error::other(generic()));
-        assert_eq!(store_hint(&wrapped), Some(RetryHint::Later));
+        assert_eq!(hint_in_chain(&wrapped), Some(RetryHint::Later));
         assert_eq!(
-            store_hint(&Error::Store(not_found())),
+            hint_in_chain(&Error::Store(not_found())),
             Some(RetryHint::Later)
         );
         // Unreadable by us until access is fixed: still the store's fault,
@@ -645,7 +637,7 @@ mod tests {
             path: "in/a.tif".into(),
             source: boxed("403"),
         });
-        assert_eq!(store_hint(&denied), Some(RetryHint::Never));
+        assert_eq!(hint_in_chain(&denied), Some(RetryHint::Never));
         let unavailable = Error::InputUnavailable {
             uri: "s3://data/in/a.tif".into(),
             source: Box::new(denied),
@@ -657,9 +649,9 @@ mod tests {
             stage: ErrorStage::Decode,
             message: "Object at location x not found".into(),
         };
-        assert_eq!(store_hint(&content), None);
+        assert_eq!(hint_in_chain(&content), None);
         let decode = std::io::Error::new(std::io::ErrorKind::TimedOut, "decoder");
-        assert_eq!(store_hint(&decode), None);
+        assert_eq!(hint_in_chain(&decode), None);
     }
 
     #[test]

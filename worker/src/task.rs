@@ -193,17 +193,18 @@ pub struct JobContext {
     pub file_meta: FileMeta,
 }
 
-/// What an input that the store cannot give now does: its error row's hint is
-/// not [`crate::retry::RetryHint::Never`] (the object is missing, or the store
-/// failed after its own retries; not a decode error, nor refused credentials).
+/// What an input that the store cannot give does: its error row names a
+/// store failure (`ErrorRow::store`: the object is missing, the store failed
+/// after its own retries, or it refused our credentials; not a decode error).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreErrors {
     /// The input becomes an error row, like a corrupt file (embedded mode: a run
     /// reports it, and a rerun of the job retries the task).
     Record,
-    /// The task fails with [`Error::InputUnavailable`] before writing anything, so the
-    /// queue can redeliver it (pull workers: a 5xx or a briefly missing object
-    /// must not become a permanent "bad input" row).
+    /// The task fails with [`Error::InputUnavailable`] before writing anything,
+    /// with the store error's hint, so the queue redelivers it or records it
+    /// as failed (pull workers: a 5xx, a briefly missing object or refused
+    /// credentials must not become a permanent "bad input" row).
     FailTask,
 }
 

@@ -253,7 +253,7 @@ async fn a_fatal_engine_error_fails_the_task_and_writes_nothing() {
 /// A pull worker's input that its store cannot give (listed, then missing)
 /// fails the task with the store error as its typed source and hint `Later`,
 /// so the queue redelivers it; an input whose content is bad stays an error
-/// row (hint `Never`) and the task completes.
+/// row (no store failure) and the task completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_input_fails_the_task_with_its_store_error_and_bad_content_is_a_row() {
     use rsembed_worker::retry::{hint_in_chain, Retry, RetryHint};

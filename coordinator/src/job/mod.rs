@@ -18,25 +18,17 @@ pub mod status;
 pub mod submit;
 pub mod summary;
 
-use rsembed_worker::queue::{redact_urls, NatsArgs};
+use rsembed_worker::queue::redact_urls;
 
 use crate::cli::{RunArgs, StatusArgs, SubmitArgs};
 
 /// Logs a command's effective configuration, once at start-up: the flags as
-/// resolved from the command line and the environment, secrets redacted by
-/// the caller (see the `redacted_*` functions).
+/// resolved from the command line and the environment, secrets redacted:
+/// `NatsArgs`'s own `Debug` hides its passwords, tokens and URL credentials
+/// (as `rsembed-worker`'s log relies on too), and the `redacted_*` functions
+/// remove credentials from the input and output URLs.
 pub(crate) fn log_config(command: &'static str, config: &impl std::fmt::Debug) {
     tracing::info!(command, config = ?config, "effective configuration");
-}
-
-/// The NATS flags without their secrets: credentials in the URLs, the
-/// password and the token (the files they name are paths, not secrets).
-fn redacted_nats(n: &NatsArgs) -> NatsArgs {
-    let mut n = n.clone();
-    n.nats = redact_urls(&n.nats);
-    n.nats_password = n.nats_password.map(|_| "<hidden>".into());
-    n.nats_token = n.nats_token.map(|_| "<hidden>".into());
-    n
 }
 
 /// `run`'s flags for the log: URLs without credentials (store credentials
@@ -51,7 +43,6 @@ pub(crate) fn redacted_run(a: &RunArgs) -> RunArgs {
 /// `submit`'s flags for the log.
 pub(crate) fn redacted_submit(a: &SubmitArgs) -> SubmitArgs {
     let mut a = a.clone();
-    a.nats = redacted_nats(&a.nats);
     a.input = redact_urls(&a.input);
     a.output = redact_urls(&a.output);
     a
@@ -60,7 +51,6 @@ pub(crate) fn redacted_submit(a: &SubmitArgs) -> SubmitArgs {
 /// `status`'s flags for the log.
 pub(crate) fn redacted_status(a: &StatusArgs) -> StatusArgs {
     let mut a = a.clone();
-    a.nats = redacted_nats(&a.nats);
     a.output = redact_urls(&a.output);
     a
 }
