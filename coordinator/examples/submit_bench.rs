@@ -122,6 +122,7 @@ fn make_tasks(n: usize) -> Vec<Task> {
                     version: Some(format!("{:032x}", i as u128 * 0x9e37_79b9_7f4a_7c15)),
                     chips: None,
                     parts: vec![],
+                    item: None,
                 }],
             )
         })
@@ -326,7 +327,11 @@ async fn main() {
         task_bytes: u64::MAX,
         task_chips: None,
         band_files: None,
+        assets: None,
+        cloud_mask: None,
+        max_cloud: None,
         shard_bytes: 16 << 20,
+        stac: Default::default(),
     };
     let tiling = tiling_spec(&tiling_args, &model).expect("tiling");
     let bodies = payloads(&make_tasks(a.tasks), &model_ref, &tiling);

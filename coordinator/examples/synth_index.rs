@@ -204,6 +204,7 @@ fn scene_rows(job: &Job, f: usize) -> Vec<ChipRow> {
                     centre: [(x0 + x1) / 2.0, (y0 + y1) / 2.0],
                 }),
                 embedding,
+                stac: Default::default(),
             }
         })
         .collect()
@@ -283,6 +284,9 @@ async fn main() -> anyhow::Result<()> {
         scale: "auto".into(),
         min_valid: None,
         band_files: None,
+        assets: None,
+        cloud_mask: None,
+        max_cloud: None,
     };
     let model = ModelRef {
         name: "synthetic".into(),

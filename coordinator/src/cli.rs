@@ -248,6 +248,116 @@ pub struct TilingArgs {
     /// a task reads only its region. Smaller TIFFs are one task input.
     #[arg(long, env = "RSEMBED_SHARD_BYTES", default_value_t = 16 << 20)]
     pub shard_bytes: u64,
+    /// STAC inputs: asset keys or band common names in R,G,B order
+    /// (`B04,B03,B02`, `red,green,blue`), or one 3-band asset (`visual`).
+    /// Default: `visual` when the item has it, else red, green, blue by common name.
+    #[arg(long, env = "RSEMBED_ASSETS", value_delimiter = ',')]
+    pub assets: Option<Vec<String>>,
+    /// STAC inputs: the asset that gives each chip's `cloud_fraction`:
+    /// `ASSET` for a Sentinel-2 SCL (classes 3, 8, 9, 10 are cloud), or
+    /// `ASSET:qa_pixel` for a Landsat Collection 2 QA_PIXEL (bits 1-4).
+    #[arg(long, env = "RSEMBED_CLOUD_MASK")]
+    pub cloud_mask: Option<String>,
+    /// Drop chips whose `cloud_fraction` exceeds this (0-1); needs `--cloud-mask`.
+    #[arg(long, env = "RSEMBED_MAX_CLOUD")]
+    pub max_cloud: Option<f32>,
+    /// STAC search.
+    #[command(
+        flatten,
+        next_help_heading = "STAC search (STAC API, catalog or item collection inputs)"
+    )]
+    pub stac: StacArgs,
+}
+
+/// The search of a STAC input: sent to a STAC API, applied on the client to
+/// static catalogs and item collections.
+#[derive(Debug, Clone, Default, Args)]
+pub struct StacArgs {
+    /// Collection ids, comma-separated.
+    #[arg(long, env = "RSEMBED_COLLECTIONS", value_delimiter = ',')]
+    pub collections: Vec<String>,
+    /// W,S,E,N in degrees (write `--bbox=-122.5,37.5,-122,38` when W is negative).
+    #[arg(long, env = "RSEMBED_BBOX", value_parser = parse_stac_bbox, allow_hyphen_values = true)]
+    pub bbox: Option<[f64; 4]>,
+    /// An RFC 3339 instant or interval: `2024-06-01T00:00:00Z/2024-08-31T23:59:59Z`,
+    /// open ends as `..`.
+    #[arg(long, env = "RSEMBED_DATETIME")]
+    pub datetime: Option<String>,
+    /// Item ids, comma-separated.
+    #[arg(long, env = "RSEMBED_IDS", value_delimiter = ',')]
+    pub ids: Vec<String>,
+    /// A CQL2 text filter (`"eo:cloud_cover < 10 AND platform = 'sentinel-2a'"`);
+    /// a STAC API must conform to the filter extension.
+    #[arg(long, env = "RSEMBED_FILTER")]
+    pub filter: Option<String>,
+    /// At most this many items.
+    #[arg(long, env = "RSEMBED_MAX_ITEMS")]
+    pub max_items: Option<u64>,
+    /// Scenes whose `eo:cloud_cover` is at most this percentage.
+    #[arg(long, env = "RSEMBED_CLOUD_COVER_MAX")]
+    pub cloud_cover_max: Option<f64>,
+}
+
+impl StacArgs {
+    /// Whether any search flag is given.
+    pub fn any(&self) -> bool {
+        !self.collections.is_empty()
+            || self.bbox.is_some()
+            || self.datetime.is_some()
+            || !self.ids.is_empty()
+            || self.filter.is_some()
+            || self.max_items.is_some()
+            || self.cloud_cover_max.is_some()
+    }
+
+    /// The search these flags ask for, checked.
+    pub fn search(&self) -> Result<rsembed_schemas::job::StacSearch, String> {
+        if let Some(d) = &self.datetime {
+            crate::stac::search::check_datetime(d)?;
+        }
+        if let Some(c) = self.cloud_cover_max {
+            if !(0.0..=100.0).contains(&c) {
+                return Err(format!(
+                    "--cloud-cover-max is a percentage (0-100), not {c}"
+                ));
+            }
+        }
+        if self.max_items == Some(0) {
+            return Err("--max-items must be positive".into());
+        }
+        Ok(rsembed_schemas::job::StacSearch {
+            collections: self.collections.clone(),
+            bbox: self.bbox,
+            datetime: self.datetime.clone(),
+            ids: self.ids.clone(),
+            filter: self.filter.clone(),
+            max_items: self.max_items,
+            cloud_cover_max: self.cloud_cover_max,
+        })
+    }
+}
+
+/// `W,S,E,N` in degrees. W > E crosses the antimeridian, as STAC allows.
+fn parse_stac_bbox(s: &str) -> Result<[f64; 4], String> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|p| p.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("--bbox `{s}`: four numbers W,S,E,N"))?;
+    let [w, so, e, n] = v[..] else {
+        return Err(format!(
+            "--bbox `{s}`: four numbers W,S,E,N, not {}",
+            v.len()
+        ));
+    };
+    let lon = -180.0..=180.0;
+    let lat = -90.0..=90.0;
+    if !(lon.contains(&w) && lon.contains(&e) && lat.contains(&so) && lat.contains(&n) && so <= n) {
+        return Err(format!(
+            "--bbox `{s}`: W,S,E,N in degrees, longitudes within ±180, latitudes within ±90, S <= N"
+        ));
+    }
+    Ok([w, so, e, n])
 }
 
 impl TilingArgs {

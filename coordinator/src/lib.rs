@@ -9,6 +9,7 @@ pub mod error;
 pub mod fetch_model;
 pub mod job;
 pub mod query;
+pub mod stac;
 pub use rsembed_worker::queue;
 pub mod text;
 

@@ -210,6 +210,9 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         scale: args.tiling.scale.clone(),
         min_valid: args.tiling.min_valid,
         band_files: args.tiling.band_files.clone(),
+        assets: args.tiling.assets.clone(),
+        cloud_mask: args.tiling.cloud_mask.clone(),
+        max_cloud: args.tiling.max_cloud,
     };
     let mut planner = plan::start(
         &stores,

@@ -21,6 +21,7 @@ fn task(job: &str, uri: &str) -> Task {
             version: None,
             chips: None,
             parts: Vec::new(),
+            item: None,
         }],
     )
 }
@@ -73,6 +74,9 @@ async fn publish(js: &jetstream::Context, t: &Task) -> queue::PublishOutcome {
             scale: "auto".into(),
             min_valid: None,
             band_files: None,
+            assets: None,
+            cloud_mask: None,
+            max_cloud: None,
         },
         task: t.clone(),
     };

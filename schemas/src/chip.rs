@@ -36,6 +36,22 @@ pub mod col {
     pub const CENTRE_LAT: &str = "centre_lat";
     /// L2-normalized embedding.
     pub const EMBEDDING: &str = "embedding";
+    /// Schema 2: the STAC item's `id`; null for inputs that are not STAC items.
+    pub const ITEM_ID: &str = "item_id";
+    /// Schema 2: the STAC item's `collection`.
+    pub const COLLECTION: &str = "collection";
+    /// Schema 2: acquisition time, UTC (a range's start).
+    pub const DATETIME: &str = "datetime";
+    /// Schema 2: share of the chip's valid pixels the `--cloud-mask` marks as cloud.
+    pub const CLOUD_FRACTION: &str = "cloud_fraction";
+    /// Schema 2: the end of the acquisition range, for items that give one.
+    pub const END_DATETIME: &str = "end_datetime";
+}
+
+/// The Arrow type of `datetime` and `end_datetime`.
+#[cfg(feature = "arrow")]
+pub fn timestamp_type() -> DataType {
+    DataType::Timestamp(arrow_schema::TimeUnit::Microsecond, Some("UTC".into()))
 }
 
 /// Fields of the `bbox` struct column, in GeoParquet covering order.
@@ -77,6 +93,12 @@ pub fn chip_schema(embed_dim: usize) -> SchemaRef {
         Field::new(CENTRE_LON, DataType::Float64, true),
         Field::new(CENTRE_LAT, DataType::Float64, true),
         Field::new(EMBEDDING, embedding_type(embed_dim), false),
+        // Schema 2, appended so that readers of schema 1 by position still work.
+        Field::new(ITEM_ID, DataType::Utf8, true),
+        Field::new(COLLECTION, DataType::Utf8, true),
+        Field::new(DATETIME, timestamp_type(), true),
+        Field::new(CLOUD_FRACTION, DataType::Float32, true),
+        Field::new(END_DATETIME, timestamp_type(), true),
     ]))
 }
 
@@ -150,7 +172,12 @@ mod tests {
                 "bbox",
                 "centre_lon",
                 "centre_lat",
-                "embedding"
+                "embedding",
+                "item_id",
+                "collection",
+                "datetime",
+                "cloud_fraction",
+                "end_datetime"
             ]
         );
         assert_eq!(

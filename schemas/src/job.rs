@@ -26,6 +26,18 @@ pub struct TilingSpec {
     /// suffixes in channel order (e.g. `B4,B3,B2`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub band_files: Option<Vec<String>>,
+    /// `--assets`: STAC asset keys or band common names in R,G,B order, or one
+    /// 3-band asset. `None`: `visual` when an item has it, else
+    /// `red,green,blue` by common name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assets: Option<Vec<String>>,
+    /// `--cloud-mask`: the asset (`SCL`, or `qa_pixel:qa_pixel` for Landsat's
+    /// bit flags) whose pixels give each chip's `cloud_fraction`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_mask: Option<String>,
+    /// `--max-cloud`: chips whose `cloud_fraction` exceeds this are dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cloud: Option<f32>,
 }
 
 impl TilingSpec {
@@ -44,6 +56,14 @@ impl TilingSpec {
             h.str("band_files");
             for f in files {
                 h.str(f);
+            }
+        }
+        // Other assets are other pixels. The cloud mask and --max-cloud are
+        // not: they decide a column and which chips are kept (the job id).
+        if let Some(assets) = &self.assets {
+            h.str("assets");
+            for a in assets {
+                h.str(a);
             }
         }
         h.hex128()
@@ -105,6 +125,65 @@ pub struct GroupingSpec {
     pub shard_bytes: u64,
 }
 
+/// A STAC input's search: which items a job embeds. Part of the job's
+/// identity (the same root URL searched otherwise is another job).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StacSearch {
+    /// `--collections`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub collections: Vec<String>,
+    /// `--bbox` W,S,E,N in lon/lat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bbox: Option<[f64; 4]>,
+    /// `--datetime`: an RFC 3339 instant or interval (`A/B`, `A/..`, `../B`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datetime: Option<String>,
+    /// `--ids`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ids: Vec<String>,
+    /// `--filter`: CQL2 text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// `--max-items`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_items: Option<u64>,
+    /// `--cloud-cover-max`: scenes with `eo:cloud_cover` at most this (percent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_cover_max: Option<f64>,
+}
+
+impl StacSearch {
+    fn hash_into(&self, h: &mut IdHasher) {
+        h.str("stac-search");
+        h.i64(self.collections.len() as i64);
+        for c in &self.collections {
+            h.str(c);
+        }
+        match self.bbox {
+            Some(b) => {
+                for v in b {
+                    h.str(&v.to_bits().to_string());
+                }
+            }
+            None => {
+                h.str("no bbox");
+            }
+        }
+        h.opt_str(self.datetime.as_deref());
+        h.i64(self.ids.len() as i64);
+        for i in &self.ids {
+            h.str(i);
+        }
+        h.opt_str(self.filter.as_deref());
+        h.opt_str(self.max_items.map(|v| v.to_string()).as_deref());
+        h.opt_str(
+            self.cloud_cover_max
+                .map(|v| v.to_bits().to_string())
+                .as_deref(),
+        );
+    }
+}
+
 /// The job spec format [`JobSpec::new`] writes. Format 1 had no grouping and
 /// a job id that ignored the output, `--min-valid` and the grouping.
 pub const JOB_FORMAT: u32 = 2;
@@ -151,6 +230,9 @@ pub struct JobSpec {
     /// Task grouping; absent in format 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grouping: Option<GroupingSpec>,
+    /// The search, when the input is a STAC API, catalog or item collection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<StacSearch>,
     /// RFC 3339 time the job was first created; kept on resume.
     pub created_at: String,
     /// Software that created the job.
@@ -204,19 +286,58 @@ impl JobSpec {
         created_at: String,
     ) -> JobSpec {
         let fingerprint = Self::fingerprint_of(&model, &tiling);
-        let job_id = Self::job_id_of(&fingerprint, tiling.min_valid, &input, &output, &grouping);
-        JobSpec {
+        let mut spec = JobSpec {
             format: JOB_FORMAT,
-            job_id,
+            job_id: String::new(),
             fingerprint,
             input,
             output,
             model,
             tiling,
             grouping: Some(grouping),
+            search: None,
             created_at,
             software_version: crate::SOFTWARE_VERSION.to_owned(),
+        };
+        spec.job_id = spec.id();
+        spec
+    }
+
+    /// The same job over a STAC input searched by `search`.
+    pub fn with_search(mut self, search: Option<StacSearch>) -> JobSpec {
+        self.search = search;
+        self.job_id = self.id();
+        self
+    }
+
+    /// [`JobSpec::job_id_of`], and the STAC selection where there is one.
+    fn id(&self) -> String {
+        let grouping = self.grouping.unwrap_or(GroupingSpec {
+            task_files: 0,
+            task_bytes: 0,
+            task_chips: 0,
+            shard_bytes: 0,
+        });
+        let base = Self::job_id_of(
+            &self.fingerprint,
+            self.tiling.min_valid,
+            &self.input,
+            &self.output,
+            &grouping,
+        );
+        let t = &self.tiling;
+        if self.search.is_none() && t.cloud_mask.is_none() && t.max_cloud.is_none() {
+            // Jobs of other inputs keep the ids they had before STAC.
+            return base;
         }
+        let mut h = IdHasher::new("rsembed.jobid.stac.v1");
+        h.str(&base);
+        if let Some(s) = &self.search {
+            s.hash_into(&mut h);
+        }
+        h.opt_str(t.cloud_mask.as_deref())
+            .opt_str(t.max_cloud.map(|v| v.to_bits().to_string()).as_deref());
+        h.hex128()
     }
 
     /// Every field in which `self` (the job asked for now) differs from
@@ -274,6 +395,51 @@ impl JobSpec {
             "--band-files",
             opt(a.band_files.as_ref().map(|f| f.join(","))),
             opt(b.band_files.as_ref().map(|f| f.join(","))),
+        );
+        diff(
+            "--assets",
+            opt(a.assets.as_ref().map(|f| f.join(","))),
+            opt(b.assets.as_ref().map(|f| f.join(","))),
+        );
+        diff(
+            "--cloud-mask",
+            opt(a.cloud_mask.clone()),
+            opt(b.cloud_mask.clone()),
+        );
+        diff(
+            "--max-cloud",
+            opt(a.max_cloud.map(|v| v.to_string())),
+            opt(b.max_cloud.map(|v| v.to_string())),
+        );
+        let none = StacSearch::default();
+        let (a, b) = (
+            self.search.as_ref().unwrap_or(&none),
+            theirs.search.as_ref().unwrap_or(&none),
+        );
+        let list = |v: &[String]| (!v.is_empty()).then(|| v.join(","));
+        diff(
+            "--collections",
+            opt(list(&a.collections)),
+            opt(list(&b.collections)),
+        );
+        let bbox = |v: Option<[f64; 4]>| v.map(|b| format!("{},{},{},{}", b[0], b[1], b[2], b[3]));
+        diff("--bbox", opt(bbox(a.bbox)), opt(bbox(b.bbox)));
+        diff(
+            "--datetime",
+            opt(a.datetime.clone()),
+            opt(b.datetime.clone()),
+        );
+        diff("--ids", opt(list(&a.ids)), opt(list(&b.ids)));
+        diff("--filter", opt(a.filter.clone()), opt(b.filter.clone()));
+        diff(
+            "--max-items",
+            opt(a.max_items.map(|v| v.to_string())),
+            opt(b.max_items.map(|v| v.to_string())),
+        );
+        diff(
+            "--cloud-cover-max",
+            opt(a.cloud_cover_max.map(|v| v.to_string())),
+            opt(b.cloud_cover_max.map(|v| v.to_string())),
         );
         match (&self.grouping, &theirs.grouping) {
             (Some(a), Some(b)) => {
@@ -413,6 +579,9 @@ mod tests {
             scale: "auto".into(),
             min_valid: None,
             band_files: None,
+            assets: None,
+            cloud_mask: None,
+            max_cloud: None,
         }
     }
 
@@ -517,6 +686,54 @@ mod tests {
             ("--task-bytes", rebuild(&|_, _, _, _, g| g.task_bytes = 5)),
             ("--task-chips", rebuild(&|_, _, _, _, g| g.task_chips = 5)),
             ("--shard-bytes", rebuild(&|_, _, _, _, g| g.shard_bytes = 5)),
+            (
+                "--assets",
+                rebuild(&|_, _, _, t, _| t.assets = Some(vec!["visual".into()])),
+            ),
+            (
+                "--cloud-mask",
+                rebuild(&|_, _, _, t, _| t.cloud_mask = Some("scl".into())),
+            ),
+            (
+                "--max-cloud",
+                rebuild(&|_, _, _, t, _| t.max_cloud = Some(0.2)),
+            ),
+        ];
+        for (flag, other) in cases {
+            assert_ne!(other.job_id, base.job_id, "{flag} must change the job id");
+            let d = other.differences(&base);
+            assert_eq!(
+                d.iter().map(|d| d.what).collect::<Vec<_>>(),
+                vec![flag],
+                "{flag}: {d:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_search_field_changes_the_job_id_and_is_named() {
+        let base = spec().with_search(Some(StacSearch::default()));
+        assert_ne!(base.job_id, spec().job_id, "a STAC job is another job");
+        assert!(base.differences(&base).is_empty());
+        let with = |f: &dyn Fn(&mut StacSearch)| {
+            let mut s = StacSearch::default();
+            f(&mut s);
+            spec().with_search(Some(s))
+        };
+        let cases: Vec<(&str, JobSpec)> = vec![
+            ("--collections", with(&|s| s.collections = vec!["c".into()])),
+            ("--bbox", with(&|s| s.bbox = Some([0.0, 0.0, 1.0, 1.0]))),
+            (
+                "--datetime",
+                with(&|s| s.datetime = Some("2024-06-01T00:00:00Z".into())),
+            ),
+            ("--ids", with(&|s| s.ids = vec!["a".into()])),
+            ("--filter", with(&|s| s.filter = Some("x = 1".into()))),
+            ("--max-items", with(&|s| s.max_items = Some(3))),
+            (
+                "--cloud-cover-max",
+                with(&|s| s.cloud_cover_max = Some(20.0)),
+            ),
         ];
         for (flag, other) in cases {
             assert_ne!(other.job_id, base.job_id, "{flag} must change the job id");

@@ -16,7 +16,10 @@ pub mod queue;
 pub mod task;
 
 /// Version of the chip row schema written into every file's `rsembed` metadata.
-pub const SCHEMA_VERSION: u32 = 1;
+///
+/// 2 appended the STAC columns (`item_id`, `collection`, `datetime`,
+/// `cloud_fraction`, `end_datetime`) to the 14 of version 1.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// The software version recorded in job specs and file metadata.
 pub const SOFTWARE_VERSION: &str = concat!("rsembed ", env!("CARGO_PKG_VERSION"));

@@ -138,6 +138,9 @@ mod tests {
                 scale: "auto".into(),
                 min_valid: None,
                 band_files: None,
+                assets: None,
+                cloud_mask: None,
+                max_cloud: None,
             },
             task: Task::new("job", vec![]),
         };

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::IdHasher;
 
 /// One input of a task.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskInput {
     /// Canonical URL of the object (`file:///abs/path`, `s3://bucket/key`, ...).
     pub uri: String,
@@ -21,6 +21,97 @@ pub struct TaskInput {
     /// channel order; `uri` then names the scene, not a file.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub parts: Vec<BandFile>,
+    /// For a STAC item: what the item says about itself and its assets. `uri`
+    /// is then the item's self href, and `parts` its selected assets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<Box<ItemInfo>>,
+}
+
+/// What a STAC item contributes to its chips, resolved by the planner so that
+/// a worker needs nothing but the task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemInfo {
+    /// The item's `id`.
+    pub id: String,
+    /// The item's `collection`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collection: Option<String>,
+    /// Microseconds since the Unix epoch, UTC: `datetime`, or
+    /// `start_datetime` for an item that covers a range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub datetime: Option<i64>,
+    /// Microseconds since the Unix epoch, UTC: `end_datetime`, for a range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_datetime: Option<i64>,
+    /// Per channel, in R,G,B order: the physical value of a sample is
+    /// `DN * scale + offset` (`raster:scale`, `raster:offset`). Empty when no
+    /// selected band gives them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<Option<Units>>,
+    /// `--cloud-mask`: the asset whose pixels say where the clouds are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask: Option<CloudMask>,
+    /// The scene's grid (width, height) as the item's `proj:shape` gives it,
+    /// when the planner split the scene by it; a worker that finds another
+    /// grid records an error instead of cutting the wrong blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grid: Option<[u32; 2]>,
+    /// Why the item cannot be read (an asset it lacks, a value that is not
+    /// what STAC says it is): the worker writes this as the item's error
+    /// record instead of reading anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A linear map from stored numbers to physical units: `DN * scale + offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Units {
+    /// `raster:scale` (1 when only the offset is given).
+    pub scale: f64,
+    /// `raster:offset` (0 when only the scale is given).
+    pub offset: f64,
+}
+
+/// How a cloud-mask asset marks clouds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MaskKind {
+    /// Sentinel-2 L2A scene classification: classes 3 (cloud shadow), 8 and 9
+    /// (cloud, medium and high probability) and 10 (thin cirrus) are cloud.
+    Scl,
+    /// Landsat Collection 2 `QA_PIXEL`: bits 1 to 4 (dilated cloud, cirrus,
+    /// cloud, cloud shadow) are cloud.
+    QaPixel,
+}
+
+/// `--cloud-mask`: `ASSET` (a Sentinel-2 SCL), `ASSET:scl` or `ASSET:qa_pixel`
+/// (a Landsat Collection 2 QA_PIXEL), as the asset key and its kind.
+pub fn parse_cloud_mask(s: &str) -> Result<(String, MaskKind), String> {
+    let (asset, kind) = match s.rsplit_once(':') {
+        None => (s, MaskKind::Scl),
+        Some((a, k)) => match k.to_ascii_lowercase().as_str() {
+            "scl" => (a, MaskKind::Scl),
+            "qa_pixel" => (a, MaskKind::QaPixel),
+            _ => {
+                return Err(format!(
+                    "--cloud-mask `{s}`: ASSET (a Sentinel-2 SCL), ASSET:scl or ASSET:qa_pixel"
+                ))
+            }
+        },
+    };
+    if asset.trim().is_empty() {
+        return Err(format!("--cloud-mask `{s}`: the asset key is empty"));
+    }
+    Ok((asset.to_owned(), kind))
+}
+
+/// The cloud-mask asset of an item.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CloudMask {
+    /// How its values mark clouds.
+    pub kind: MaskKind,
+    /// The file: its grid must line up with the scene's (it may be coarser).
+    pub file: BandFile,
 }
 
 /// One file of a scene stored one file per band.
@@ -30,11 +121,17 @@ pub struct BandFile {
     pub suffix: String,
     /// Canonical URL of the file.
     pub uri: String,
-    /// Size in bytes.
+    /// Size in bytes; 0 when the planner does not know it (a STAC asset
+    /// without `file:size`), and the worker asks the store.
     pub size: u64,
     /// ETag, or size + modification time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
+    /// 1-based bands of this file that the scene takes, in channel order.
+    /// Empty: its first band (a one-band file, as `--band-files` names). A
+    /// STAC `visual` asset gives `[1, 2, 3]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bands: Vec<u32>,
 }
 
 /// A rectangle of the chip grid, in chip units (columns and rows of chips).
@@ -51,7 +148,7 @@ pub struct ChipBlock {
 }
 
 /// A task: a deterministic group of inputs of one job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
     /// The job this task belongs to.
     pub job_id: String,
@@ -123,6 +220,7 @@ mod tests {
             version: Some("v".into()),
             chips: None,
             parts: vec![],
+            item: None,
         }
     }
 

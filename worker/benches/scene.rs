@@ -49,6 +49,9 @@ fn tiling() -> TilingSpec {
         scale: "auto".into(),
         min_valid: None,
         band_files: None,
+        assets: None,
+        cloud_mask: None,
+        max_cloud: None,
     }
 }
 

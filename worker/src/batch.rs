@@ -15,7 +15,7 @@ use crate::engine::PixelBatch;
 use crate::error::{Error, Result};
 use crate::input::{Item, Prepared};
 use crate::metrics;
-use crate::sink::rows::{ChipRow, ErrorRow};
+use crate::sink::rows::{ChipRow, ErrorRow, StacColumns};
 use crate::task::{StoreErrors, TaskRunner};
 
 /// Batches one task keeps sent to the engine and not yet answered: one
@@ -129,6 +129,7 @@ impl TaskRunner {
                 .into_iter()
                 .enumerate()
                 .map(|(i, p)| ChipRow {
+                    stac: StacColumns::of(&p.input, p.cloud_fraction),
                     chip_id: chip_id(
                         &p.input.uri,
                         p.input.version.as_deref(),

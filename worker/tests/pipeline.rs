@@ -89,6 +89,7 @@ fn images(dir: &Path, n: usize) -> Vec<TaskInput> {
                 version: None,
                 chips: None,
                 parts: vec![],
+                item: None,
             }
         })
         .collect()
@@ -117,6 +118,9 @@ fn runner(out: &Path, backend: Slow, batch_size: usize) -> (TaskRunner, JobConte
                 scale: "auto".into(),
                 min_valid: None,
                 band_files: None,
+                assets: None,
+                cloud_mask: None,
+                max_cloud: None,
             },
             software_version: "test".into(),
         },

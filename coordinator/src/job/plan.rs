@@ -106,6 +106,7 @@ fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
         version: Some(version_of(loc, meta)),
         chips: None,
         parts: vec![],
+        item: None,
     }
 }
 
@@ -350,6 +351,7 @@ impl BandGrouper {
             ),
             chips: None,
             parts,
+            item: None,
         }
     }
 
@@ -368,6 +370,7 @@ impl BandGrouper {
             uri: input.uri,
             size: input.size,
             version: input.version,
+            bands: vec![],
         });
         if slot.iter().all(Option::is_some) {
             let files = self
@@ -580,6 +583,7 @@ mod tests {
             version: Some("v".into()),
             chips: None,
             parts: vec![],
+            item: None,
         };
         assert_eq!(g.push(inp("file:///d/x_B2.tif")), Ok(None));
         assert_eq!(g.push(inp("file:///d/x_B10.tif")), Err(()));

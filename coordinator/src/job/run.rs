@@ -55,6 +55,7 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
             )));
         }
     }
+    check_stac_tiling(t)?;
     if t.task_size == 0 || t.task_chips == Some(0) || t.task_bytes == 0 {
         return Err(Error::Usage(
             "--task-files, --task-chips and --task-bytes must be positive".into(),
@@ -67,7 +68,38 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
         scale: t.scale.clone(),
         min_valid: t.min_valid,
         band_files: t.band_files.clone(),
+        assets: t.assets.clone(),
+        cloud_mask: t.cloud_mask.clone(),
+        max_cloud: t.max_cloud,
     })
+}
+
+/// `--assets`, `--cloud-mask` and `--max-cloud`, checked.
+pub(crate) fn check_stac_tiling(t: &TilingArgs) -> Result<()> {
+    if let Some(a) = &t.assets {
+        if !(a.len() == 1 || a.len() == 3) || a.iter().any(|a| a.trim().is_empty()) {
+            return Err(Error::Usage(format!(
+                "--assets needs three asset keys or band common names in R,G,B order \
+                 (red,green,blue), or one 3-band asset (visual), not {a:?}"
+            )));
+        }
+    }
+    if let Some(m) = &t.cloud_mask {
+        rsembed_schemas::task::parse_cloud_mask(m).map_err(Error::Usage)?;
+    }
+    if let Some(v) = t.max_cloud {
+        if !(0.0..=1.0).contains(&v) {
+            return Err(Error::Usage(format!(
+                "--max-cloud is a fraction of a chip's valid pixels (0-1), not {v}"
+            )));
+        }
+        if t.cloud_mask.is_none() {
+            return Err(Error::Usage(
+                "--max-cloud needs --cloud-mask: which asset says where the clouds are".into(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A local output folder this command created, removed again (when still

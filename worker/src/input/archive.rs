@@ -104,6 +104,7 @@ pub(crate) async fn produce_archive(
                         version: archive.version.clone(),
                         chips: None,
                         parts: vec![],
+                        item: None,
                     };
                     // The scene reader is async; over bytes in memory it never
                     // waits on I/O, and this blocking thread may wait on the
@@ -129,6 +130,7 @@ pub(crate) async fn produce_archive(
                                     version: archive.version.clone(),
                                     chips: None,
                                     parts: vec![],
+                                    item: None,
                                 },
                                 window: Window {
                                     x: 0,
@@ -140,6 +142,7 @@ pub(crate) async fn produce_archive(
                                 crs: None,
                                 footprint: None,
                                 pixels,
+                                cloud_fraction: None,
                                 queued: crate::metrics::global().queue_chips.hold(1),
                             }),
                         },

@@ -76,6 +76,7 @@ pub(super) async fn prepare(
             crs: None,
             footprint: None,
             pixels,
+            cloud_fraction: None,
             queued: crate::metrics::global().queue_chips.hold(1),
         }),
         Ok(Err((stage, e))) => Err(input_error(&input, stage, e)),

@@ -40,6 +40,8 @@ pub(crate) struct Prepared {
     pub(crate) valid_fraction: f32,
     pub(crate) crs: Option<String>,
     pub(crate) footprint: Option<Footprint>,
+    /// Share of the valid pixels the `--cloud-mask` marks as cloud.
+    pub(crate) cloud_fraction: Option<f32>,
     pub(crate) pixels: Vec<f32>,
     /// Counts the chip in [`metrics::names::QUEUE_CHIPS`] until it is sent to
     /// the engine (or dropped with its task).

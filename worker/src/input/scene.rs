@@ -210,6 +210,7 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
             crs: chip.crs,
             footprint: chip.footprint,
             pixels,
+            cloud_fraction: None,
             queued: crate::metrics::global().queue_chips.hold(1),
         });
         if tx.send(item).await.is_err() {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use arrow_array::builder::{
     BinaryBuilder, FixedSizeListBuilder, Float32Builder, Float64Builder, Int32Builder,
-    StringBuilder, StructBuilder,
+    StringBuilder, StructBuilder, TimestampMicrosecondBuilder,
 };
 use arrow_array::{ArrayRef, RecordBatch};
 use rsembed_raster::geo::Footprint;
@@ -33,6 +33,42 @@ pub struct ChipRow {
     pub footprint: Option<Footprint>,
     /// L2-normalized embedding.
     pub embedding: Vec<f32>,
+    /// The schema 2 columns; all null for inputs that are not STAC items.
+    pub stac: StacColumns,
+}
+
+/// The columns schema 2 appended: what a STAC item says of its chips.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StacColumns {
+    /// The item's `id`.
+    pub item_id: Option<String>,
+    /// The item's `collection`.
+    pub collection: Option<String>,
+    /// Acquisition time (a range's start), µs since the epoch, UTC.
+    pub datetime: Option<i64>,
+    /// The end of the acquisition range, µs since the epoch, UTC.
+    pub end_datetime: Option<i64>,
+    /// Share of the chip's valid pixels that `--cloud-mask` marks as cloud.
+    pub cloud_fraction: Option<f32>,
+}
+
+impl StacColumns {
+    /// The item columns of `input` (none for inputs that are not STAC items).
+    pub fn of(input: &rsembed_schemas::task::TaskInput, cloud_fraction: Option<f32>) -> Self {
+        match &input.item {
+            None => StacColumns {
+                cloud_fraction,
+                ..Default::default()
+            },
+            Some(item) => StacColumns {
+                item_id: Some(item.id.clone()),
+                collection: item.collection.clone(),
+                datetime: item.datetime,
+                end_datetime: item.end_datetime,
+                cloud_fraction,
+            },
+        }
+    }
 }
 
 /// One row of `errors/*.parquet`.
@@ -78,7 +114,17 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
                 arrow_schema::DataType::Float32,
                 false,
             )));
+    let mut item_id = StringBuilder::new();
+    let mut collection = StringBuilder::new();
+    let mut datetime = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
+    let mut cloud = Float32Builder::with_capacity(n);
+    let mut end_datetime = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
     for r in rows {
+        item_id.append_option(r.stac.item_id.as_deref());
+        collection.append_option(r.stac.collection.as_deref());
+        datetime.append_option(r.stac.datetime);
+        cloud.append_option(r.stac.cloud_fraction);
+        end_datetime.append_option(r.stac.end_datetime);
         assert_eq!(
             r.embedding.len(),
             embed_dim,
@@ -136,6 +182,11 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
         Arc::new(lon.finish()),
         Arc::new(lat.finish()),
         Arc::new(emb.finish()),
+        Arc::new(item_id.finish()),
+        Arc::new(collection.finish()),
+        Arc::new(datetime.finish()),
+        Arc::new(cloud.finish()),
+        Arc::new(end_datetime.finish()),
     ];
     Ok(RecordBatch::try_new(chip_schema(embed_dim), cols)?)
 }
@@ -195,6 +246,7 @@ mod tests {
                 centre: [i as f64 + 0.5, 0.5],
             }),
             embedding: vec![0.5; 4],
+            stac: Default::default(),
         }
     }
 

@@ -242,6 +242,7 @@ mod tests {
                         centre: [lon + 0.5, 0.5],
                     }),
                     embedding: vec![id as f32; dim],
+                    stac: Default::default(),
                 }
             })
             .collect();
