@@ -147,6 +147,35 @@ pub enum Error {
     /// JSON that does not parse.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),
+    /// A STAC input that cannot be used: not STAC, a document over its size
+    /// cap, a page whose paging loops, a search the server cannot run.
+    #[error("STAC: {url}: {reason}")]
+    Stac {
+        /// The document, page or API.
+        url: String,
+        /// Why, for a person.
+        reason: String,
+    },
+    /// A STAC document or API page that cannot be fetched (connection,
+    /// timeout, object store).
+    #[error("STAC: {url}: {source}")]
+    StacFetch {
+        /// The document or page.
+        url: String,
+        /// The HTTP client's or the store's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A STAC API that answered with an HTTP error status.
+    #[error("STAC: {url}: HTTP {status}: {body}")]
+    StacStatus {
+        /// The page asked for.
+        url: String,
+        /// The status code.
+        status: u16,
+        /// The start of the answer's body (what the server said was wrong).
+        body: String,
+    },
 }
 
 impl Error {
@@ -178,6 +207,17 @@ impl Error {
             Error::Queue(e) => e.retry_hint(),
             Error::Nats { .. } | Error::NatsTimeout { .. } | Error::NatsDisconnected => {
                 RetryHint::Later
+            }
+            // Throttling and server errors pass; any other status is the
+            // request (a bad search, a missing page), which no wait changes.
+            Error::StacStatus { status, .. } => match status {
+                408 | 429 | 500..=599 => RetryHint::Later,
+                _ => RetryHint::Never,
+            },
+            // A store error answers for itself; an HTTP client error is the
+            // connection (refused, reset, timed out), an outage that may pass.
+            Error::StacFetch { source, .. } => {
+                rsembed_worker::retry::hint_in_chain(&**source).unwrap_or(RetryHint::Later)
             }
             // The typed variants that keep a cause (reading `job.json`, a
             // HEAD of an http input, deleting an old output) answer with the

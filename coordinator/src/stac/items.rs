@@ -1,0 +1,561 @@
+//! Item collections: a `.json` FeatureCollection (read whole, with a cap),
+//! `.ndjson` (streamed line by line) and stac-geoparquet (streamed batch by
+//! batch with our parquet 60 reader, rows turned back into item JSON).
+
+use std::sync::atomic::Ordering;
+
+use arrow_array::{Array, BinaryArray, LargeBinaryArray, RecordBatch};
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use object_store::ObjectStoreExt;
+use parquet::arrow::arrow_reader::ArrowReaderOptions;
+use parquet::arrow::async_reader::AsyncFileReader;
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use rsembed_worker::store::StoreCache;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use url::Url;
+
+use super::fetch::{Fetcher, Lines, MAX_ITEM_COLLECTION, MAX_LINE};
+use super::source::{href_of, parse, Emit, Flow, ItemsFormat};
+use crate::error::{Error, Result};
+
+/// Rows per stac-geoparquet batch: a few MiB of item JSON at ~10 KiB an item.
+const PARQUET_BATCH: usize = 256;
+
+/// Streams the items of the collection at `url`.
+pub(crate) async fn stream(
+    f: &Fetcher,
+    stores: &StoreCache,
+    url: &str,
+    format: ItemsFormat,
+    emit: &mut Emit<'_>,
+) -> Result<()> {
+    let doc = Url::parse(url).map_err(|e| Error::Stac {
+        url: url.into(),
+        reason: format!("not a URL: {e}"),
+    })?;
+    emit.stats.documents.fetch_add(1, Ordering::Relaxed);
+    match format {
+        ItemsFormat::Json => json(f, &doc, emit).await,
+        ItemsFormat::Ndjson => ndjson(f, &doc, emit).await,
+        ItemsFormat::Parquet => geoparquet(stores, &doc, emit).await,
+    }
+}
+
+/// Sends one item of the collection read from `doc`; `n` numbers items
+/// without an id.
+async fn one(emit: &mut Emit<'_>, doc: &Url, json: Value, n: u64) -> Flow {
+    let fallback = match json.get("id").and_then(Value::as_str) {
+        Some(id) if !id.is_empty() => format!("{doc}#{id}"),
+        _ => format!("{doc}#{n}"),
+    };
+    if !json.is_object() {
+        return emit
+            .bad(fallback, None, format!("is not a JSON object (item {n})"))
+            .await;
+    }
+    // Assets resolve against the collection file unless the item says where
+    // it lives.
+    let (href, base) = href_of(&json, doc, &fallback);
+    let base = if href == fallback { doc.clone() } else { base };
+    emit.item(json, href, base).await
+}
+
+async fn json(f: &Fetcher, doc: &Url, emit: &mut Emit<'_>) -> Result<()> {
+    #[derive(Deserialize)]
+    struct Collection {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        #[serde(default)]
+        features: Vec<Value>,
+    }
+    let bytes = f.read(doc.as_str(), MAX_ITEM_COLLECTION).await?;
+    let whole: Value = parse(doc.as_str(), &bytes)?;
+    drop(bytes);
+    let features = match whole.get("type").and_then(Value::as_str) {
+        // One item on its own is a collection of one.
+        Some("Feature") => vec![whole],
+        _ => {
+            let c: Collection = serde_json::from_value(whole).map_err(|e| Error::Stac {
+                url: doc.to_string(),
+                reason: format!("not a FeatureCollection: {e}"),
+            })?;
+            if c.kind.as_deref() != Some("FeatureCollection") {
+                return Err(Error::Stac {
+                    url: doc.to_string(),
+                    reason: "not a FeatureCollection".into(),
+                });
+            }
+            c.features
+        }
+    };
+    emit.stats.pages.fetch_add(1, Ordering::Relaxed);
+    for (i, feature) in features.into_iter().enumerate() {
+        if one(emit, doc, feature, i as u64 + 1).await == Flow::Stop {
+            break;
+        }
+    }
+    Ok(())
+}
+
+async fn ndjson(f: &Fetcher, doc: &Url, emit: &mut Emit<'_>) -> Result<()> {
+    let mut lines = Lines::new(f.open(doc.as_str()).await?, doc.as_str(), MAX_LINE);
+    while let Some(line) = lines.next_line().await? {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        emit.stats.pages.fetch_add(1, Ordering::Relaxed);
+        let n = lines.number;
+        let flow = match serde_json::from_slice::<Value>(&line) {
+            Ok(v) => one(emit, doc, v, n).await,
+            Err(e) => {
+                emit.bad(
+                    format!("{doc}#line-{n}"),
+                    None,
+                    format!("(line {n}) is not JSON: {e}"),
+                )
+                .await
+            }
+        };
+        if flow == Flow::Stop {
+            break;
+        }
+    }
+    Ok(())
+}
+
+async fn geoparquet(stores: &StoreCache, doc: &Url, emit: &mut Emit<'_>) -> Result<()> {
+    let loc = stores.location(doc.as_str())?;
+    let parquet_error = |e: parquet::errors::ParquetError| Error::StacFetch {
+        url: doc.to_string(),
+        source: Box::new(e),
+    };
+    let meta = loc
+        .store
+        .head(&loc.prefix)
+        .await
+        .map_err(|e| Error::StacFetch {
+            url: doc.to_string(),
+            source: Box::new(e),
+        })?;
+    let reader = Reader {
+        store: loc.store.clone(),
+        path: loc.prefix.clone(),
+        size: meta.size,
+    };
+    let mut batches = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(parquet_error)?
+        .with_batch_size(PARQUET_BATCH)
+        .build()
+        .map_err(parquet_error)?;
+    let mut n = 0u64;
+    while let Some(batch) = batches.next().await {
+        let batch = batch.map_err(parquet_error)?;
+        emit.stats.pages.fetch_add(1, Ordering::Relaxed);
+        for row in rows_of(&batch).map_err(|reason| Error::Stac {
+            url: doc.to_string(),
+            reason,
+        })? {
+            n += 1;
+            let flow = match row {
+                Ok(item) => one(emit, doc, item, n).await,
+                Err(reason) => emit.bad(format!("{doc}#{n}"), None, reason).await,
+            };
+            if flow == Flow::Stop {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Ranged reads of one stac-geoparquet file on its store.
+struct Reader {
+    store: std::sync::Arc<dyn object_store::ObjectStore>,
+    path: object_store::path::Path,
+    size: u64,
+}
+
+fn store_error(e: object_store::Error) -> parquet::errors::ParquetError {
+    parquet::errors::ParquetError::External(Box::new(e))
+}
+
+impl AsyncFileReader for Reader {
+    fn get_bytes(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> BoxFuture<'_, parquet::errors::Result<bytes::Bytes>> {
+        async move {
+            self.store
+                .get_range(&self.path, range)
+                .await
+                .map_err(store_error)
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<std::ops::Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<bytes::Bytes>>> {
+        async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(store_error)
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        options: Option<&'a ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<std::sync::Arc<ParquetMetaData>>> {
+        async move {
+            let size = self.size;
+            let md = ParquetMetaDataReader::new()
+                .with_arrow_reader_options(options)
+                .with_prefetch_hint(Some(64 * 1024))
+                .load_and_finish(self, size)
+                .await?;
+            Ok(std::sync::Arc::new(md))
+        }
+        .boxed()
+    }
+}
+
+/// The fields of a stac-geoparquet row that stay at the top of an item;
+/// every other column is a property.
+const TOP_LEVEL: [&str; 9] = [
+    "type",
+    "stac_version",
+    "stac_extensions",
+    "id",
+    "geometry",
+    "bbox",
+    "links",
+    "assets",
+    "collection",
+];
+
+/// The items of one stac-geoparquet batch, or why each row is not one.
+fn rows_of(batch: &RecordBatch) -> Result<Vec<Result<Value, String>>, String> {
+    let schema = batch.schema();
+    let geometry_col = schema.index_of("geometry").ok();
+    // WKB is decoded here; arrow-json would write the bytes as a string.
+    let keep: Vec<usize> = (0..batch.num_columns())
+        .filter(|&i| Some(i) != geometry_col)
+        .collect();
+    let rest = batch.project(&keep).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    let mut w = arrow_json::LineDelimitedWriter::new(&mut out);
+    w.write(&rest)
+        .map_err(|e| format!("stac-geoparquet rows do not convert to JSON: {e}"))?;
+    w.finish().map_err(|e| e.to_string())?;
+    drop(w);
+    let geometry = geometry_col.map(|i| batch.column(i).clone());
+    let mut rows = Vec::with_capacity(batch.num_rows());
+    for (i, line) in out
+        .split(|&b| b == b'\n')
+        .take(batch.num_rows())
+        .enumerate()
+    {
+        let flat: Map<String, Value> = match serde_json::from_slice(line) {
+            Ok(m) => m,
+            Err(e) => {
+                rows.push(Err(format!("row does not convert to JSON: {e}")));
+                continue;
+            }
+        };
+        let geom = match &geometry {
+            None => Ok(Value::Null),
+            Some(col) => geometry_at(col.as_ref(), i),
+        };
+        rows.push(geom.map(|g| unflatten(flat, g)));
+    }
+    Ok(rows)
+}
+
+/// A row (flat, as stac-geoparquet stores it) as an item.
+fn unflatten(flat: Map<String, Value>, geometry: Value) -> Value {
+    let mut item = Map::new();
+    let mut props = Map::new();
+    for (k, v) in flat {
+        if k == "bbox" {
+            item.insert(k, bbox_array(v));
+        } else if TOP_LEVEL.contains(&k.as_str()) {
+            item.insert(k, v);
+        } else {
+            props.insert(k, v);
+        }
+    }
+    // A null datetime is meaningful (a range item); arrow-json leaves nulls out.
+    props.entry("datetime").or_insert(Value::Null);
+    item.insert("geometry".into(), geometry);
+    item.insert("properties".into(), Value::Object(props));
+    item.entry("type").or_insert("Feature".into());
+    Value::Object(item)
+}
+
+/// stac-geoparquet's bbox struct (`xmin`, `ymin`, [`zmin`], `xmax`, ...) as
+/// a GeoJSON bbox array; an array stays as it is.
+fn bbox_array(v: Value) -> Value {
+    let Value::Object(m) = v else { return v };
+    let keys: &[&str] = if m.contains_key("zmin") {
+        &["xmin", "ymin", "zmin", "xmax", "ymax", "zmax"]
+    } else {
+        &["xmin", "ymin", "xmax", "ymax"]
+    };
+    keys.iter()
+        .map(|k| m.get(*k).cloned().unwrap_or(Value::Null))
+        .collect()
+}
+
+/// Row `i`'s geometry as GeoJSON (null for a null cell).
+fn geometry_at(col: &dyn Array, i: usize) -> Result<Value, String> {
+    if col.is_null(i) {
+        return Ok(Value::Null);
+    }
+    let bytes = if let Some(a) = col.as_any().downcast_ref::<BinaryArray>() {
+        a.value(i)
+    } else if let Some(a) = col.as_any().downcast_ref::<LargeBinaryArray>() {
+        a.value(i)
+    } else {
+        return Err(format!(
+            "geometry column is {}, not WKB binary",
+            col.data_type()
+        ));
+    };
+    wkb::to_geojson(bytes).map_err(|e| format!("geometry is not valid WKB: {e}"))
+}
+
+/// Well-known binary to GeoJSON: the seven OGC types, 2D, ISO Z/M/ZM and
+/// EWKB flags (extra ordinates dropped past Z). Every count is checked
+/// against the bytes left before anything is allocated.
+mod wkb {
+    use serde_json::{json, Value};
+
+    struct Reader<'a> {
+        b: &'a [u8],
+        at: usize,
+    }
+
+    impl Reader<'_> {
+        fn take(&mut self, n: usize) -> Result<&[u8], String> {
+            let end = self.at.checked_add(n).filter(|&e| e <= self.b.len());
+            let end = end.ok_or_else(|| format!("ends early at byte {}", self.at))?;
+            let s = &self.b[self.at..end];
+            self.at = end;
+            Ok(s)
+        }
+        fn u32(&mut self, le: bool) -> Result<u32, String> {
+            let s: [u8; 4] = self.take(4)?.try_into().expect("4 bytes");
+            Ok(if le {
+                u32::from_le_bytes(s)
+            } else {
+                u32::from_be_bytes(s)
+            })
+        }
+        fn f64(&mut self, le: bool) -> Result<f64, String> {
+            let s: [u8; 8] = self.take(8)?.try_into().expect("8 bytes");
+            Ok(if le {
+                f64::from_le_bytes(s)
+            } else {
+                f64::from_be_bytes(s)
+            })
+        }
+        /// A count of things of at least `min` bytes each, bounded by what is left.
+        fn count(&mut self, le: bool, min: usize) -> Result<usize, String> {
+            let n = self.u32(le)? as usize;
+            if n.saturating_mul(min) > self.b.len() - self.at {
+                return Err(format!("a count of {n} is more than the bytes left"));
+            }
+            Ok(n)
+        }
+    }
+
+    pub(super) fn to_geojson(b: &[u8]) -> Result<Value, String> {
+        let mut r = Reader { b, at: 0 };
+        let g = geometry(&mut r, 0)?;
+        Ok(g)
+    }
+
+    fn geometry(r: &mut Reader<'_>, depth: u32) -> Result<Value, String> {
+        if depth > 8 {
+            return Err("collections nest too deep".into());
+        }
+        let le = match r.take(1)?[0] {
+            0 => false,
+            1 => true,
+            o => return Err(format!("byte order {o}")),
+        };
+        let code = r.u32(le)?;
+        let (mut dims, mut kind) = (2usize, code & 0x0fff_ffff);
+        if code & 0x2000_0000 != 0 {
+            r.u32(le)?; // EWKB SRID
+        }
+        if code & 0x8000_0000 != 0 {
+            dims += 1;
+        }
+        if code & 0x4000_0000 != 0 {
+            dims += 1;
+        }
+        match kind / 1000 {
+            0 => {}
+            1 | 2 => dims += 1,
+            3 => dims += 2,
+            _ => return Err(format!("geometry type {code}")),
+        }
+        kind %= 1000;
+        let point = |r: &mut Reader<'_>| -> Result<Value, String> {
+            let mut c = Vec::with_capacity(dims.min(3));
+            for d in 0..dims {
+                let v = r.f64(le)?;
+                if d < 3 {
+                    c.push(v);
+                }
+            }
+            Ok(json!(c))
+        };
+        let line = |r: &mut Reader<'_>| -> Result<Value, String> {
+            let n = r.count(le, dims * 8)?;
+            (0..n)
+                .map(|_| point(r))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Value::from)
+        };
+        let polygon = |r: &mut Reader<'_>| -> Result<Value, String> {
+            let n = r.count(le, 4)?;
+            (0..n)
+                .map(|_| line(r))
+                .collect::<Result<Vec<_>, _>>()
+                .map(Value::from)
+        };
+        let many = |r: &mut Reader<'_>, want: u32| -> Result<Value, String> {
+            let n = r.count(le, 5)?;
+            let mut parts = Vec::with_capacity(n);
+            for _ in 0..n {
+                let g = geometry(r, depth + 1)?;
+                let t = g["type"].as_str().unwrap_or("");
+                if !matches!((want, t), (1, "Point") | (2, "LineString") | (3, "Polygon")) {
+                    return Err(format!("a {t} inside a multi-geometry of type {want}"));
+                }
+                parts.push(g["coordinates"].clone());
+            }
+            Ok(Value::from(parts))
+        };
+        Ok(match kind {
+            1 => {
+                let c = point(r)?;
+                // An empty point is written as NaN coordinates.
+                if c.as_array().is_some_and(|a| a.iter().any(|v| v.is_null())) {
+                    Value::Null
+                } else {
+                    json!({"type": "Point", "coordinates": c})
+                }
+            }
+            2 => json!({"type": "LineString", "coordinates": line(r)?}),
+            3 => json!({"type": "Polygon", "coordinates": polygon(r)?}),
+            4 => json!({"type": "MultiPoint", "coordinates": many(r, 1)?}),
+            5 => json!({"type": "MultiLineString", "coordinates": many(r, 2)?}),
+            6 => json!({"type": "MultiPolygon", "coordinates": many(r, 3)?}),
+            7 => {
+                let n = r.count(le, 5)?;
+                let gs = (0..n)
+                    .map(|_| geometry(r, depth + 1))
+                    .collect::<Result<Vec<_>, _>>()?;
+                json!({"type": "GeometryCollection", "geometries": gs})
+            }
+            other => return Err(format!("geometry type {other}")),
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn le_polygon() -> Vec<u8> {
+            let mut b = vec![1u8];
+            b.extend(3u32.to_le_bytes());
+            b.extend(1u32.to_le_bytes());
+            b.extend(4u32.to_le_bytes());
+            for (x, y) in [(0.0f64, 0.0f64), (1.0, 0.0), (1.0, 1.0), (0.0, 0.0)] {
+                b.extend(x.to_le_bytes());
+                b.extend(y.to_le_bytes());
+            }
+            b
+        }
+
+        #[test]
+        fn polygons_points_and_multis_decode() {
+            let g = to_geojson(&le_polygon()).unwrap();
+            assert_eq!(g["type"], "Polygon");
+            assert_eq!(g["coordinates"][0][2], json!([1.0, 1.0]));
+            // Big-endian point Z (ISO 1001).
+            let mut p = vec![0u8];
+            p.extend(1001u32.to_be_bytes());
+            for v in [5.0f64, 6.0, 7.0] {
+                p.extend(v.to_be_bytes());
+            }
+            assert_eq!(
+                to_geojson(&p).unwrap()["coordinates"],
+                json!([5.0, 6.0, 7.0])
+            );
+            let mut m = vec![1u8];
+            m.extend(6u32.to_le_bytes());
+            m.extend(2u32.to_le_bytes());
+            m.extend(le_polygon());
+            m.extend(le_polygon());
+            let g = to_geojson(&m).unwrap();
+            assert_eq!(g["type"], "MultiPolygon");
+            assert_eq!(g["coordinates"].as_array().unwrap().len(), 2);
+        }
+
+        #[test]
+        fn hostile_wkb_is_an_error_not_an_allocation() {
+            let mut b = vec![1u8];
+            b.extend(2u32.to_le_bytes());
+            b.extend(u32::MAX.to_le_bytes());
+            assert!(to_geojson(&b).unwrap_err().contains("count"));
+            assert!(to_geojson(&le_polygon()[..20]).is_err());
+            assert!(to_geojson(&[7]).is_err());
+            let mut t = vec![1u8];
+            t.extend(99u32.to_le_bytes());
+            assert!(to_geojson(&t).is_err());
+            // Collections nested past the bound.
+            let mut deep = Vec::new();
+            for _ in 0..20 {
+                deep.push(1u8);
+                deep.extend(7u32.to_le_bytes());
+                deep.extend(1u32.to_le_bytes());
+            }
+            assert!(to_geojson(&deep).is_err());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn flat_rows_become_items() {
+        let flat = json!({"id": "a", "collection": "c", "bbox": {"xmin": 0.0, "ymin": 1.0, "xmax": 2.0, "ymax": 3.0},
+            "datetime": "2024-06-01T00:00:00Z", "eo:cloud_cover": 3, "assets": {"red": {"href": "r.tif"}}});
+        let Value::Object(flat) = flat else {
+            unreachable!()
+        };
+        let item = unflatten(flat, json!({"type": "Point", "coordinates": [1.0, 2.0]}));
+        assert_eq!(item["bbox"], json!([0.0, 1.0, 2.0, 3.0]));
+        assert_eq!(item["properties"]["eo:cloud_cover"], json!(3));
+        assert_eq!(item["type"], json!("Feature"));
+        assert_eq!(item["assets"]["red"]["href"], json!("r.tif"));
+        let parsed: stac::Item = serde_json::from_value(item).unwrap();
+        assert_eq!(parsed.id, "a");
+        assert!(parsed.properties.datetime.is_some());
+    }
+}

@@ -1,0 +1,660 @@
+//! What a STAC `--input` is, and its items as a stream.
+//!
+//! [`detect`] tells a STAC API root, a static catalog or collection and an
+//! item collection apart from the inputs the planner already knows (images,
+//! scenes, archives, folders); [`stream_items`] sends the items a search
+//! selects, in a deterministic order, into a bounded channel, so the planner
+//! holds one page at a time however large the search.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rsembed_schemas::job::StacSearch;
+use rsembed_worker::input::InputKind;
+use rsembed_worker::store::StoreCache;
+use serde_json::Value;
+use sha2::Digest;
+use tokio::sync::mpsc::Sender;
+use url::Url;
+
+use super::fetch::{self, Fetcher, MAX_DOCUMENT};
+use super::search::{ClientFilter, Verdict};
+use crate::error::{Error, Result};
+
+/// A STAC input.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StacInput {
+    /// A STAC API root; its landing page's conformsTo holds item-search.
+    Api {
+        /// The landing page.
+        root: Url,
+        /// What the server conforms to.
+        conformance: Conformance,
+    },
+    /// A static catalog.json or collection.json (any object store URL or path).
+    Catalog {
+        /// The document, as a canonical URL.
+        url: String,
+    },
+    /// An ItemCollection: .json FeatureCollection, .ndjson, stac-geoparquet .parquet.
+    Items {
+        /// The file, as a canonical URL.
+        url: String,
+        /// How it is written.
+        format: ItemsFormat,
+    },
+}
+
+impl StacInput {
+    /// The input's URL.
+    pub fn url(&self) -> String {
+        match self {
+            StacInput::Api { root, .. } => root.to_string(),
+            StacInput::Catalog { url } | StacInput::Items { url, .. } => url.clone(),
+        }
+    }
+}
+
+/// The search classes a STAC API conforms to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Conformance {
+    /// Item search (`/search`).
+    pub item_search: bool,
+    /// The filter extension (CQL2).
+    pub filter: bool,
+    /// The query extension.
+    pub query: bool,
+}
+
+impl Conformance {
+    /// The classes named in a `conformsTo` list.
+    pub fn of(conforms_to: &[Value]) -> Conformance {
+        let mut c = Conformance::default();
+        for uri in conforms_to.iter().filter_map(Value::as_str) {
+            // Versions differ (v1.0.0, v1.0.0-rc.2, ...); the class names do not.
+            if uri.contains("api.stacspec.org/") {
+                if uri.ends_with("/item-search") {
+                    c.item_search = true;
+                } else if uri.ends_with("/item-search#filter") {
+                    c.filter = true;
+                } else if uri.ends_with("/item-search#query") {
+                    c.query = true;
+                }
+            } else if uri.contains("/ogcapi-features-3/") && uri.ends_with("/conf/filter")
+                || uri.contains("/cql2/") && uri.ends_with("/conf/cql2-text")
+            {
+                c.filter = true;
+            }
+        }
+        c
+    }
+}
+
+/// How an item collection is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ItemsFormat {
+    /// One GeoJSON FeatureCollection (or one Feature).
+    Json,
+    /// One item per line.
+    Ndjson,
+    /// stac-geoparquet.
+    Parquet,
+}
+
+/// One item found.
+#[derive(Debug, Clone)]
+pub struct FoundItem {
+    /// Absolute URL of the item: its self link, else the API's item URL
+    /// `<root>/collections/<c>/items/<id>`, else the document it was read from
+    /// (with `#<id>` for an item inside an item collection).
+    pub href: String,
+    /// Base URL against which the item's relative asset hrefs resolve.
+    pub base: Url,
+    /// The item.
+    pub item: stac::Item,
+}
+
+/// What the source found.
+#[derive(Debug, Clone)]
+pub enum Found {
+    /// A selected item.
+    Item(Box<FoundItem>),
+    /// An item that cannot be judged or read (non-numeric eo:cloud_cover when
+    /// --cloud-cover-max is given, no geometry under a client-side --bbox, an
+    /// item that does not parse inside an otherwise good page): becomes the
+    /// item's error record, so nothing is skipped silently.
+    Bad {
+        /// Where the item is (as [`FoundItem::href`]).
+        href: String,
+        /// Its id, when it has one.
+        id: Option<String>,
+        /// Why it cannot be used.
+        reason: String,
+    },
+}
+
+/// Counts of a source's work, for progress and the summary.
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    /// Documents read: landing pages, catalogs, collections, item files.
+    pub documents: AtomicU64,
+    /// API pages, `.ndjson` lines or stac-geoparquet batches read.
+    pub pages: AtomicU64,
+    /// Items sent ([`Found::Item`]).
+    pub items: AtomicU64,
+    /// Items the client filters did not select.
+    pub filtered: AtomicU64,
+    /// Items reached a second time (two parents, an unstable page order).
+    pub duplicates: AtomicU64,
+    /// Items sent as [`Found::Bad`].
+    pub bad: AtomicU64,
+}
+
+/// How much of a `.json` is read to find its `type`: STAC writers put it
+/// first, and a catalog is smaller than this anyway.
+const SNIFF: usize = 1 << 20;
+
+/// `Ok(None)`: not a STAC input (an image, a folder, a TIFF over http, ...).
+pub async fn detect(stores: &StoreCache, input: &str) -> Result<Option<StacInput>> {
+    if InputKind::of(input).is_some() {
+        return Ok(None);
+    }
+    let http = fetch::is_http(input);
+    let url = if http {
+        Url::parse(input).map_err(|e| Error::Usage(format!("--input {input}: {e}")))?
+    } else {
+        stores.location(input)?.url
+    };
+    let lower = url.path().to_ascii_lowercase();
+    let items = |format| {
+        Ok(Some(StacInput::Items {
+            url: url.to_string(),
+            format,
+        }))
+    };
+    if [".ndjson", ".jsonl", ".geojsonl"]
+        .iter()
+        .any(|e| lower.ends_with(e))
+    {
+        return items(ItemsFormat::Ndjson);
+    }
+    if lower.ends_with(".parquet") || lower.ends_with(".geoparquet") {
+        return items(ItemsFormat::Parquet);
+    }
+    let f = Fetcher::new(stores)?;
+    if lower.ends_with(".json") || lower.ends_with(".geojson") {
+        return detect_json(&f, &url).await.map(Some);
+    }
+    if !http {
+        return Ok(None);
+    }
+    let Some(doc) = landing_page(&f, &url).await? else {
+        return Ok(None);
+    };
+    of_document(&f, &url, &doc).await
+}
+
+/// A `.json` input: what its `type` says.
+async fn detect_json(f: &Fetcher, url: &Url) -> Result<StacInput> {
+    let (head, complete) = f.prefix(url.as_str(), SNIFF).await?;
+    let not_stac = |what: String| {
+        Error::Stac {
+        url: url.to_string(),
+        reason: format!(
+            "{what}; a STAC input is a Catalog, a Collection, a FeatureCollection of items, or an API root"
+        ),
+    }
+    };
+    let t = match type_of(&head) {
+        TypeScan::Found(t) => t,
+        TypeScan::Truncated if !complete => {
+            return Err(not_stac(format!(
+                "no `type` within its first {} MiB",
+                SNIFF >> 20
+            )))
+        }
+        TypeScan::Missing | TypeScan::Truncated => {
+            return Err(not_stac("a JSON object without `type`".into()))
+        }
+        TypeScan::NotAnObject(e) => return Err(not_stac(format!("not a JSON object ({e})"))),
+    };
+    match t.as_str() {
+        "Catalog" | "Collection" => {
+            // A landing page is a Catalog too; only its conformsTo tells.
+            if fetch::is_http(url.as_str()) {
+                let doc: Value = parse(url.as_str(), &f.read(url.as_str(), MAX_DOCUMENT).await?)?;
+                if let Some(api) = as_api(url, &doc) {
+                    return Ok(api);
+                }
+            }
+            Ok(StacInput::Catalog {
+                url: url.to_string(),
+            })
+        }
+        "FeatureCollection" | "Feature" => Ok(StacInput::Items {
+            url: url.to_string(),
+            format: ItemsFormat::Json,
+        }),
+        other => Err(not_stac(format!("its type is `{other}`"))),
+    }
+}
+
+/// The JSON document at an http(s) URL that is not named like a file the
+/// planner knows; `None` when it is not JSON, or the server refuses it (the
+/// caller's plain-http path reports that).
+async fn landing_page(f: &Fetcher, url: &Url) -> Result<Option<Value>> {
+    let first = match f.prefix(url.as_str(), 1).await {
+        Ok((b, _)) => b,
+        Err(Error::StacStatus { status, .. }) if status < 500 && status != 429 => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // Not JSON (a TIFF, an HTML page): leave it without reading it.
+    if first.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') && !first.is_empty() {
+        return Ok(None);
+    }
+    let bytes = f.read(url.as_str(), MAX_DOCUMENT).await?;
+    Ok(serde_json::from_slice(&bytes).ok())
+}
+
+/// What a JSON document at `url` is as an input.
+async fn of_document(f: &Fetcher, url: &Url, doc: &Value) -> Result<Option<StacInput>> {
+    if let Some(api) = as_api(url, doc) {
+        return Ok(Some(api));
+    }
+    // A landing page may list its conformance only at /conformance.
+    if doc.get("conformsTo").is_none() {
+        if let Some(href) = links(doc)
+            .into_iter()
+            .find(|l| l.rel == "conformance")
+            .and_then(|l| url.join(&l.href).ok())
+        {
+            if let Ok(bytes) = f.read(href.as_str(), MAX_DOCUMENT).await {
+                if let Ok(c) = serde_json::from_slice::<Value>(&bytes) {
+                    let mut d = doc.clone();
+                    d["conformsTo"] = c.get("conformsTo").cloned().unwrap_or(Value::Null);
+                    if let Some(api) = as_api(url, &d) {
+                        return Ok(Some(api));
+                    }
+                }
+            }
+        }
+    }
+    let t = doc.get("type").and_then(Value::as_str);
+    Ok(match t {
+        Some("Catalog" | "Collection")
+            if links(doc)
+                .iter()
+                .any(|l| l.rel == "child" || l.rel == "item") =>
+        {
+            Some(StacInput::Catalog {
+                url: url.to_string(),
+            })
+        }
+        Some("FeatureCollection") => Some(StacInput::Items {
+            url: url.to_string(),
+            format: ItemsFormat::Json,
+        }),
+        _ => None,
+    })
+}
+
+/// An API root, when the document's conformsTo holds item-search.
+fn as_api(url: &Url, doc: &Value) -> Option<StacInput> {
+    let c = Conformance::of(doc.get("conformsTo")?.as_array()?);
+    c.item_search.then(|| StacInput::Api {
+        root: url.clone(),
+        conformance: c,
+    })
+}
+
+/// A document's links that parse (a link that does not is no link).
+pub(crate) fn links(doc: &Value) -> Vec<stac::Link> {
+    doc.get("links")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|l| serde_json::from_value(l.clone()).ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A document as JSON, or an error naming it.
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(url: &str, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Stac {
+        url: url.into(),
+        reason: format!("not STAC JSON: {e}"),
+    })
+}
+
+/// What the start of a JSON document says its `type` is.
+#[derive(Debug, PartialEq)]
+enum TypeScan {
+    Found(String),
+    /// A whole object without `type`.
+    Missing,
+    /// The bytes end before `type` was seen.
+    Truncated,
+    NotAnObject(String),
+}
+
+/// Reads top-level keys until `type`, so a 200 MiB FeatureCollection is
+/// recognised from its first bytes.
+fn type_of(head: &[u8]) -> TypeScan {
+    use serde::de::{Deserializer, Error as _, IgnoredAny, MapAccess, Visitor};
+    // The visitor stops at `type` by failing with this mark: serde_json
+    // insists on reading a map to its end otherwise.
+    const MARK: &str = "\u{1}type=";
+    struct TypeOf;
+    impl<'de> Visitor<'de> for TypeOf {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+            while let Some(k) = m.next_key::<String>()? {
+                if k == "type" {
+                    let v: Value = m.next_value()?;
+                    let t = v.as_str().map(str::to_owned).unwrap_or(v.to_string());
+                    return Err(A::Error::custom(format!("{MARK}{t}\u{1}")));
+                }
+                m.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(head);
+    match de.deserialize_map(TypeOf) {
+        Ok(()) => TypeScan::Missing,
+        Err(e) => {
+            let s = e.to_string();
+            if let Some(rest) = s.split_once(MARK).map(|(_, r)| r) {
+                TypeScan::Found(rest.split('\u{1}').next().unwrap_or("").to_owned())
+            } else if e.is_eof() {
+                TypeScan::Truncated
+            } else {
+                TypeScan::NotAnObject(s)
+            }
+        }
+    }
+}
+
+/// Streams every selected item into `tx` in a deterministic order, stopping
+/// after `search.max_items` items; returns when done. Dedups items by href
+/// (a 128-bit hash per item, not the strings) so an item reached twice
+/// (two parents, an unstable API page order) is planned once.
+///
+/// [`Found::Bad`] counts towards `max_items` like an item: both become one
+/// entry of the plan. A receiver that hangs up ends the stream quietly.
+pub async fn stream_items(
+    stores: &StoreCache,
+    input: &StacInput,
+    search: &StacSearch,
+    stats: &SourceStats,
+    tx: Sender<Found>,
+) -> Result<()> {
+    let f = Fetcher::new(stores)?;
+    let api = matches!(input, StacInput::Api { .. });
+    let filter = ClientFilter::new(search, !api).map_err(Error::Usage)?;
+    let mut emit = Emit {
+        tx,
+        stats,
+        seen: HashSet::new(),
+        max: search.max_items,
+        sent: 0,
+        filter,
+    };
+    if emit.full() {
+        return Ok(());
+    }
+    match input {
+        StacInput::Api { root, conformance } => {
+            super::api::stream(&f, root, *conformance, search, &mut emit).await
+        }
+        StacInput::Catalog { url } => super::catalog::stream(&f, url, &mut emit).await,
+        StacInput::Items { url, format } => {
+            super::items::stream(&f, stores, url, *format, &mut emit).await
+        }
+    }
+}
+
+/// Whether the stream goes on after an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flow {
+    Go,
+    Stop,
+}
+
+/// The sending end of a source: judges, dedups, counts and sends.
+pub(crate) struct Emit<'a> {
+    tx: Sender<Found>,
+    pub(crate) stats: &'a SourceStats,
+    seen: HashSet<u128>,
+    max: Option<u64>,
+    sent: u64,
+    filter: ClientFilter,
+}
+
+impl Emit<'_> {
+    /// Whether `max_items` entries were sent.
+    pub(crate) fn full(&self) -> bool {
+        self.max.is_some_and(|m| self.sent >= m)
+    }
+
+    /// How many more entries are wanted; `None`: all.
+    pub(crate) fn remaining(&self) -> Option<u64> {
+        self.max.map(|m| m.saturating_sub(self.sent))
+    }
+
+    /// How many entries were sent.
+    pub(crate) fn sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// Judges one item (its JSON) and sends it when selected. `href` and
+    /// `base` as [`FoundItem`] says.
+    pub(crate) async fn item(&mut self, json: Value, href: String, base: Url) -> Flow {
+        let id = json.get("id").and_then(Value::as_str).map(str::to_owned);
+        match self.filter.judge(&json) {
+            Verdict::Drop => {
+                self.stats.filtered.fetch_add(1, Ordering::Relaxed);
+                return Flow::Go;
+            }
+            Verdict::Bad(reason) => return self.bad(href, id, reason).await,
+            Verdict::Keep => {}
+        }
+        if !self.first_time(&href) {
+            return Flow::Go;
+        }
+        if id.as_deref().is_none_or(str::is_empty) {
+            return self.send(bad(href, None, "has no id".into())).await;
+        }
+        match serde_json::from_value::<stac::Item>(json) {
+            Ok(item) => {
+                self.stats.items.fetch_add(1, Ordering::Relaxed);
+                self.send(Found::Item(Box::new(FoundItem { href, base, item })))
+                    .await
+            }
+            Err(e) => {
+                self.send(bad(href, id, format!("is not a STAC item: {e}")))
+                    .await
+            }
+        }
+    }
+
+    /// Sends an item that cannot be used (once per href).
+    pub(crate) async fn bad(&mut self, href: String, id: Option<String>, reason: String) -> Flow {
+        if !self.first_time(&href) {
+            return Flow::Go;
+        }
+        self.send(bad(href, id, reason)).await
+    }
+
+    fn first_time(&mut self, href: &str) -> bool {
+        let h = sha2::Sha256::digest(href.as_bytes());
+        let key = u128::from_le_bytes(h[..16].try_into().expect("16 bytes of 32"));
+        let new = self.seen.insert(key);
+        if !new {
+            self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+        }
+        new
+    }
+
+    async fn send(&mut self, found: Found) -> Flow {
+        if let Found::Bad { href, reason, .. } = &found {
+            self.stats.bad.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(item = %href, reason = %reason, "STAC item cannot be used");
+        }
+        if self.tx.send(found).await.is_err() {
+            return Flow::Stop;
+        }
+        self.sent += 1;
+        if self.full() {
+            Flow::Stop
+        } else {
+            Flow::Go
+        }
+    }
+}
+
+fn bad(href: String, id: Option<String>, reason: String) -> Found {
+    let reason = match &id {
+        Some(id) => format!("STAC item {id} ({href}) {reason}"),
+        None => format!("STAC item {href} {reason}"),
+    };
+    Found::Bad { href, id, reason }
+}
+
+/// An item's href and base: its self link (resolved against `doc`), else
+/// `fallback`. The base is the self link too, unless `read_from` is given
+/// (an item document of a static catalog: where it was actually read).
+pub(crate) fn href_of(json: &Value, doc: &Url, fallback: &str) -> (String, Url) {
+    let self_link = json
+        .get("links")
+        .and_then(Value::as_array)
+        .and_then(|a| {
+            a.iter()
+                .find(|l| l.get("rel").and_then(Value::as_str) == Some("self"))
+        })
+        .and_then(|l| l.get("href").and_then(Value::as_str))
+        .and_then(|h| doc.join(h).ok());
+    match self_link {
+        Some(u) => (u.to_string(), u),
+        None => {
+            let base = Url::parse(fallback).unwrap_or_else(|_| doc.clone());
+            (fallback.to_owned(), base)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_type_is_found_in_a_prefix() {
+        let t = |s: &str| type_of(s.as_bytes());
+        assert_eq!(
+            t(r#"{"stac_version":"1.1.0","type":"Catalog","links":[{"#),
+            TypeScan::Found("Catalog".into())
+        );
+        assert_eq!(
+            t(r#"{"features":[{"type":"Feature"}],"type":"FeatureCollection"}"#),
+            TypeScan::Found("FeatureCollection".into())
+        );
+        assert_eq!(t(r#"{"features":[{"type":"Feat"#), TypeScan::Truncated);
+        assert_eq!(t(r#"{"a":1}"#), TypeScan::Missing);
+        assert!(matches!(t("[1,2]"), TypeScan::NotAnObject(_)));
+        assert!(matches!(t("GIF89a"), TypeScan::NotAnObject(_)));
+        assert_eq!(t(r#"{"type":7}"#), TypeScan::Found("7".into()));
+    }
+
+    #[test]
+    fn conformance_classes_of_any_version() {
+        let c = Conformance::of(&[
+            json!("https://api.stacspec.org/v1.0.0/core"),
+            json!("https://api.stacspec.org/v1.0.0-rc.2/item-search"),
+            json!("https://api.stacspec.org/v1.0.0-rc.2/item-search#query"),
+        ]);
+        assert_eq!(
+            c,
+            Conformance {
+                item_search: true,
+                filter: false,
+                query: true
+            }
+        );
+        let c = Conformance::of(&[
+            json!("https://api.stacspec.org/v1.0.0/item-search"),
+            json!("http://www.opengis.net/spec/ogcapi-features-3/1.0/conf/filter"),
+            json!(7),
+        ]);
+        assert!(c.item_search && c.filter && !c.query);
+        let c = Conformance::of(&[json!("https://api.stacspec.org/v1.0.0/item-search#filter")]);
+        assert!(c.filter && !c.item_search);
+    }
+
+    #[test]
+    fn hrefs_prefer_the_self_link() {
+        let doc = Url::parse("s3://b/cat/items.ndjson").unwrap();
+        let with_self = json!({"id": "a", "links": [{"rel": "self", "href": "a/a.json"}]});
+        let (h, b) = href_of(&with_self, &doc, "s3://b/cat/items.ndjson#a");
+        assert_eq!(h, "s3://b/cat/a/a.json");
+        assert_eq!(b.as_str(), "s3://b/cat/a/a.json");
+        let (h, b) = href_of(&json!({"id": "a"}), &doc, "s3://b/cat/items.ndjson#a");
+        assert_eq!(h, "s3://b/cat/items.ndjson#a");
+        assert_eq!(b.as_str(), "s3://b/cat/items.ndjson#a");
+    }
+
+    #[tokio::test]
+    async fn files_the_planner_knows_are_not_stac() {
+        let stores = StoreCache::default();
+        for input in ["a.tif", "s3://b/x.tar.gz", "https://h/x.png", "some/folder"] {
+            assert_eq!(detect(&stores, input).await.unwrap(), None, "{input}");
+        }
+        let d = detect(&stores, "s3://b/items.ndjson").await.unwrap();
+        assert!(matches!(
+            d,
+            Some(StacInput::Items {
+                format: ItemsFormat::Ndjson,
+                ..
+            })
+        ));
+        let d = detect(&stores, "/data/items.parquet")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.url(), "file:///data/items.parquet");
+    }
+
+    #[tokio::test]
+    async fn json_files_are_told_apart_by_type() {
+        let dir = tempfile::tempdir().unwrap();
+        let stores = StoreCache::default();
+        let write = |name: &str, body: &str| {
+            let p = dir.path().join(name);
+            std::fs::write(&p, body).unwrap();
+            p.to_string_lossy().into_owned()
+        };
+        let cat = write("catalog.json", r#"{"type":"Catalog","id":"c","links":[]}"#);
+        assert!(matches!(
+            detect(&stores, &cat).await.unwrap(),
+            Some(StacInput::Catalog { .. })
+        ));
+        let fc = write("fc.json", r#"{"type":"FeatureCollection","features":[]}"#);
+        assert!(matches!(
+            detect(&stores, &fc).await.unwrap(),
+            Some(StacInput::Items {
+                format: ItemsFormat::Json,
+                ..
+            })
+        ));
+        let other = write("other.json", r#"{"type":"Topology"}"#);
+        let e = detect(&stores, &other).await.unwrap_err().to_string();
+        assert!(e.contains("`Topology`"), "{e}");
+        let notjson = write("x.json", "hello");
+        let e = detect(&stores, &notjson).await.unwrap_err().to_string();
+        assert!(e.contains("not a JSON object"), "{e}");
+    }
+}
