@@ -13,6 +13,7 @@ pub mod nats;
 pub mod proxy;
 pub mod rasters;
 pub mod s3;
+pub mod stac;
 
 /// The workspace root.
 pub fn root() -> PathBuf {

@@ -126,6 +126,25 @@ impl Fetcher {
         Ok((buf.freeze(), false))
     }
 
+    /// The document at `url` when it starts like a JSON object, at most
+    /// `cap` bytes; `None` (without reading further) when it does not.
+    pub async fn json_object(&self, url: &str, cap: usize) -> Result<Option<Bytes>> {
+        let mut body = self.open(url).await?;
+        let mut buf = BytesMut::new();
+        let mut checked = false;
+        while let Some(chunk) = body.next().await {
+            push_capped(&mut buf, &chunk?, cap, url)?;
+            if !checked {
+                match buf.iter().find(|b| !b.is_ascii_whitespace()) {
+                    None => continue,
+                    Some(b'{') => checked = true,
+                    Some(_) => return Ok(None),
+                }
+            }
+        }
+        Ok(checked.then(|| buf.freeze()))
+    }
+
     /// The bytes of `url` on its store as a stream (for line-by-line reads).
     pub async fn open(&self, url: &str) -> Result<BoxStream<'static, Result<Bytes>>> {
         if is_http(url) {
@@ -283,6 +302,8 @@ fn fetch_error(url: &str, e: impl std::error::Error + Send + Sync + 'static) -> 
 pub struct Lines {
     inner: BoxStream<'static, Result<Bytes>>,
     buf: BytesMut,
+    /// How much of `buf` holds no line end.
+    scanned: usize,
     cap: usize,
     url: String,
     done: bool,
@@ -296,6 +317,7 @@ impl Lines {
         Lines {
             inner,
             buf: BytesMut::new(),
+            scanned: 0,
             cap,
             url: url.into(),
             done: false,
@@ -306,7 +328,12 @@ impl Lines {
     /// The next line; `None` at the end.
     pub async fn next_line(&mut self) -> Result<Option<Bytes>> {
         loop {
-            if let Some(i) = self.buf.iter().position(|&b| b == b'\n') {
+            // Only the bytes not searched yet: a long line arrives in many
+            // chunks, and searching it whole each time is quadratic.
+            let from = self.scanned.min(self.buf.len());
+            if let Some(i) = self.buf[from..].iter().position(|&b| b == b'\n') {
+                let i = from + i;
+                self.scanned = 0;
                 let mut line = self.buf.split_to(i + 1);
                 line.truncate(i);
                 if line.last() == Some(&b'\r') {
@@ -328,6 +355,7 @@ impl Lines {
                 self.number += 1;
                 return Ok(Some(self.buf.split().freeze()));
             }
+            self.scanned = self.buf.len();
             match self.inner.next().await {
                 Some(chunk) => self.buf.extend_from_slice(&chunk?),
                 None => self.done = true,

@@ -3,8 +3,10 @@
 //! batch with our parquet 60 reader, rows turned back into item JSON).
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use arrow_array::{Array, BinaryArray, LargeBinaryArray, RecordBatch};
+use arrow_schema::{DataType, Schema};
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use object_store::ObjectStoreExt;
@@ -174,7 +176,7 @@ async fn geoparquet(stores: &StoreCache, doc: &Url, emit: &mut Emit<'_>) -> Resu
 
 /// Ranged reads of one stac-geoparquet file on its store.
 struct Reader {
-    store: std::sync::Arc<dyn object_store::ObjectStore>,
+    store: Arc<dyn object_store::ObjectStore>,
     path: object_store::path::Path,
     size: u64,
 }
@@ -213,7 +215,7 @@ impl AsyncFileReader for Reader {
     fn get_metadata<'a>(
         &'a mut self,
         options: Option<&'a ArrowReaderOptions>,
-    ) -> BoxFuture<'a, parquet::errors::Result<std::sync::Arc<ParquetMetaData>>> {
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
         async move {
             let size = self.size;
             let md = ParquetMetaDataReader::new()
@@ -221,7 +223,7 @@ impl AsyncFileReader for Reader {
                 .with_prefetch_hint(Some(64 * 1024))
                 .load_and_finish(self, size)
                 .await?;
-            Ok(std::sync::Arc::new(md))
+            Ok(Arc::new(md))
         }
         .boxed()
     }
@@ -249,7 +251,7 @@ fn rows_of(batch: &RecordBatch) -> Result<Vec<Result<Value, String>>, String> {
     let keep: Vec<usize> = (0..batch.num_columns())
         .filter(|&i| Some(i) != geometry_col)
         .collect();
-    let rest = batch.project(&keep).map_err(|e| e.to_string())?;
+    let rest = utc_as_offset(&batch.project(&keep).map_err(|e| e.to_string())?)?;
     let mut out = Vec::new();
     let mut w = arrow_json::LineDelimitedWriter::new(&mut out);
     w.write(&rest)
@@ -277,6 +279,63 @@ fn rows_of(batch: &RecordBatch) -> Result<Vec<Result<Value, String>>, String> {
         rows.push(geom.map(|g| unflatten(flat, g)));
     }
     Ok(rows)
+}
+
+/// The batch with its timestamps in zone `UTC` re-labelled `+00:00`, the
+/// same instants: arrow-json formats zone names only with chrono-tz, and
+/// stac-geoparquet writes every time in `UTC`.
+fn utc_as_offset(batch: &RecordBatch) -> Result<RecordBatch, String> {
+    fn fix(t: &DataType) -> Option<DataType> {
+        match t {
+            DataType::Timestamp(u, Some(tz))
+                if matches!(tz.as_ref(), "UTC" | "utc" | "Etc/UTC" | "Z") =>
+            {
+                Some(DataType::Timestamp(*u, Some("+00:00".into())))
+            }
+            DataType::Struct(fields) => {
+                let new: Vec<Option<DataType>> =
+                    fields.iter().map(|f| fix(f.data_type())).collect();
+                new.iter().any(Option::is_some).then(|| {
+                    DataType::Struct(
+                        fields
+                            .iter()
+                            .zip(new)
+                            .map(|(f, n)| match n {
+                                Some(n) => Arc::new(f.as_ref().clone().with_data_type(n)),
+                                None => f.clone(),
+                            })
+                            .collect(),
+                    )
+                })
+            }
+            DataType::List(f) => fix(f.data_type())
+                .map(|n| DataType::List(Arc::new(f.as_ref().clone().with_data_type(n)))),
+            DataType::LargeList(f) => fix(f.data_type())
+                .map(|n| DataType::LargeList(Arc::new(f.as_ref().clone().with_data_type(n)))),
+            _ => None,
+        }
+    }
+    let schema = batch.schema();
+    if schema.fields().iter().all(|f| fix(f.data_type()).is_none()) {
+        return Ok(batch.clone());
+    }
+    let mut fields = Vec::with_capacity(batch.num_columns());
+    let mut columns = Vec::with_capacity(batch.num_columns());
+    for (f, c) in schema.fields().iter().zip(batch.columns()) {
+        match fix(f.data_type()) {
+            Some(t) => {
+                columns.push(
+                    arrow_cast::cast(c, &t).map_err(|e| format!("column {}: {e}", f.name()))?,
+                );
+                fields.push(Arc::new(f.as_ref().clone().with_data_type(t)));
+            }
+            None => {
+                columns.push(c.clone());
+                fields.push(f.clone());
+            }
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())
 }
 
 /// A row (flat, as stac-geoparquet stores it) as an item.

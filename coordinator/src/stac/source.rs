@@ -243,17 +243,15 @@ async fn detect_json(f: &Fetcher, url: &Url) -> Result<StacInput> {
 /// planner knows; `None` when it is not JSON, or the server refuses it (the
 /// caller's plain-http path reports that).
 async fn landing_page(f: &Fetcher, url: &Url) -> Result<Option<Value>> {
-    let first = match f.prefix(url.as_str(), 1).await {
-        Ok((b, _)) => b,
-        Err(Error::StacStatus { status, .. }) if status < 500 && status != 429 => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    // Not JSON (a TIFF, an HTML page): leave it without reading it.
-    if first.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') && !first.is_empty() {
-        return Ok(None);
+    // Not JSON (a TIFF, an HTML page): left after its first bytes.
+    match f.json_object(url.as_str(), MAX_DOCUMENT).await {
+        Ok(Some(bytes)) => Ok(serde_json::from_slice(&bytes).ok()),
+        Ok(None) => Ok(None),
+        Err(Error::StacStatus { status, .. }) if status < 500 && status != 429 && status != 408 => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
-    let bytes = f.read(url.as_str(), MAX_DOCUMENT).await?;
-    Ok(serde_json::from_slice(&bytes).ok())
 }
 
 /// What a JSON document at `url` is as an input.
