@@ -279,7 +279,12 @@ fn next_request(prev: &Request, link: &Value) -> Result<Request, String> {
         }
     };
     let headers = merged(Some(&prev.headers), link.headers);
-    let body = (method == reqwest::Method::POST).then(|| merged(prev.body.as_ref(), link.body));
+    let body = (method == reqwest::Method::POST).then(|| match link.body {
+        // A POST link without a body repeats the search: sending `{}` would
+        // be a search for everything.
+        None if !merge => prev.body.clone().unwrap_or_default(),
+        b => merged(prev.body.as_ref(), b),
+    });
     Ok(Request {
         method,
         url,
@@ -469,6 +474,12 @@ mod tests {
             json!({"token": "t2"})
         );
         assert!(replaced.headers.is_empty());
+        let bodiless = next_request(
+            &prev,
+            &json!({"rel": "next", "href": "search?page=2", "method": "POST"}),
+        )
+        .unwrap();
+        assert_eq!(bodiless.body, prev.body);
         let get = next_request(&prev, &json!({"rel": "next", "href": "/search?page=2"})).unwrap();
         assert_eq!(get.method, reqwest::Method::GET);
         assert!(get.body.is_none());

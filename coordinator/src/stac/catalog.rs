@@ -112,9 +112,17 @@ async fn open(f: &Fetcher, url: &Url, emit: &mut Emit<'_>) -> Result<Level> {
             })
         }
     }
+    let links = links(&doc);
+    if !links.iter().any(|l| l.is_child() || l.is_item()) && links.iter().any(|l| l.rel == "items")
+    {
+        // A collection of an API: its items are behind `rel=items`, which a
+        // static crawl does not page through. Say so rather than find nothing.
+        tracing::warn!(collection = %url,
+            "STAC collection has no item or child links, only an API `items` link: give the API root as --input to search it");
+    }
     Ok(Level {
         url: url.clone(),
-        links: links(&doc).into_iter().collect::<Vec<_>>().into_iter(),
+        links: links.into_iter(),
     })
 }
 

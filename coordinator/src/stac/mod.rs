@@ -11,10 +11,10 @@
 //!   their physical units, the cloud mask, the acquisition time;
 //! - `out.rs` writes `<output>/stac/collection.json` and its items.
 
-pub mod api;
-pub mod catalog;
-pub mod fetch;
-pub mod items;
+pub(crate) mod api;
+pub(crate) mod catalog;
+pub(crate) mod fetch;
+pub(crate) mod items;
 pub mod scene;
 pub mod search;
 pub mod source;
