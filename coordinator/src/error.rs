@@ -291,6 +291,44 @@ mod retry_tests {
                 Error::Json(serde_json::from_str::<u8>("{").unwrap_err()),
                 RetryHint::Never,
             ),
+            (
+                Error::Stac {
+                    url: "http://api/search".into(),
+                    reason: "exceeds 64 MiB".into(),
+                },
+                RetryHint::Never,
+            ),
+            (
+                Error::StacStatus {
+                    url: "http://api/search".into(),
+                    status: 503,
+                    body: String::new(),
+                },
+                RetryHint::Later,
+            ),
+            (
+                Error::StacStatus {
+                    url: "http://api/search".into(),
+                    status: 429,
+                    body: String::new(),
+                },
+                RetryHint::Later,
+            ),
+            (
+                Error::StacStatus {
+                    url: "http://api/search".into(),
+                    status: 400,
+                    body: "bad filter".into(),
+                },
+                RetryHint::Never,
+            ),
+            (
+                Error::StacFetch {
+                    url: "s3://b/catalog.json".into(),
+                    source: Box::new(store()),
+                },
+                RetryHint::Later,
+            ),
         ];
         for (e, want) in cases {
             assert_eq!(e.retry_hint(), want, "{e:?}");

@@ -449,6 +449,39 @@ async fn static_catalog_on_s3() {
 }
 
 #[tokio::test]
+async fn static_catalog_over_http_and_a_missing_item() {
+    let dir = tempfile::tempdir().unwrap();
+    write_catalog(dir.path());
+    let files = dir.path().to_path_buf();
+    let script = ScriptServer::start(move |r| {
+        match std::fs::read(files.join(r.target.trim_start_matches('/'))) {
+            Ok(b) => Reply::Bytes(200, "application/json", b),
+            Err(_) => Reply::Json(404, json!({"code": "NotFound"})),
+        }
+    });
+    let root = format!("{}/catalog.json", script.base());
+    check_catalog(&root).await;
+
+    // A broken item link is that item's error; the crawl goes on.
+    std::fs::remove_file(dir.path().join("shared/item-00003.json")).unwrap();
+    let local = dir
+        .path()
+        .join("catalog.json")
+        .to_string_lossy()
+        .into_owned();
+    for input in [root.as_str(), local.as_str()] {
+        let got = search(input, &StacSearch::default()).await.ok();
+        assert_eq!(got.ids(), ids([1, 2, 4, 5].into_iter()), "{input}");
+        let bad = got.bad();
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert!(
+            bad[0].1.contains("shared/item-00003.json") && bad[0].1.contains("cannot be read"),
+            "{bad:?}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn item_collections_json_ndjson_and_geoparquet_read_alike() {
     let dir = tempfile::tempdir().unwrap();
     let items: Vec<Value> = (0..120)

@@ -14,7 +14,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 use url::Url;
 
-use super::fetch::{Fetcher, MAX_DOCUMENT};
+use super::fetch::{Fetcher, MAX_DOCUMENT, MAX_ITEM};
 use super::source::{href_of, links, parse, Emit, Flow};
 use crate::error::{Error, Result};
 
@@ -24,6 +24,7 @@ use crate::error::{Error, Result};
 pub const MAX_DEPTH: usize = 64;
 /// Item documents read at once. Object stores answer in tens of
 /// milliseconds each; sixteen at a time hides that, and the order is kept.
+/// At most this many times `MAX_ITEM` bytes are held.
 const ITEMS_IN_FLIGHT: usize = 16;
 
 /// One catalog being walked: its URL, its links still to follow.
@@ -130,7 +131,7 @@ async fn open(f: &Fetcher, url: &Url, emit: &mut Emit<'_>) -> Result<Level> {
 async fn items(f: &Fetcher, urls: Vec<Url>, emit: &mut Emit<'_>) -> Result<Flow> {
     let mut docs = futures::stream::iter(urls)
         .map(|u| async move {
-            let got = f.read(u.as_str(), MAX_DOCUMENT).await;
+            let got = f.read(u.as_str(), MAX_ITEM).await;
             (u, got)
         })
         .buffered(ITEMS_IN_FLIGHT)

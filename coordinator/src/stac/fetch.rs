@@ -29,6 +29,9 @@ pub const MAX_PAGE: usize = 64 << 20;
 pub const MAX_ITEM_COLLECTION: usize = 256 << 20;
 /// One line of an `.ndjson` item collection: one item.
 pub const MAX_LINE: usize = 16 << 20;
+/// One item document of a static catalog. Items are kilobytes; a catalog
+/// crawl reads several at once, so this also bounds what they hold together.
+pub const MAX_ITEM: usize = 16 << 20;
 /// How long one request may take. A page of 250 items takes Earth Search
 /// one to five seconds; a server silent for this long is down.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
