@@ -81,7 +81,8 @@ impl Conformance {
                     c.query = true;
                 }
             } else if uri.contains("/ogcapi-features-3/") && uri.ends_with("/conf/filter")
-                || uri.contains("/cql2/") && uri.ends_with("/conf/cql2-text")
+                || uri.contains("/cql2/")
+                    && (uri.ends_with("/conf/cql2-text") || uri.ends_with("/conf/basic-cql2"))
             {
                 c.filter = true;
             }
