@@ -78,11 +78,7 @@ pub(crate) async fn stream(
             });
             let (href, base) = href_of(&feature, &req.url, &fallback);
             if !feature.is_object() {
-                if emit
-                    .bad(href, None, format!("is not a JSON object: {feature}"))
-                    .await
-                    == Flow::Stop
-                {
+                if emit.bad(href, None, "is not a JSON object".into()).await == Flow::Stop {
                     return Ok(());
                 }
                 continue;

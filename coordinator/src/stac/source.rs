@@ -518,8 +518,8 @@ impl Emit<'_> {
 
 fn bad(href: String, id: Option<String>, reason: String) -> Found {
     let reason = match &id {
-        Some(id) => format!("STAC item {id} ({href}) {reason}"),
-        None => format!("STAC item {href} {reason}"),
+        Some(id) => format!("STAC item {id} ({href}): {reason}"),
+        None => format!("STAC item {href}: {reason}"),
     };
     Found::Bad { href, id, reason }
 }
