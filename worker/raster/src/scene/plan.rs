@@ -430,7 +430,11 @@ fn physical_stretch(lo: f64, hi: f64, units: &[Option<Units>]) -> Result<Stretch
             Some(Units { scale, offset }) => {
                 let dn = |v: f64| (v - offset) / scale;
                 let (a, b) = (dn(lo), dn(hi));
-                if *scale == 0.0 || !(a.is_finite() && b.is_finite()) {
+                // A zero or infinite scale squeezes every stored number onto
+                // one value: no range of them to stretch.
+                if !(scale.is_finite() && offset.is_finite() && a.is_finite() && b.is_finite())
+                    || a == b
+                {
                     return Err(SceneError::Units {
                         channel: c,
                         reason: format!(

@@ -187,7 +187,13 @@ fn units_stretch_each_channel_by_its_own_range() {
         Stretch::identity(3)
     );
 
-    for bad in [units(0.0, 1.0), units(f64::NAN, 0.0)] {
+    for bad in [
+        units(0.0, 1.0),
+        units(f64::NAN, 0.0),
+        units(f64::INFINITY, 0.0),
+        units(1.0, f64::NEG_INFINITY),
+        units(1e-320, 0.0),
+    ] {
         let mut p = parts(vec![file()]);
         p.units = vec![None, bad, None];
         let e = open(p, ScaleSpec::Range(0.0, 1.0)).err().unwrap();
