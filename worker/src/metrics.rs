@@ -11,6 +11,7 @@
 //! | --- | --- | --- |
 //! | `rsembed_worker_chips_total` | counter | batcher, per embedded batch |
 //! | `rsembed_worker_failed_inputs_total` | counter | batcher, per error row |
+//! | `rsembed_worker_cloudy_chips_dropped_total` | counter | scene reader, per chip over `--max-cloud` |
 //! | `rsembed_worker_oom_total` | counter | engine thread, from the adaptive stats (probe included) |
 //! | `rsembed_worker_batch_size` | gauge | engine thread (adaptive bucket), or once at start (fixed size) |
 //! | `rsembed_worker_batch_ceiling` | gauge | engine thread (adaptive ceiling), or once at start (fixed size) |
@@ -37,6 +38,8 @@ pub mod names {
     pub const CHIPS_TOTAL: &str = "rsembed_worker_chips_total";
     /// Counter: inputs recorded as failed (error rows).
     pub const FAILED_INPUTS_TOTAL: &str = "rsembed_worker_failed_inputs_total";
+    /// Counter: chips left out because their `cloud_fraction` exceeds `--max-cloud`.
+    pub const CLOUDY_CHIPS_DROPPED_TOTAL: &str = "rsembed_worker_cloudy_chips_dropped_total";
     /// Counter: out-of-memory runs of the adaptive engine, probe included.
     pub const OOM_TOTAL: &str = "rsembed_worker_oom_total";
     /// Gauge: images per batch now (the adaptive bucket, or the fixed size).
@@ -205,6 +208,8 @@ pub struct Registry {
     pub chips: Counter,
     /// [`names::FAILED_INPUTS_TOTAL`].
     pub failed_inputs: Counter,
+    /// [`names::CLOUDY_CHIPS_DROPPED_TOTAL`].
+    pub cloudy_chips_dropped: Counter,
     /// [`names::OOM_TOTAL`].
     pub ooms: Counter,
     /// [`names::BATCH_SIZE`].
@@ -255,6 +260,7 @@ impl Registry {
         let r = Registry {
             chips: Counter::new(),
             failed_inputs: Counter::new(),
+            cloudy_chips_dropped: Counter::new(),
             ooms: Counter::new(),
             batch_size: Gauge::new(),
             batch_ceiling: Gauge::new(),
@@ -273,6 +279,11 @@ impl Registry {
                 names::FAILED_INPUTS_TOTAL,
                 "Inputs recorded as failed in errors/.",
                 &r.failed_inputs,
+            ),
+            (
+                names::CLOUDY_CHIPS_DROPPED_TOTAL,
+                "Chips left out because their cloud_fraction exceeds --max-cloud.",
+                &r.cloudy_chips_dropped,
             ),
             (
                 names::OOM_TOTAL,

@@ -66,6 +66,8 @@ pub struct Counters {
     pub chips: AtomicU64,
     /// Inputs recorded as failed.
     pub failed: AtomicU64,
+    /// Chips left out because their cloud fraction exceeds `--max-cloud`.
+    pub cloudy_dropped: AtomicU64,
     /// Bytes read from storage (shared with range readers).
     pub bytes_read: Arc<AtomicU64>,
 }
@@ -223,6 +225,9 @@ pub struct TaskReport {
     /// valid pixel, or below `--min-valid`). Blocks of a split scene are left
     /// out: an empty block at a scene's collar is normal.
     pub empty_inputs: Vec<String>,
+    /// Chips left out because their cloud fraction exceeds `--max-cloud`
+    /// (0 for a task found finished, whose count was not kept).
+    pub cloudy_chips_dropped: u64,
 }
 
 /// The whole inputs of `task` that no row and no failure came from.
@@ -255,9 +260,20 @@ impl TaskRunner {
 
         let tiling_fp = job.file_meta.tiling.fingerprint();
         let (mut rows, mut failures) = self.batch_and_embed(rx, &tiling_fp).await?;
-        producer
+        let read = producer
             .await
             .map_err(|e| Error::EngineGone(format!("input stage panicked: {e}")))?;
+        if read.cloudy_chips_dropped > 0 {
+            self.counters.cloudy_dropped.fetch_add(
+                read.cloudy_chips_dropped,
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            tracing::info!(
+                cloudy_chips_dropped = read.cloudy_chips_dropped,
+                max_cloud = job.file_meta.tiling.max_cloud,
+                "chips over --max-cloud left out"
+            );
+        }
 
         // Counted until the chip file is written.
         let _writing = metrics::global().queue_tasks.hold(1);
@@ -304,6 +320,7 @@ impl TaskRunner {
             chips_file,
             errors_file,
             failures,
+            cloudy_chips_dropped: read.cloudy_chips_dropped,
         })
     }
 }

@@ -188,6 +188,7 @@ async fn finished(out: &Location, task: &Task) -> Result<Option<TaskReport>> {
         errors_file,
         failures: vec![],
         empty_inputs,
+        cloudy_chips_dropped: 0,
     }))
 }
 
@@ -384,6 +385,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         skipped: stats.skipped.load(Ordering::Relaxed),
         chips: manifest.rows,
         chips_embedded: counters.chips.load(Ordering::Relaxed),
+        cloudy_chips_dropped: reports.iter().map(|r| r.cloudy_chips_dropped).sum(),
         failed_inputs: manifest.failed_inputs,
         inputs_without_chips: manifest.inputs_without_chips,
         empty_inputs: manifest.without_chips.clone(),

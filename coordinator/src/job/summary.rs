@@ -25,6 +25,9 @@ pub struct Summary {
     pub(crate) chips: u64,
     /// Chips embedded by this run (less than `chips` on resume).
     pub(crate) chips_embedded: u64,
+    /// Chips this run left out because their cloud fraction exceeds
+    /// `--max-cloud` (tasks found finished count none).
+    pub(crate) cloudy_chips_dropped: u64,
     /// Inputs recorded in errors/.
     pub failed_inputs: u64,
     /// Inputs that produced no chip and no error (every chip empty or below
@@ -96,9 +99,15 @@ impl Summary {
             );
         }
         s += "\n";
+        if self.cloudy_chips_dropped > 0 {
+            s += &format!(
+                "  cloudy chips    {} dropped (cloud_fraction over --max-cloud)\n",
+                self.cloudy_chips_dropped
+            );
+        }
         if self.inputs_without_chips > 0 {
             s += &format!(
-                "  without chips   {} (no valid pixel, or below --min-valid): {}\n",
+                "  without chips   {} (no valid pixel, below --min-valid, or over --max-cloud): {}\n",
                 self.inputs_without_chips,
                 listed(&self.empty_inputs)
             );

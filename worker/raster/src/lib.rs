@@ -9,6 +9,7 @@
 //! targets build it alone (docs/decisions.md, "Raster is its own crate").
 #![warn(missing_docs)]
 
+pub mod cloud;
 pub mod geo;
 pub mod grid;
 pub mod image;

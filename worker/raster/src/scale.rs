@@ -6,13 +6,22 @@
 //! comparable, and a per-chip stretch would turn a uniform field into noise.
 
 /// The `--scale` flag.
+///
+/// A scene whose item gives physical units (STAC `raster:scale` and
+/// `raster:offset`: physical = DN·scale + offset) changes only `Range`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ScaleSpec {
-    /// None for 8-bit data, scene percentiles otherwise.
+    /// None for 8-bit data, scene percentiles otherwise. Physical units change
+    /// nothing: percentiles are taken per band, and a linear map commutes
+    /// with them, so the stored numbers give the same 8 bits.
     Auto,
-    /// Values are clamped to 0–255 as they are.
+    /// Values are clamped to 0–255 as they are stored, physical units or not.
     None,
-    /// Linear from `min..max` to 0–255, the same for every band.
+    /// Linear from `min..max` to 0–255, the same for every band. With
+    /// physical units, `min` and `max` are physical values, so each channel
+    /// has its own range of stored numbers (a Sentinel-2 L2A band after
+    /// baseline 04.00, DN + 1000 with offset −0.1, gives the same bytes as one
+    /// before it).
     Range(f64, f64),
 }
 

@@ -48,6 +48,13 @@ pub(crate) struct Prepared {
     pub(crate) queued: Held<'static>,
 }
 
+/// What the readers of one task counted besides chips and error rows.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ReadStats {
+    /// Chips left out because their cloud fraction exceeds `--max-cloud`.
+    pub(crate) cloudy_chips_dropped: u64,
+}
+
 /// Starts reading `inputs` into `tx`, [`TaskRunner::decode_concurrency`] at
 /// once; the task ends when the returned handle does and `tx` is closed.
 pub(crate) fn spawn_readers(
@@ -55,7 +62,7 @@ pub(crate) fn spawn_readers(
     job: &JobContext,
     inputs: Vec<TaskInput>,
     tx: mpsc::Sender<Item>,
-) -> tokio::task::JoinHandle<()> {
+) -> tokio::task::JoinHandle<ReadStats> {
     let stores = runner.stores.clone();
     let pre = runner.preprocessor.clone();
     let limits = runner.limits;
@@ -68,7 +75,9 @@ pub(crate) fn spawn_readers(
         tiling: job.file_meta.tiling.clone(),
         scale: job.scale,
         limits: runner.tiff_limits.clone(),
+        cloudy_dropped: Default::default(),
     });
+    let stats_ctx = scene_ctx.clone();
     let archive_ctx = Arc::new(archive::ArchiveContext {
         stores: stores.clone(),
         pre: pre.clone(),
@@ -91,8 +100,14 @@ pub(crate) fn spawn_readers(
                     async move {
                         // The planner sends only inputs; any other name is
                         // decoded as an image, which sniffs its content and
-                        // names the input in its error when it is none.
-                        match InputKind::of(&input.uri).unwrap_or(InputKind::Image) {
+                        // names the input in its error when it is none. A
+                        // STAC item is a scene whatever its URI ends with.
+                        let kind = if input.item.is_some() {
+                            InputKind::Scene
+                        } else {
+                            InputKind::of(&input.uri).unwrap_or(InputKind::Image)
+                        };
+                        match kind {
                             InputKind::Archive => {
                                 archive::produce_archive(archive_ctx, input, tx).await
                             }
@@ -110,6 +125,9 @@ pub(crate) fn spawn_readers(
                 })
                 .buffer_unordered(conc);
             while s.next().await.is_some() {}
+            ReadStats {
+                cloudy_chips_dropped: stats_ctx.cloudy_dropped.load(Ordering::Relaxed),
+            }
         }
         .in_current_span(),
     )

@@ -1,11 +1,14 @@
 //! The scene path of the task runner: a TIFF input becomes many chips, whether
-//! it is a file in storage or a member of a tar archive.
+//! it is a file in storage, a member of a tar archive, several band files, or
+//! a STAC item's assets (with its units, cloud mask and planned grid).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
+use object_store::ObjectStoreExt;
 use rsembed_raster::scale::{ScaleSpec, StretchCache};
-use rsembed_raster::scene::{MemRange, Scene, StretchMemo};
+use rsembed_raster::scene::{MemRange, Scene, SceneMask, ScenePart, SceneParts, StretchMemo};
 use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::job::TilingSpec;
@@ -31,6 +34,9 @@ pub(crate) struct SceneContext {
     pub scale: ScaleSpec,
     /// TIFF reader bounds.
     pub limits: TiffLimits,
+    /// Chips of this task left out because their cloud fraction exceeds
+    /// `--max-cloud` (the context is the task's own).
+    pub cloudy_dropped: AtomicU64,
 }
 
 type OpenError = (ErrorStage, Box<dyn std::error::Error + Send + Sync>);
@@ -44,58 +50,82 @@ fn stretches() -> &'static StretchCache {
     CACHE.get_or_init(StretchCache::default)
 }
 
-/// The key of a scene's stretch: every file's URI, version and size, and the
-/// bands read. A file that changed has another version, so another key.
-fn stretch_key(ctx: &SceneContext, input: &TaskInput) -> String {
+/// The key of a scene's stretch: every file's URI, version and size (as the
+/// store gave it when the task did not), and the bands read. A file that
+/// changed has another version, so another key.
+fn stretch_key(ctx: &SceneContext, input: &TaskInput, sizes: &[u64]) -> String {
     let mut key = format!("bands={:?}", ctx.tiling.bands);
-    let files = std::iter::once((&input.uri, &input.version, input.size))
-        .chain(input.parts.iter().map(|p| (&p.uri, &p.version, p.size)));
-    for (uri, version, size) in files {
-        key += &format!("\n{uri}\t{}\t{size}", version.as_deref().unwrap_or(""));
+    let version = |v: &Option<String>| v.as_deref().unwrap_or("").to_owned();
+    key += &format!(
+        "\n{}\t{}\t{}",
+        input.uri,
+        version(&input.version),
+        input.size
+    );
+    for (p, size) in input.parts.iter().zip(sizes) {
+        key += &format!(
+            "\n{}\t{}\t{size}\t{:?}",
+            p.uri,
+            version(&p.version),
+            p.bands
+        );
     }
     key
 }
 
-fn memo(ctx: &SceneContext, input: &TaskInput) -> Option<StretchMemo<'static>> {
+fn memo(ctx: &SceneContext, input: &TaskInput, sizes: &[u64]) -> Option<StretchMemo<'static>> {
     Some(StretchMemo {
         cache: stretches(),
-        key: stretch_key(ctx, input),
+        key: stretch_key(ctx, input, sizes),
     })
 }
 
-/// A counted range reader of one object.
-fn reader(
+/// A counted range reader of one object, and its size: `size`, or the
+/// store's answer to a HEAD when `size` is 0 (a STAC asset without
+/// `file:size`). A store failure is the input's fetch error.
+async fn reader(
     ctx: &SceneContext,
     uri: &str,
     size: u64,
-) -> Result<Arc<dyn rsembed_raster::tiff::RangeRead>, OpenError> {
-    let loc = ctx
-        .stores
-        .location(uri)
-        .map_err(|e| (ErrorStage::Fetch, Box::new(e) as _))?;
-    Ok(Arc::new(StoreRange::new(
+) -> Result<(Arc<dyn rsembed_raster::tiff::RangeRead>, u64), OpenError> {
+    let fetch = |e: Box<dyn std::error::Error + Send + Sync>| (ErrorStage::Fetch, e);
+    let loc = ctx.stores.location(uri).map_err(|e| fetch(Box::new(e)))?;
+    let size = match size {
+        0 => {
+            loc.store
+                .head(&loc.prefix)
+                .await
+                .map_err(|e| fetch(Box::new(e)))?
+                .size
+        }
+        n => n,
+    };
+    let r = StoreRange::new(
         loc.store.clone(),
         loc.prefix.clone(),
         size,
         ctx.counters.bytes_read.clone(),
-    )))
+    );
+    Ok((Arc::new(r), size))
 }
 
 async fn open_single(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, OpenError> {
-    let reader = reader(ctx, &input.uri, input.size)?;
+    let (reader, _) = reader(ctx, &input.uri, input.size).await?;
     Scene::open(
         reader,
         &ctx.tiling,
         ctx.scale,
         ctx.limits.clone(),
         &input.uri,
-        memo(ctx, input),
+        memo(ctx, input, &[]),
     )
     .await
     .map_err(|e| (ErrorStage::Decode, Box::new(e) as _))
 }
 
-async fn open_band_files(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, OpenError> {
+/// A scene of several files: `--band-files`, or a STAC item's assets with
+/// what its item says about them.
+async fn open_parts(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, OpenError> {
     let want = ctx.tiling.band_files.clone().unwrap_or_default();
     let missing: Vec<&String> = want
         .iter()
@@ -105,17 +135,39 @@ async fn open_band_files(ctx: &SceneContext, input: &TaskInput) -> Result<Scene,
         let e = std::io::Error::other(format!("missing band file(s) for {missing:?}"));
         return Err((ErrorStage::Fetch, Box::new(e)));
     }
-    let mut readers = Vec::new();
+    let mut files = Vec::new();
+    let mut sizes = Vec::new();
     for p in &input.parts {
-        readers.push((p.uri.clone(), reader(ctx, &p.uri, p.size)?));
+        let (r, size) = reader(ctx, &p.uri, p.size).await?;
+        sizes.push(size);
+        files.push(ScenePart {
+            uri: p.uri.clone(),
+            reader: r,
+            bands: p.bands.clone(),
+        });
     }
-    Scene::open_band_files(
-        readers,
+    let item = input.item.as_deref();
+    let mask = match item.and_then(|i| i.mask.as_ref()) {
+        Some(m) => Some(SceneMask {
+            kind: m.kind,
+            uri: m.file.uri.clone(),
+            reader: reader(ctx, &m.file.uri, m.file.size).await?.0,
+        }),
+        None => None,
+    };
+    let parts = SceneParts {
+        files,
+        mask,
+        units: item.map(|i| i.units.clone()).unwrap_or_default(),
+        grid: item.and_then(|i| i.grid),
+    };
+    Scene::open_parts(
+        parts,
         &ctx.tiling,
         ctx.scale,
         ctx.limits.clone(),
         &input.uri,
-        memo(ctx, input),
+        memo(ctx, input, &sizes),
     )
     .await
     .map_err(|e| (ErrorStage::Decode, Box::new(e) as _))
@@ -128,10 +180,19 @@ pub(crate) async fn produce_scene(
     input: TaskInput,
     tx: mpsc::Sender<Item>,
 ) {
-    let opened = if input.parts.is_empty() {
+    if let Some(reason) = input.item.as_ref().and_then(|i| i.error.clone()) {
+        // The planner found the item unreadable (an asset it lacks): it is
+        // reported, not read.
+        let e = std::io::Error::other(reason);
+        let _ = tx
+            .send(Err(input_error(&input, ErrorStage::Fetch, e)))
+            .await;
+        return;
+    }
+    let opened = if input.parts.is_empty() && input.item.is_none() {
         open_single(&ctx, &input).await
     } else {
-        open_band_files(&ctx, &input).await
+        open_parts(&ctx, &input).await
     };
     match opened {
         Ok(scene) => emit_chips(&ctx, &scene, &input, tx).await,
@@ -185,6 +246,14 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
                 return;
             }
         };
+        if let (Some(max), Some(cloud)) = (ctx.tiling.max_cloud, chip.cloud_fraction) {
+            // Before preprocessing: a dropped chip costs its read, nothing more.
+            if cloud > max {
+                ctx.cloudy_dropped.fetch_add(1, Ordering::Relaxed);
+                crate::metrics::global().cloudy_chips_dropped.inc_by(1);
+                continue;
+            }
+        }
         let pre = ctx.pre.clone();
         let rgb = chip.rgb;
         let pixels = match tokio::task::spawn_blocking(move || pre.run(&rgb)).await {
@@ -210,7 +279,7 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
             crs: chip.crs,
             footprint: chip.footprint,
             pixels,
-            cloud_fraction: None,
+            cloud_fraction: chip.cloud_fraction,
             queued: crate::metrics::global().queue_chips.hold(1),
         });
         if tx.send(item).await.is_err() {

@@ -7,21 +7,29 @@
 //!
 //! `plan.rs` opens a scene and decides its bands, georeferencing, grid and
 //! stretch (and gives the planner the same grid); `read.rs` reads a chip's
-//! window of every band file and scales it to 8 bits.
+//! window of every band file and scales it to 8 bits, and of the cloud mask,
+//! when the scene has one.
 
 mod plan;
 mod read;
+
+use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use rsembed_schemas::ids::Window;
-use rsembed_schemas::task::ChipBlock;
+use rsembed_schemas::task::{ChipBlock, MaskKind, Units};
 
 use crate::geo::{self, Crs, Footprint, GeoTransform, Projector};
 use crate::grid::ChipGrid;
 use crate::image::Rgb8;
 use crate::scale::{Stretch, StretchCache};
+
+#[cfg(test)]
+mod test_tiff;
+#[cfg(test)]
+mod tests_parts;
 use crate::tiff::{RangeRead, TiffError, TiffFile};
 
 pub use plan::{plan_band_grid, plan_grid};
@@ -85,6 +93,71 @@ pub enum SceneError {
         /// Bands present.
         bands: usize,
     },
+    /// A scene's parts name another number of channels than the model's three.
+    #[error(
+        "the scene's files give {got} channel(s) ({detail}); a scene needs exactly 3 (R, G, B)"
+    )]
+    Channels {
+        /// Channels over all parts.
+        got: usize,
+        /// Per file: its bands.
+        detail: String,
+    },
+    /// The scene is not on the grid its task was planned on.
+    #[error(
+        "the scene's grid is {found:?} pixels (width, height) but its item says {planned:?} \
+         (proj:shape); its chip blocks were planned on that"
+    )]
+    GridMismatch {
+        /// (width, height) the planner split the scene by.
+        planned: [u32; 2],
+        /// (width, height) of the opened scene.
+        found: [u32; 2],
+    },
+    /// Physical units (`raster:scale`, `raster:offset`) that map no range of
+    /// stored numbers onto `--scale MIN:MAX`.
+    #[error("physical units of channel {channel}: {reason}")]
+    Units {
+        /// 0-based channel.
+        channel: usize,
+        /// What is wrong with them.
+        reason: String,
+    },
+}
+
+/// One file of a scene and the bands it gives, in channel order.
+pub struct ScenePart {
+    /// The file's URI, for messages.
+    pub uri: String,
+    /// Its bytes.
+    pub reader: Arc<dyn RangeRead>,
+    /// 1-based bands it gives, in channel order; empty: band 1 (a one-band file).
+    pub bands: Vec<u32>,
+}
+
+/// A scene's cloud mask: a file beside its bands, read per chip for
+/// `cloud_fraction`, never as a channel.
+pub struct SceneMask {
+    /// How its values mark clouds.
+    pub kind: MaskKind,
+    /// The file's URI, for messages.
+    pub uri: String,
+    /// Its bytes (band 1 is read).
+    pub reader: Arc<dyn RangeRead>,
+}
+
+/// A scene stored as several files (band files, or a STAC item's assets) and
+/// what its item says about it.
+pub struct SceneParts {
+    /// The files, in channel order; their bands must add up to 3 channels.
+    pub files: Vec<ScenePart>,
+    /// The cloud mask, if any.
+    pub mask: Option<SceneMask>,
+    /// Per channel, the physical units of its samples; empty when none are
+    /// known. With them, `--scale MIN:MAX` is in physical units.
+    pub units: Vec<Option<Units>>,
+    /// The (width, height) the scene was planned on; another grid is an error.
+    pub grid: Option<[u32; 2]>,
 }
 
 /// One chip cut from a scene.
@@ -100,6 +173,9 @@ pub struct SceneChip {
     pub footprint: Option<Footprint>,
     /// The chip in 8 bits; invalid pixels are 0.
     pub rgb: Rgb8,
+    /// Share of the valid pixels the scene's cloud mask marks as cloud;
+    /// `None` without a mask.
+    pub cloud_fraction: Option<f32>,
 }
 
 /// One file of a scene and the channels it provides.
@@ -112,6 +188,14 @@ struct Source {
     factor: u32,
 }
 
+/// The opened cloud mask of a scene.
+struct MaskSource {
+    tiff: TiffFile,
+    kind: MaskKind,
+    /// As [`Source::factor`].
+    factor: u32,
+}
+
 /// An opened scene: headers, bands, stretch and georeferencing, read once per task.
 pub struct Scene {
     sources: Vec<Source>,
@@ -119,6 +203,7 @@ pub struct Scene {
     height: u32,
     stretch: Stretch,
     geo: Option<(GeoTransform, Crs, Projector)>,
+    mask: Option<MaskSource>,
     /// The chip grid; `None` for a whole-image chip (plain TIFFs and rasters no larger than a chip).
     pub grid: Option<ChipGrid>,
     /// Source CRS label (`EPSG:32618`), when known.
@@ -128,6 +213,11 @@ pub struct Scene {
 }
 
 impl Scene {
+    /// (width, height) of the scene's grid: its finest file's.
+    pub fn size(&self) -> (u32, u32) {
+        (self.width, self.height)
+    }
+
     /// The windows of the scene, or of one block of its grid.
     pub fn windows(&self, block: Option<ChipBlock>) -> Vec<Window> {
         match (&self.grid, block) {
@@ -159,6 +249,10 @@ impl Scene {
         if !keep {
             return Ok(None);
         }
+        let cloud_fraction = match &self.mask {
+            Some(m) => self.cloud_count(m, window, &w.valid).await?.fraction(),
+            None => None,
+        };
         let footprint = self.geo.as_ref().and_then(|(gt, _, p)| {
             p.footprint(
                 gt,
@@ -174,6 +268,7 @@ impl Scene {
             crs: self.crs_label.clone(),
             footprint,
             rgb: self.to_rgb8(&w),
+            cloud_fraction,
         }))
     }
 }

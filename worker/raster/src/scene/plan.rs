@@ -7,7 +7,9 @@ use std::sync::Arc;
 use rsembed_schemas::ids::Window;
 use rsembed_schemas::job::TilingSpec;
 
-use super::{Scene, SceneError, Source, StretchMemo};
+use rsembed_schemas::task::Units;
+
+use super::{MaskSource, Scene, SceneError, ScenePart, SceneParts, Source, StretchMemo};
 use crate::geo::{self, Crs, GeoTransform, Projector};
 use crate::grid::ChipGrid;
 use crate::scale::{percentile_stretch, ScaleSpec, Stretch};
@@ -63,14 +65,12 @@ impl Scene {
             bands,
             factor: 1,
         }];
-        Scene::assemble(sources, g, tiling, scale, uri, memo).await
+        Scene::assemble(sources, g, Extras::default(), tiling, scale, uri, memo).await
     }
 
-    /// A scene stored one file per band (`--band-files`), files in channel order.
-    ///
-    /// The finest grid is the scene's; a file on a coarser grid must line up with
-    /// it (same CRS, same origin, an integer multiple of its pixel size) and is
-    /// upsampled by nearest neighbour. Anything else is an error for the scene.
+    /// A scene stored one file per band (`--band-files`), files in channel
+    /// order, each giving its first band: [`Scene::open_parts`] with nothing
+    /// but the files.
     pub async fn open_band_files(
         readers: Vec<(String, Arc<dyn RangeRead>)>,
         tiling: &TilingSpec,
@@ -79,68 +79,119 @@ impl Scene {
         uri: &str,
         memo: Option<StretchMemo<'_>>,
     ) -> Result<Scene, SceneError> {
+        let parts = SceneParts {
+            files: readers
+                .into_iter()
+                .map(|(uri, reader)| ScenePart {
+                    uri,
+                    reader,
+                    bands: vec![],
+                })
+                .collect(),
+            mask: None,
+            units: vec![],
+            grid: None,
+        };
+        Scene::open_parts(parts, tiling, scale, limits, uri, memo).await
+    }
+
+    /// A scene stored as several files (band files, a STAC item's assets),
+    /// in channel order, each giving the bands it names; three channels in all.
+    ///
+    /// The finest grid is the scene's; a file on a coarser grid must line up with
+    /// it (same CRS, same origin, an integer multiple of its pixel size) and is
+    /// upsampled by nearest neighbour. Anything else is an error for the scene.
+    /// The cloud mask follows the same rules; the scene's grid must be
+    /// `parts.grid` when that is given; `parts.units` turn `--scale MIN:MAX`
+    /// into each channel's range of stored numbers.
+    pub async fn open_parts(
+        parts: SceneParts,
+        tiling: &TilingSpec,
+        scale: ScaleSpec,
+        limits: TiffLimits,
+        uri: &str,
+        memo: Option<StretchMemo<'_>>,
+    ) -> Result<Scene, SceneError> {
         let mut files = Vec::new();
-        for (file_uri, r) in readers {
-            let tiff = TiffFile::open(r, limits.clone()).await?;
-            let g = file_geo(&tiff, &file_uri)?;
-            files.push((file_uri, tiff, g));
+        for p in parts.files {
+            let tiff = TiffFile::open(p.reader, limits.clone()).await?;
+            let bands = part_bands(&p.bands, tiff.image().bands)?;
+            let g = file_geo(&tiff, &p.uri)?;
+            files.push((p.uri, tiff, g, bands));
+        }
+        let channels: usize = files.iter().map(|f| f.3.len()).sum();
+        if channels != 3 {
+            let detail = files
+                .iter()
+                .map(|(u, _, _, b)| {
+                    let b: Vec<usize> = b.iter().map(|b| b + 1).collect();
+                    format!("{u}: bands {b:?}")
+                })
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(SceneError::Channels {
+                got: channels,
+                detail,
+            });
         }
         let finest = files
             .iter()
             .enumerate()
-            .filter_map(|(i, (_, _, g))| g.gt.as_ref().map(|gt| (i, gt.0[1].abs())))
+            .filter_map(|(i, (_, _, g, _))| g.gt.as_ref().map(|gt| (i, gt.0[1].abs())))
             .min_by(|a, b| a.1.total_cmp(&b.1))
             .map(|(i, _)| i)
             .unwrap_or(0);
-        let base_gt = files[finest].2.gt.as_ref().map(|g| g.0);
-        let base_crs = files[finest].2.crs.as_ref().map(Crs::label);
+        let base = Base {
+            gt: files[finest].2.gt.as_ref().map(|g| g.0),
+            crs: files[finest].2.crs.as_ref().map(Crs::label),
+            size: (
+                files[finest].1.image().width,
+                files[finest].1.image().height,
+            ),
+        };
         let mut factors = Vec::with_capacity(files.len());
-        for (file_uri, _, g) in &files {
-            let factor = match (base_gt, g.gt.as_ref().map(|g| g.0)) {
-                (None, None) => 1,
-                (Some(b), Some(f)) => {
-                    if g.crs.as_ref().map(Crs::label) != base_crs {
-                        return Err(SceneError::Misaligned {
-                            uri: file_uri.clone(),
-                            reason: "its CRS differs from the finest band's".into(),
-                        });
-                    }
-                    grid_factor(&b, &f).ok_or_else(|| SceneError::Misaligned {
-                        uri: file_uri.clone(),
-                        reason: format!(
-                            "its grid (geotransform {f:?}) does not line up with the finest band's ({b:?})"
-                        ),
-                    })?
-                }
-                _ => {
-                    return Err(SceneError::Misaligned {
-                        uri: file_uri.clone(),
-                        reason: "only some band files are georeferenced".into(),
-                    })
-                }
-            };
-            factors.push(factor);
+        for (file_uri, _, g, _) in &files {
+            factors.push(base.factor(file_uri, g, None)?);
         }
+        let mask = match parts.mask {
+            Some(m) => {
+                let tiff = TiffFile::open(m.reader, limits.clone()).await?;
+                let g = file_geo(&tiff, &m.uri)?;
+                let size = (tiff.image().width, tiff.image().height);
+                let factor = base.factor(&m.uri, &g, Some(size))?;
+                Some(MaskSource {
+                    tiff,
+                    kind: m.kind,
+                    factor,
+                })
+            }
+            None => None,
+        };
         let mut g = None;
         let mut srcs = Vec::new();
-        for (i, ((_, tiff, fg), factor)) in files.into_iter().zip(factors).enumerate() {
+        for (i, ((_, tiff, fg, bands), factor)) in files.into_iter().zip(factors).enumerate() {
             if i == finest {
                 g = Some(fg);
             }
-            // A band file contributes its first band (or band 1 replicated).
             srcs.push(Source {
                 tiff,
-                bands: vec![0],
+                bands,
                 factor,
             });
         }
         let g = g.expect("the finest file is one of the files");
-        Scene::assemble(srcs, g, tiling, scale, uri, memo).await
+        let extras = Extras {
+            mask,
+            units: parts.units,
+            grid: parts.grid,
+        };
+        Scene::assemble(srcs, g, extras, tiling, scale, uri, memo).await
     }
 
     async fn assemble(
         sources: Vec<Source>,
         g: FileGeo,
+        extras: Extras,
         tiling: &TilingSpec,
         scale: ScaleSpec,
         uri: &str,
@@ -153,6 +204,12 @@ impl Scene {
             .tiff
             .image()
             .clone();
+        if let Some(planned) = extras.grid {
+            let found = [info.width, info.height];
+            if planned != found {
+                return Err(SceneError::GridMismatch { planned, found });
+            }
+        }
         let crs_label = g.crs.as_ref().map(Crs::label);
         let georeferenced = g.gt.is_some();
         let geo = match (g.gt, g.crs) {
@@ -181,13 +238,14 @@ impl Scene {
             height: info.height,
             stretch: Stretch::identity(3),
             geo,
+            mask: extras.mask,
             grid: layout(info.width, info.height, georeferenced, tiling),
             crs_label,
             u16_luts: std::sync::OnceLock::new(),
         };
         scene.stretch = match scale {
             ScaleSpec::None => Stretch::identity(3),
-            ScaleSpec::Range(lo, hi) => Stretch::uniform(3, lo, hi),
+            ScaleSpec::Range(lo, hi) => physical_stretch(lo, hi, &extras.units)?,
             ScaleSpec::Auto if all_u8 => Stretch::identity(3),
             ScaleSpec::Auto => match memo {
                 Some(m) => {
@@ -280,6 +338,116 @@ impl Scene {
             .collect();
         Ok(Stretch { bands })
     }
+}
+
+/// What a scene has besides its bands: a cloud mask, physical units, and
+/// the grid it was planned on.
+#[derive(Default)]
+struct Extras {
+    mask: Option<MaskSource>,
+    units: Vec<Option<Units>>,
+    grid: Option<[u32; 2]>,
+}
+
+/// The finest file of a scene, which every other file must line up with.
+struct Base {
+    gt: Option<[f64; 6]>,
+    crs: Option<String>,
+    size: (u32, u32),
+}
+
+impl Base {
+    /// How many scene pixels one pixel of the file `uri` covers per axis.
+    ///
+    /// Without georeferencing anywhere a file is taken to be on the scene's
+    /// grid, as band files always were; a file of known `size` (the mask,
+    /// whose pixels are counted, not just shown) must then have the scene's size.
+    fn factor(&self, uri: &str, g: &FileGeo, size: Option<(u32, u32)>) -> Result<u32, SceneError> {
+        let misaligned = |reason: String| SceneError::Misaligned {
+            uri: uri.to_owned(),
+            reason,
+        };
+        match (self.gt, g.gt.as_ref().map(|g| g.0)) {
+            (None, None) => match size {
+                Some(s) if s != self.size => Err(misaligned(format!(
+                    "neither it nor the finest band is georeferenced, and its size {s:?} \
+                     differs from the scene's {:?}",
+                    self.size
+                ))),
+                _ => Ok(1),
+            },
+            (Some(b), Some(f)) => {
+                if g.crs.as_ref().map(Crs::label) != self.crs {
+                    return Err(misaligned("its CRS differs from the finest band's".into()));
+                }
+                grid_factor(&b, &f).ok_or_else(|| {
+                    misaligned(format!(
+                        "its grid (geotransform {f:?}) does not line up with the finest band's ({b:?})"
+                    ))
+                })
+            }
+            _ => Err(misaligned(
+                "only some of the scene's files are georeferenced".into(),
+            )),
+        }
+    }
+}
+
+/// 0-based bands a scene part gives: `asked` (1-based), or band 1 when empty.
+fn part_bands(asked: &[u32], bands: usize) -> Result<Vec<usize>, SceneError> {
+    if asked.is_empty() {
+        return Ok(vec![0]);
+    }
+    if asked.iter().any(|b| *b == 0 || *b as usize > bands) {
+        return Err(SceneError::NoSuchBand {
+            asked: asked.to_vec(),
+            bands,
+        });
+    }
+    Ok(asked.iter().map(|b| *b as usize - 1).collect())
+}
+
+/// `--scale MIN:MAX` as each channel's range of stored numbers: with units
+/// (physical = DN·scale + offset), MIN and MAX are physical values, so the
+/// range is ((MIN − offset)/scale, (MAX − offset)/scale). A negative scale
+/// gives a descending range, which [`Stretch::apply`] maps the same way (MIN
+/// to 0, MAX to 255). Channels without units take MIN:MAX as stored numbers.
+fn physical_stretch(lo: f64, hi: f64, units: &[Option<Units>]) -> Result<Stretch, SceneError> {
+    if units.is_empty() {
+        return Ok(Stretch::uniform(3, lo, hi));
+    }
+    if units.len() != 3 {
+        return Err(SceneError::Units {
+            channel: units.len().min(3),
+            reason: format!("{} channels have units; a scene has 3", units.len()),
+        });
+    }
+    let bands = units
+        .iter()
+        .enumerate()
+        .map(|(c, u)| match u {
+            None => Ok(Some((lo, hi))),
+            Some(Units { scale, offset }) => {
+                let dn = |v: f64| (v - offset) / scale;
+                let (a, b) = (dn(lo), dn(hi));
+                // A zero or infinite scale squeezes every stored number onto
+                // one value: no range of them to stretch.
+                if !(scale.is_finite() && offset.is_finite() && a.is_finite() && b.is_finite())
+                    || a == b
+                {
+                    return Err(SceneError::Units {
+                        channel: c,
+                        reason: format!(
+                            "scale {scale} and offset {offset} map no range of stored numbers \
+                             onto --scale {lo}:{hi}"
+                        ),
+                    });
+                }
+                Ok(Some((a, b)))
+            }
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Stretch { bands })
 }
 
 /// The integer factor by which grid `f` is coarser than grid `b`, when `f`

@@ -3,9 +3,10 @@
 
 use rsembed_schemas::ids::Window;
 
-use super::{Scene, SceneError};
+use super::{MaskSource, Scene, SceneError};
+use crate::cloud::{is_cloud, CloudCount};
 use crate::image::Rgb8;
-use crate::tiff::{Samples, WindowData};
+use crate::tiff::{Samples, TiffError, TiffFile, WindowData};
 
 impl Scene {
     /// Reads a window of every source onto the scene grid: 3 channels, valid
@@ -13,37 +14,26 @@ impl Scene {
     pub(super) async fn read(&self, win: Window) -> Result<WindowData, SceneError> {
         let (w, h) = (win.width as u32, win.height as u32);
         if let [only] = self.sources.as_slice() {
-            return Ok(only
-                .tiff
-                .read_window(0, win.x.into(), win.y.into(), w, h, &only.bands)
-                .await?);
+            if only.factor == 1 {
+                return Ok(only
+                    .tiff
+                    .read_window(0, win.x.into(), win.y.into(), w, h, &only.bands)
+                    .await?);
+            }
         }
         let n = (w * h) as usize;
         let mut values = Vec::with_capacity(3 * n);
         let mut valid = vec![false; n];
         for src in &self.sources {
-            let f = i64::from(src.factor);
-            let (x0, y0) = (
-                i64::from(win.x).div_euclid(f),
-                i64::from(win.y).div_euclid(f),
-            );
-            let x1 = (i64::from(win.x) + i64::from(w) + f - 1).div_euclid(f);
-            let y1 = (i64::from(win.y) + i64::from(h) + f - 1).div_euclid(f);
-            let (cw, ch) = ((x1 - x0) as u32, (y1 - y0) as u32);
-            let c = src.tiff.read_window(0, x0, y0, cw, ch, &src.bands).await?;
-            let cn = (cw * ch) as usize;
+            let (c, map) = read_coarse(&src.tiff, &src.bands, src.factor, win).await?;
+            let cn = (c.width * c.height) as usize;
             for b in 0..src.bands.len() {
-                for j in 0..h as i64 {
-                    let cy = (i64::from(win.y) + j).div_euclid(f) - y0;
-                    for i in 0..w as i64 {
-                        let cx = (i64::from(win.x) + i).div_euclid(f) - x0;
-                        let k = (cy * i64::from(cw) + cx) as usize;
-                        values.push(c.values.get(b * cn + k));
-                        if c.valid[k] {
-                            valid[(j * i64::from(w) + i) as usize] = true;
-                        }
+                map.for_each(|i, k| {
+                    values.push(c.values.get(b * cn + k));
+                    if c.valid[k] {
+                        valid[i] = true;
                     }
-                }
+                });
             }
         }
         Ok(WindowData {
@@ -53,6 +43,24 @@ impl Scene {
             values: Samples::F64(values),
             valid,
         })
+    }
+
+    /// The chip's valid pixels (`valid`, of window `win`) and how many of
+    /// them `mask` marks as cloud. A mask pixel it cannot give (outside the
+    /// mask, or its nodata) is not cloud.
+    pub(super) async fn cloud_count(
+        &self,
+        mask: &MaskSource,
+        win: Window,
+        valid: &[bool],
+    ) -> Result<CloudCount, SceneError> {
+        let (c, map) = read_coarse(&mask.tiff, &[0], mask.factor, win).await?;
+        let mut count = CloudCount::default();
+        map.for_each(|i, k| {
+            let cloud = c.valid[k] && is_cloud(mask.kind, c.values.get(k));
+            count.add(valid[i], cloud);
+        });
+        Ok(count)
     }
 
     pub(super) fn to_rgb8(&self, w: &WindowData) -> Rgb8 {
@@ -123,4 +131,60 @@ fn fill_rgb<T: Copy>(
             px[2] = map(2, *b);
         }
     }
+}
+
+/// Where each pixel of a scene window falls in a window of a grid `factor`
+/// times coarser (nearest neighbour: the coarse pixel that contains it).
+struct CoarseMap {
+    win: Window,
+    factor: i64,
+    /// The coarse window's origin and width.
+    x0: i64,
+    y0: i64,
+    cw: i64,
+}
+
+impl CoarseMap {
+    /// Calls `f(i, k)` for every pixel of the scene window, row-major: `i`
+    /// its index in the window, `k` the index of its coarse pixel.
+    fn for_each(&self, mut f: impl FnMut(usize, usize)) {
+        let (w, h) = (i64::from(self.win.width), i64::from(self.win.height));
+        let mut i = 0;
+        for j in 0..h {
+            let cy = (i64::from(self.win.y) + j).div_euclid(self.factor) - self.y0;
+            for x in 0..w {
+                let cx = (i64::from(self.win.x) + x).div_euclid(self.factor) - self.x0;
+                f(i, (cy * self.cw + cx) as usize);
+                i += 1;
+            }
+        }
+    }
+}
+
+/// Reads the part of `tiff` (`bands`, on a grid `factor` times coarser than
+/// the scene's) under the scene window `win`, with the map from the scene
+/// window's pixels to it.
+async fn read_coarse(
+    tiff: &TiffFile,
+    bands: &[usize],
+    factor: u32,
+    win: Window,
+) -> Result<(WindowData, CoarseMap), TiffError> {
+    let f = i64::from(factor);
+    let (x0, y0) = (
+        i64::from(win.x).div_euclid(f),
+        i64::from(win.y).div_euclid(f),
+    );
+    let x1 = (i64::from(win.x) + i64::from(win.width) + f - 1).div_euclid(f);
+    let y1 = (i64::from(win.y) + i64::from(win.height) + f - 1).div_euclid(f);
+    let (cw, ch) = ((x1 - x0) as u32, (y1 - y0) as u32);
+    let c = tiff.read_window(0, x0, y0, cw, ch, bands).await?;
+    let map = CoarseMap {
+        win,
+        factor: f,
+        x0,
+        y0,
+        cw: i64::from(cw),
+    };
+    Ok((c, map))
 }
