@@ -11,5 +11,6 @@
 //!   their physical units, the cloud mask, the acquisition time;
 //! - `out.rs` writes `<output>/stac/collection.json` and its items.
 
+pub mod out;
 pub mod scene;
 pub mod search;

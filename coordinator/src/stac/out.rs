@@ -1,0 +1,954 @@
+//! A finished job as STAC: `<output>/stac/collection.json`, a STAC 1.1.0
+//! Collection with the embeddings extension (proposal), and one Item per chip
+//! file under `stac/items/`, each with an `embeddings` asset that points at
+//! its `chips/<task>.parquet` by a relative href.
+//!
+//! The documents are built from the manifest's chip files, each read alone
+//! and only in its `bbox`, `datetime` and `end_datetime` columns, so memory
+//! stays that of one file's few columns whatever the job's size; the
+//! collection holds one link per file. Items are written before the
+//! collection, so a reader never sees a collection that links an item not yet
+//! there, and items of tasks no longer in the manifest go last.
+//!
+//! Datetimes: an item's range covers its chips' `datetime`..`end_datetime`.
+//! Chips without one (schema 1 files, inputs that are not STAC items) give
+//! the job's `created_at` instead, and the item says so in
+//! `rsembed:datetime_source` = `processing` (docs/decisions.md, "STAC out").
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, TimestampMicrosecondType};
+use arrow_array::{Array, RecordBatch, StructArray};
+use arrow_schema::{DataType, TimeUnit};
+use futures::{StreamExt, TryStreamExt};
+use object_store::{ObjectStoreExt, PutPayload};
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use rsembed_schemas::chip::col;
+use rsembed_schemas::job::{JobSpec, Manifest, ManifestFile, StacSearch};
+use rsembed_worker::store::Location;
+#[cfg(test)]
+use serde_json::Value;
+use serde_json::{json, Map};
+use stac::{Asset, Bbox, Collection, Item, ItemAsset, Link};
+
+use crate::error::{Error, Result};
+use crate::query::index::StoreReader;
+
+/// The folder of the output that holds the STAC documents.
+pub(crate) const STAC_DIR: &str = "stac/";
+/// The collection, relative to the output.
+pub(crate) const COLLECTION_FILE: &str = "stac/collection.json";
+/// The items' folder, relative to the output.
+const ITEMS_DIR: &str = "stac/items/";
+
+/// The embeddings extension (proposal) the collection and items implement.
+pub(crate) const EMBEDDINGS_EXTENSION: &str =
+    "https://stac-extensions.github.io/embeddings/v0.0.1/schema.json";
+/// `processing:datetime`: when the embeddings were made (the proposal reuses it).
+const PROCESSING_EXTENSION: &str =
+    "https://stac-extensions.github.io/processing/v1.2.0/schema.json";
+/// `file:size` and `file:checksum` of the embeddings asset, from the manifest.
+const FILE_EXTENSION: &str = "https://stac-extensions.github.io/file/v2.1.0/schema.json";
+
+const PARQUET: &str = "application/vnd.apache.parquet";
+const GEOJSON: &str = "application/geo+json";
+const JSON: &str = "application/json";
+
+/// Rows decoded at once: three small columns, so memory stays a few hundred
+/// KiB whatever row-group size the file has.
+const BATCH_ROWS: usize = 8192;
+/// Chip files read at once: each holds only its batch, so this bounds memory
+/// and keeps a remote store's round trips overlapping.
+const FILES_AT_ONCE: usize = 8;
+
+/// What the chips of one file cover: the union of their bboxes, and the range
+/// of their acquisition times in microseconds since the epoch, UTC.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ChipSpan {
+    /// Rows read.
+    pub(crate) rows: u64,
+    /// Union of the chips' `bbox`; `None` when no chip has a footprint.
+    pub(crate) bbox: Option<[f64; 4]>,
+    /// Earliest `datetime`.
+    pub(crate) start: Option<i64>,
+    /// Latest `end_datetime`, or `datetime` where a chip has no end.
+    pub(crate) end: Option<i64>,
+    /// Chips whose `datetime` is null.
+    pub(crate) without_datetime: u64,
+}
+
+impl ChipSpan {
+    fn add_bbox(&mut self, b: [f64; 4]) {
+        self.bbox = Some(union(self.bbox, b));
+    }
+
+    fn add_time(&mut self, start: i64, end: Option<i64>) {
+        let end = end.unwrap_or(start).max(start);
+        self.start = Some(self.start.map_or(start, |s| s.min(start)));
+        self.end = Some(self.end.map_or(end, |e| e.max(end)));
+    }
+
+    /// Adds another span (the collection's extent over its items).
+    pub(crate) fn merge(&mut self, o: &ChipSpan) {
+        self.rows += o.rows;
+        if let Some(b) = o.bbox {
+            self.add_bbox(b);
+        }
+        if let Some(s) = o.start {
+            self.add_time(s, o.end);
+        }
+        self.without_datetime += o.without_datetime;
+    }
+}
+
+fn union(a: Option<[f64; 4]>, b: [f64; 4]) -> [f64; 4] {
+    match a {
+        None => b,
+        Some(a) => [
+            a[0].min(b[0]),
+            a[1].min(b[1]),
+            a[2].max(b[2]),
+            a[3].max(b[3]),
+        ],
+    }
+}
+
+/// What [`write()`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StacWritten {
+    /// URL of `collection.json`.
+    pub(crate) collection: String,
+    /// Items written, one per chip file.
+    pub(crate) items: u64,
+    /// Items of tasks no longer in the manifest, removed.
+    pub(crate) removed: u64,
+}
+
+/// Writes `<output>/stac/` for a finished job: an item per chip file of
+/// `manifest`, then the collection, then removes items of other tasks.
+/// Rerunning it writes the same documents.
+pub(crate) async fn write(
+    output: &Location,
+    spec: &JobSpec,
+    manifest: &Manifest,
+) -> Result<StacWritten> {
+    let ctx = Arc::new(Context::new(spec)?);
+    let mut extent = ChipSpan::default();
+    let mut ids = Vec::with_capacity(manifest.files.len());
+    let mut data_type: Option<(String, String)> = None;
+    let mut items = futures::stream::iter(manifest.files.iter().cloned())
+        .map(|file| {
+            let (output, ctx) = (output.clone(), ctx.clone());
+            async move {
+                let (span, dtype) = read_span(&output, &file).await?;
+                let item = item(&ctx, &file, &span)?;
+                put(&output, &format!("{ITEMS_DIR}{}.json", item.id), &item).await?;
+                Ok::<_, Error>((item.id, file.path, span, dtype))
+            }
+        })
+        .buffered(FILES_AT_ONCE);
+    while let Some((id, path, span, dtype)) = items.try_next().await? {
+        if let Some(t) = dtype {
+            match &data_type {
+                None => data_type = Some((t, path)),
+                Some((first, first_path)) if *first != t => {
+                    return Err(Error::Output(format!(
+                        "{path} holds {t} embeddings and {first_path} {first}: \
+                         one collection describes one embedding type"
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        extent.merge(&span);
+        ids.push(id);
+    }
+    drop(items);
+    let dtype = data_type.map_or_else(|| "float32".to_owned(), |(t, _)| t);
+    let collection = collection(&ctx, &ids, &extent, &dtype)?;
+    put(output, COLLECTION_FILE, &collection).await?;
+    let keep: HashSet<String> = ids
+        .iter()
+        .map(|id| format!("{ITEMS_DIR}{id}.json"))
+        .chain([COLLECTION_FILE.to_owned()])
+        .collect();
+    let removed = remove_others(output, &keep).await?;
+    Ok(StacWritten {
+        collection: format!(
+            "{}/{COLLECTION_FILE}",
+            output.url.as_str().trim_end_matches('/')
+        ),
+        items: ids.len() as u64,
+        removed,
+    })
+}
+
+/// What every document of a job shares.
+#[derive(Debug)]
+pub(crate) struct Context {
+    spec: JobSpec,
+    /// The collection's id.
+    id: String,
+    /// `created_at` in microseconds: the processing time.
+    created_us: i64,
+}
+
+impl Context {
+    pub(crate) fn new(spec: &JobSpec) -> Result<Context> {
+        let created_us = rfc3339_us(&spec.created_at).ok_or_else(|| {
+            Error::Output(format!(
+                "job.json: created_at `{}` is not an RFC 3339 time",
+                spec.created_at
+            ))
+        })?;
+        Ok(Context {
+            spec: spec.clone(),
+            id: format!("rsembed-{}", spec.job_id),
+            created_us,
+        })
+    }
+}
+
+/// Reads the `bbox`, `datetime` and `end_datetime` columns of one chip file
+/// (the latter two absent in schema 1), and the type of its embeddings.
+async fn read_span(output: &Location, file: &ManifestFile) -> Result<(ChipSpan, Option<String>)> {
+    let bad = |source: parquet::errors::ParquetError| Error::TaskFile {
+        path: file.path.clone(),
+        source: rsembed_worker::Error::Parquet(source),
+    };
+    let reader = StoreReader::new(
+        output.store.clone(),
+        output.child(&file.path),
+        file.bytes,
+        Arc::default(),
+    );
+    let builder = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(bad)?;
+    let schema = builder.schema().clone();
+    let dtype = match schema
+        .field_with_name(col::EMBEDDING)
+        .map(|f| f.data_type())
+    {
+        Ok(DataType::FixedSizeList(item, _)) => Some(data_type_name(item.data_type())),
+        _ => None,
+    };
+    let roots: Vec<usize> = [col::BBOX, col::DATETIME, col::END_DATETIME]
+        .iter()
+        .filter_map(|c| schema.index_of(c).ok())
+        .collect();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+    let mut stream = builder
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS)
+        .build()
+        .map_err(bad)?;
+    let mut span = ChipSpan::default();
+    while let Some(batch) = stream.next().await {
+        add_batch(&mut span, &batch.map_err(bad)?).map_err(|why| {
+            Error::Output(format!(
+                "{}: {why}",
+                output.uri_of(&output.child(&file.path))
+            ))
+        })?;
+    }
+    Ok((span, dtype))
+}
+
+/// The STAC common-metadata `data_type` of an embedding element type.
+fn data_type_name(t: &DataType) -> String {
+    match t {
+        DataType::Float16 => "float16",
+        DataType::Float32 => "float32",
+        DataType::Float64 => "float64",
+        DataType::Int8 => "int8",
+        DataType::UInt8 => "uint8",
+        DataType::Int16 => "int16",
+        DataType::UInt16 => "uint16",
+        _ => "other",
+    }
+    .to_owned()
+}
+
+/// Adds one batch of the projected columns. A column of another type is an
+/// error: a chip file that says something else than the schema is not
+/// described by a guess.
+pub(crate) fn add_batch(span: &mut ChipSpan, batch: &RecordBatch) -> Result<(), String> {
+    span.rows += batch.num_rows() as u64;
+    if let Some(c) = batch.column_by_name(col::BBOX) {
+        let s = c
+            .as_struct_opt()
+            .ok_or_else(|| format!("`bbox` is {}, not a struct", c.data_type()))?;
+        add_bboxes(span, s)?;
+    }
+    let times = |name: &str| -> Result<Option<_>, String> {
+        match batch.column_by_name(name) {
+            None => Ok(None),
+            Some(c) => match c.data_type() {
+                DataType::Timestamp(TimeUnit::Microsecond, _) => {
+                    Ok(Some(c.as_primitive::<TimestampMicrosecondType>().clone()))
+                }
+                t => Err(format!("`{name}` is {t}, not Timestamp(µs)")),
+            },
+        }
+    };
+    let (start, end) = (times(col::DATETIME)?, times(col::END_DATETIME)?);
+    match start {
+        // Schema 1: no chip has an acquisition time.
+        None => span.without_datetime += batch.num_rows() as u64,
+        Some(start) => {
+            for i in 0..start.len() {
+                if start.is_null(i) {
+                    span.without_datetime += 1;
+                    continue;
+                }
+                let e = end.as_ref().filter(|e| e.is_valid(i)).map(|e| e.value(i));
+                span.add_time(start.value(i), e);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn add_bboxes(span: &mut ChipSpan, s: &StructArray) -> Result<(), String> {
+    let mut cols = Vec::with_capacity(4);
+    for name in ["xmin", "ymin", "xmax", "ymax"] {
+        let c = s
+            .column_by_name(name)
+            .ok_or_else(|| format!("`bbox` has no `{name}`"))?;
+        if c.data_type() != &DataType::Float64 {
+            return Err(format!("`bbox.{name}` is {}, not Float64", c.data_type()));
+        }
+        cols.push(c.as_primitive::<Float64Type>());
+    }
+    for i in 0..s.len() {
+        if s.is_null(i) || cols.iter().any(|c| c.is_null(i)) {
+            continue;
+        }
+        let b = [
+            cols[0].value(i),
+            cols[1].value(i),
+            cols[2].value(i),
+            cols[3].value(i),
+        ];
+        if b.iter().any(|v| !v.is_finite()) || b[0] > b[2] || b[1] > b[3] {
+            return Err(format!(
+                "row {i} has the bbox {b:?}, not xmin<=xmax, ymin<=ymax"
+            ));
+        }
+        span.add_bbox(b);
+    }
+    Ok(())
+}
+
+/// The item of one chip file.
+pub(crate) fn item(ctx: &Context, file: &ManifestFile, span: &ChipSpan) -> Result<Item> {
+    let id = file
+        .path
+        .rsplit('/')
+        .next()
+        .and_then(|n| n.strip_suffix(".parquet"))
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            Error::Output(format!(
+                "manifest: `{}` is not a chips/<task>.parquet path",
+                file.path
+            ))
+        })?;
+    let mut item = Item::new(id).collection(&ctx.id);
+    item.extensions = vec![
+        EMBEDDINGS_EXTENSION.to_owned(),
+        PROCESSING_EXTENSION.to_owned(),
+        FILE_EXTENSION.to_owned(),
+    ];
+    if let Some([x0, y0, x1, y1]) = span.bbox {
+        let b = Bbox::new(x0, y0, x1, y1);
+        item.geometry = Some(b.to_geometry());
+        item.bbox = Some(b);
+    }
+    let p = &mut item.properties;
+    let (start, end, source) = times_of(ctx, span);
+    if start == end {
+        p.datetime = Some(chrono_of(start)?);
+    } else {
+        p.datetime = None;
+        p.start_datetime = Some(chrono_of(start)?);
+        p.end_datetime = Some(chrono_of(end)?);
+    }
+    let f = &mut p.additional_fields;
+    f.insert("rsembed:datetime_source".into(), source.into());
+    if span.start.is_some() && span.without_datetime > 0 {
+        f.insert(
+            "rsembed:chips_without_datetime".into(),
+            span.without_datetime.into(),
+        );
+    }
+    f.insert("rsembed:chips".into(), span.rows.into());
+    f.insert(
+        "processing:datetime".into(),
+        serde_json::to_value(chrono_of(ctx.created_us)?)?,
+    );
+    f.insert(
+        "emb:runtime_parameters".into(),
+        serde_json::to_value(&ctx.spec.tiling)?,
+    );
+
+    let up = "../collection.json";
+    for rel in ["root", "parent", "collection"] {
+        item.links.push(Link::new(up, rel).r#type(JSON.to_owned()));
+    }
+    let mut asset = Asset::new(format!("../../{}", file.path)).role("data");
+    asset.r#type = Some(PARQUET.to_owned());
+    asset.title = Some(format!("chip embeddings ({} rows)", span.rows));
+    asset
+        .additional_fields
+        .insert("file:size".into(), file.bytes.into());
+    // Multihash: 0x12 is SHA2-256, 0x20 its 32-byte length.
+    asset.additional_fields.insert(
+        "file:checksum".into(),
+        format!("1220{}", file.sha256).into(),
+    );
+    item.assets.insert("embeddings".into(), asset);
+    Ok(item)
+}
+
+/// An item's (or the collection's) time range, and where it came from.
+fn times_of(ctx: &Context, span: &ChipSpan) -> (i64, i64, &'static str) {
+    match (span.start, span.end) {
+        (Some(s), Some(e)) => (s, e, "acquisition"),
+        (Some(s), None) => (s, s, "acquisition"),
+        _ => (ctx.created_us, ctx.created_us, "processing"),
+    }
+}
+
+/// The collection over the items `ids` whose chips `extent` covers.
+pub(crate) fn collection(
+    ctx: &Context,
+    ids: &[String],
+    extent: &ChipSpan,
+    data_type: &str,
+) -> Result<Collection> {
+    let spec = &ctx.spec;
+    let m = &spec.model;
+    let mut c = Collection::new(
+        &ctx.id,
+        format!(
+            "Chip embeddings of {} by the model {} ({} dimensions), one item per chip file; \
+             made by {}, job {}.",
+            spec.input, m.name, m.embed_dim, spec.software_version, spec.job_id
+        ),
+    );
+    c.title = Some(format!("{} chip embeddings", m.name));
+    c.extensions = vec![EMBEDDINGS_EXTENSION.to_owned()];
+    c.extent.spatial.bbox = vec![match extent.bbox {
+        Some([x0, y0, x1, y1]) => Bbox::new(x0, y0, x1, y1),
+        // No chip has a footprint: the whole world is what is known.
+        None => Bbox::new(-180.0, -90.0, 180.0, 90.0),
+    }];
+    let (start, end, _) = times_of(ctx, extent);
+    c.extent.temporal.interval = vec![[Some(chrono_of(start)?), Some(chrono_of(end)?)]];
+
+    let f = &mut c.additional_fields;
+    f.insert("emb:type".into(), "chip".into());
+    f.insert("emb:dimensions".into(), m.embed_dim.into());
+    f.insert("data_type".into(), data_type.into());
+    let t = &spec.tiling;
+    f.insert(
+        "emb:chip_layout".into(),
+        json!({
+            "layout_type": "regular_grid",
+            "chip_size": [t.chip_size, t.chip_size],
+            "stride": [t.stride, t.stride],
+        }),
+    );
+    f.insert(
+        "rsembed:model".into(),
+        json!({
+            "name": m.name,
+            "sha256": m.sha256,
+            "preprocessor_sha256": m.preprocessor_sha256,
+            "fp16": m.fp16,
+        }),
+    );
+    f.insert("rsembed:job_id".into(), spec.job_id.clone().into());
+    f.insert("rsembed:chips".into(), extent.rows.into());
+
+    c.item_assets.insert(
+        "embeddings".into(),
+        ItemAsset {
+            title: Some("Chip embeddings".into()),
+            description: Some(
+                "rsembed chip rows (GeoParquet): footprint, source, and the embedding".into(),
+            ),
+            r#type: Some(PARQUET.into()),
+            roles: vec!["data".into()],
+            additional_fields: Map::new(),
+        },
+    );
+
+    c.links
+        .push(Link::new("./collection.json", "root").r#type(JSON.to_owned()));
+    c.links.push(
+        Link::new("../job.json", "emb:model")
+            .r#type(JSON.to_owned())
+            .title(format!(
+                "{} (vision graph sha256 {}); job.json holds every model file's digest",
+                m.name, m.sha256
+            )),
+    );
+    c.links
+        .push(source_link(&spec.input, spec.search.as_ref())?);
+    for id in ids {
+        c.links
+            .push(Link::new(format!("./items/{id}.json"), "item").r#type(GEOJSON.to_owned()));
+    }
+    Ok(c)
+}
+
+/// `emb:source-data`: for a STAC API the search as a GET `/search` URL with
+/// its parameters; else the input's URL (a catalog, an item collection, a
+/// folder of images). The search as flags gave it rides along in
+/// `rsembed:search`, since `--max-items` has no URL form.
+pub(crate) fn source_link(input: &str, search: Option<&StacSearch>) -> Result<Link> {
+    let Some(s) = search else {
+        return Ok(Link::new(input, "emb:source-data").title("the job's input".to_owned()));
+    };
+    let mut link = match search_url(input, s) {
+        Some(url) => Link::new(url, "emb:source-data")
+            .r#type(GEOJSON.to_owned())
+            .title("the STAC API search whose items this job embedded".to_owned()),
+        None => Link::new(input, "emb:source-data")
+            .title("the STAC input whose items this job embedded".to_owned()),
+    };
+    link.additional_fields
+        .insert("rsembed:search".into(), serde_json::to_value(s)?);
+    Ok(link)
+}
+
+/// The GET `/search` URL of a search of the API rooted at `input`; `None`
+/// when `input` names a document (a catalog, collection or item collection)
+/// rather than an API root.
+pub(crate) fn search_url(input: &str, s: &StacSearch) -> Option<String> {
+    let mut url = url::Url::parse(input).ok()?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return None;
+    }
+    let last = url.path_segments()?.rev().find(|p| !p.is_empty());
+    let document = [".json", ".ndjson", ".parquet", ".geoparquet"];
+    if last.is_some_and(|l| document.iter().any(|d| l.to_ascii_lowercase().ends_with(d))) {
+        return None;
+    }
+    let path = format!("{}/search", url.path().trim_end_matches('/'));
+    url.set_path(&path);
+    let mut filter = s.filter.clone();
+    if let Some(pct) = s.cloud_cover_max {
+        let cc = format!("\"eo:cloud_cover\" <= {pct}");
+        filter = Some(match filter {
+            Some(f) => format!("({f}) AND {cc}"),
+            None => cc,
+        });
+    }
+    {
+        let mut q = url.query_pairs_mut();
+        if !s.collections.is_empty() {
+            q.append_pair("collections", &s.collections.join(","));
+        }
+        if let Some(b) = s.bbox {
+            q.append_pair("bbox", &format!("{},{},{},{}", b[0], b[1], b[2], b[3]));
+        }
+        if let Some(d) = &s.datetime {
+            q.append_pair("datetime", d);
+        }
+        if !s.ids.is_empty() {
+            q.append_pair("ids", &s.ids.join(","));
+        }
+        if let Some(f) = &filter {
+            q.append_pair("filter", f)
+                .append_pair("filter-lang", "cql2-text");
+        }
+    }
+    Some(url.into())
+}
+
+/// Microseconds since the epoch of an RFC 3339 time.
+fn rfc3339_us(s: &str) -> Option<i64> {
+    let t = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+    i64::try_from(t.unix_timestamp_nanos() / 1000).ok()
+}
+
+/// A time for the `stac` types, which hold chrono's.
+fn chrono_of(us: i64) -> Result<chrono::DateTime<chrono::Utc>> {
+    chrono::DateTime::from_timestamp_micros(us)
+        .ok_or_else(|| Error::Output(format!("a chip's datetime ({us} µs) is out of range")))
+}
+
+/// Writes `v` as pretty JSON at `rel` of the output.
+async fn put<T: serde::Serialize>(output: &Location, rel: &str, v: &T) -> Result<()> {
+    let bytes = serde_json::to_vec_pretty(v)?;
+    output
+        .store
+        .put(&output.child(rel), PutPayload::from(bytes))
+        .await?;
+    Ok(())
+}
+
+/// Deletes what `stac/` holds besides `keep`: items of tasks an earlier run
+/// had. Returns how many went.
+async fn remove_others(output: &Location, keep: &HashSet<String>) -> Result<u64> {
+    let root = output.prefix.as_ref().to_owned();
+    let mut stale = Vec::new();
+    let mut list = output.store.list(Some(&output.child(STAC_DIR)));
+    while let Some(meta) = list.next().await {
+        let meta = meta?;
+        let full = meta.location.as_ref();
+        let rel = full
+            .strip_prefix(&root)
+            .unwrap_or(full)
+            .trim_start_matches('/');
+        if !keep.contains(rel) {
+            stale.push(meta.location);
+        }
+    }
+    drop(list);
+    let n = stale.len() as u64;
+    for p in stale {
+        tracing::info!(file = %p, "removing a STAC item of no chip file of the job");
+        output.store.delete(&p).await?;
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::builder::{Float64Builder, StructBuilder, TimestampMicrosecondBuilder};
+    use arrow_array::ArrayRef;
+    use arrow_schema::{Field, Schema};
+    use rsembed_schemas::chip::{bbox_fields, timestamp_type};
+    use rsembed_schemas::job::{GroupingSpec, ModelRef, TilingSpec};
+
+    const DAY_US: i64 = 86_400_000_000;
+    /// 2024-06-01T00:00:00Z.
+    const JUNE_1: i64 = 1_717_200_000_000_000;
+
+    fn spec(search: Option<StacSearch>) -> JobSpec {
+        JobSpec::new(
+            "https://stac.example/v1".into(),
+            "s3://bucket/out/".into(),
+            ModelRef {
+                name: "tiny".into(),
+                embed_dim: 8,
+                sha256: "ab".repeat(32),
+                files: vec![],
+                preprocessor_sha256: "cd".repeat(32),
+                fp16: false,
+            },
+            TilingSpec {
+                chip_size: 64,
+                stride: 32,
+                bands: vec![1, 2, 3],
+                scale: "auto".into(),
+                min_valid: None,
+                band_files: None,
+                assets: None,
+                cloud_mask: None,
+                max_cloud: None,
+            },
+            GroupingSpec {
+                task_files: 1,
+                task_bytes: 1,
+                task_chips: 1,
+                shard_bytes: 1,
+            },
+            "2025-01-02T03:04:05Z".into(),
+        )
+        .with_search(search)
+    }
+
+    fn file(task: &str) -> ManifestFile {
+        ManifestFile {
+            path: format!("chips/{task}.parquet"),
+            rows: 3,
+            sha256: "ef".repeat(32),
+            bytes: 1234,
+        }
+    }
+
+    /// A batch of the projected columns; `times` `None` leaves them out (schema 1).
+    fn batch(
+        bboxes: &[Option<[f64; 4]>],
+        times: Option<&[(Option<i64>, Option<i64>)]>,
+    ) -> RecordBatch {
+        let mut b = StructBuilder::from_fields(bbox_fields(), bboxes.len());
+        for bb in bboxes {
+            for i in 0..4 {
+                b.field_builder::<Float64Builder>(i)
+                    .unwrap()
+                    .append_value(bb.map_or(0.0, |v| v[i]));
+            }
+            b.append(bb.is_some());
+        }
+        let mut fields = vec![Field::new(col::BBOX, DataType::Struct(bbox_fields()), true)];
+        let mut cols: Vec<ArrayRef> = vec![Arc::new(b.finish())];
+        if let Some(times) = times {
+            for (name, pick) in [(col::DATETIME, 0), (col::END_DATETIME, 1)] {
+                let mut t = TimestampMicrosecondBuilder::new().with_timezone("UTC");
+                for pair in times {
+                    t.append_option(if pick == 0 { pair.0 } else { pair.1 });
+                }
+                fields.push(Field::new(name, timestamp_type(), true));
+                cols.push(Arc::new(t.finish()));
+            }
+        }
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap()
+    }
+
+    #[test]
+    fn spans_union_bboxes_and_cover_every_chips_range() {
+        let mut s = ChipSpan::default();
+        add_batch(
+            &mut s,
+            &batch(
+                &[
+                    Some([1.0, 2.0, 3.0, 4.0]),
+                    None,
+                    Some([-1.0, 3.0, 2.0, 5.0]),
+                ],
+                Some(&[
+                    (Some(JUNE_1), None),
+                    (Some(JUNE_1 - DAY_US), Some(JUNE_1 + 2 * DAY_US)),
+                    (None, None),
+                ]),
+            ),
+        )
+        .unwrap();
+        assert_eq!(s.rows, 3);
+        assert_eq!(s.bbox, Some([-1.0, 2.0, 3.0, 5.0]));
+        assert_eq!(
+            (s.start, s.end),
+            (Some(JUNE_1 - DAY_US), Some(JUNE_1 + 2 * DAY_US))
+        );
+        assert_eq!(s.without_datetime, 1);
+
+        // A second batch widens it; merging spans is the same union.
+        let mut t = ChipSpan::default();
+        add_batch(
+            &mut t,
+            &batch(
+                &[Some([10.0, -9.0, 11.0, -8.0])],
+                Some(&[(Some(JUNE_1 + 9 * DAY_US), None)]),
+            ),
+        )
+        .unwrap();
+        let mut all = s.clone();
+        all.merge(&t);
+        assert_eq!(all.rows, 4);
+        assert_eq!(all.bbox, Some([-1.0, -9.0, 11.0, 5.0]));
+        assert_eq!(
+            (all.start, all.end),
+            (Some(JUNE_1 - DAY_US), Some(JUNE_1 + 9 * DAY_US))
+        );
+    }
+
+    #[test]
+    fn schema_1_batches_have_no_datetime_and_bad_bboxes_are_errors() {
+        let mut s = ChipSpan::default();
+        add_batch(&mut s, &batch(&[Some([0.0, 0.0, 1.0, 1.0]), None], None)).unwrap();
+        assert_eq!((s.rows, s.start, s.without_datetime), (2, None, 2));
+        assert_eq!(s.bbox, Some([0.0, 0.0, 1.0, 1.0]));
+        for bad in [[2.0, 0.0, 1.0, 1.0], [0.0, f64::NAN, 1.0, 1.0]] {
+            let e = add_batch(&mut ChipSpan::default(), &batch(&[Some(bad)], None)).unwrap_err();
+            assert!(e.contains("row 0 has the bbox"), "{e}");
+        }
+    }
+
+    #[test]
+    fn items_point_at_their_chip_file_and_collection_by_relative_hrefs() {
+        let ctx = Context::new(&spec(None)).unwrap();
+        let span = ChipSpan {
+            rows: 3,
+            bbox: Some([1.0, 2.0, 3.0, 4.0]),
+            start: Some(JUNE_1),
+            end: Some(JUNE_1),
+            without_datetime: 0,
+        };
+        let item = item(&ctx, &file("t1"), &span).unwrap();
+        let v = serde_json::to_value(&item).unwrap();
+        assert_eq!(v["id"], "t1");
+        assert_eq!(v["stac_version"], "1.1.0");
+        assert_eq!(v["collection"], ctx.id);
+        assert_eq!(v["bbox"], json!([1.0, 2.0, 3.0, 4.0]));
+        assert_eq!(v["geometry"]["type"], "Polygon");
+        let a = &v["assets"]["embeddings"];
+        assert_eq!(a["href"], "../../chips/t1.parquet");
+        assert_eq!(a["type"], PARQUET);
+        assert_eq!(a["roles"], json!(["data"]));
+        assert_eq!(a["file:size"], 1234);
+        assert_eq!(a["file:checksum"], format!("1220{}", "ef".repeat(32)));
+        for l in v["links"].as_array().unwrap() {
+            assert_eq!(l["href"], "../collection.json", "{l}");
+        }
+        let p = &v["properties"];
+        assert_eq!(p["datetime"], "2024-06-01T00:00:00Z");
+        assert!(p.get("start_datetime").is_none());
+        assert_eq!(p["rsembed:datetime_source"], "acquisition");
+        assert_eq!(p["processing:datetime"], "2025-01-02T03:04:05Z");
+        assert_eq!(p["emb:runtime_parameters"]["chip_size"], 64);
+        assert!(v["stac_extensions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(EMBEDDINGS_EXTENSION)));
+    }
+
+    #[test]
+    fn a_range_gives_start_and_end_and_no_times_give_the_processing_time() {
+        let ctx = Context::new(&spec(None)).unwrap();
+        let range = ChipSpan {
+            rows: 2,
+            start: Some(JUNE_1),
+            end: Some(JUNE_1 + DAY_US),
+            without_datetime: 1,
+            ..ChipSpan::default()
+        };
+        let v = serde_json::to_value(item(&ctx, &file("t"), &range).unwrap()).unwrap();
+        let p = &v["properties"];
+        assert_eq!(p["datetime"], Value::Null);
+        assert_eq!(p["start_datetime"], "2024-06-01T00:00:00Z");
+        assert_eq!(p["end_datetime"], "2024-06-02T00:00:00Z");
+        assert_eq!(p["rsembed:chips_without_datetime"], 1);
+        // No footprint: null geometry and no bbox.
+        assert_eq!(v["geometry"], Value::Null);
+        assert!(v.get("bbox").is_none());
+
+        let none = ChipSpan {
+            rows: 2,
+            without_datetime: 2,
+            ..ChipSpan::default()
+        };
+        let v = serde_json::to_value(item(&ctx, &file("t"), &none).unwrap()).unwrap();
+        assert_eq!(v["properties"]["datetime"], "2025-01-02T03:04:05Z");
+        assert_eq!(v["properties"]["rsembed:datetime_source"], "processing");
+        assert!(v["properties"]
+            .get("rsembed:chips_without_datetime")
+            .is_none());
+    }
+
+    #[test]
+    fn the_collection_has_the_extension_fields_extent_and_links() {
+        let ctx = Context::new(&spec(Some(StacSearch {
+            collections: vec!["s2".into()],
+            ..StacSearch::default()
+        })))
+        .unwrap();
+        let extent = ChipSpan {
+            rows: 7,
+            bbox: Some([1.0, 2.0, 3.0, 4.0]),
+            start: Some(JUNE_1),
+            end: Some(JUNE_1 + DAY_US),
+            without_datetime: 0,
+        };
+        let c = collection(&ctx, &["a".into(), "b".into()], &extent, "float32").unwrap();
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["type"], "Collection");
+        assert_eq!(v["stac_version"], "1.1.0");
+        assert_eq!(v["stac_extensions"], json!([EMBEDDINGS_EXTENSION]));
+        assert_eq!(v["emb:type"], "chip");
+        assert_eq!(v["emb:dimensions"], 8);
+        assert_eq!(v["data_type"], "float32");
+        assert_eq!(v["emb:chip_layout"]["stride"], json!([32, 32]));
+        assert_eq!(v["rsembed:model"]["name"], "tiny");
+        assert_eq!(v["rsembed:model"]["sha256"], "ab".repeat(32));
+        assert_eq!(v["rsembed:chips"], 7);
+        assert_eq!(
+            v["extent"]["spatial"]["bbox"],
+            json!([[1.0, 2.0, 3.0, 4.0]])
+        );
+        assert_eq!(
+            v["extent"]["temporal"]["interval"],
+            json!([["2024-06-01T00:00:00Z", "2024-06-02T00:00:00Z"]])
+        );
+        let links = v["links"].as_array().unwrap();
+        let href = |rel: &str| -> Vec<&str> {
+            links
+                .iter()
+                .filter(|l| l["rel"] == rel)
+                .map(|l| l["href"].as_str().unwrap())
+                .collect()
+        };
+        assert_eq!(href("item"), ["./items/a.json", "./items/b.json"]);
+        assert_eq!(href("root"), ["./collection.json"]);
+        assert_eq!(href("emb:model"), ["../job.json"]);
+        assert_eq!(
+            href("emb:source-data"),
+            ["https://stac.example/v1/search?collections=s2"]
+        );
+        assert_eq!(v["item_assets"]["embeddings"]["type"], PARQUET);
+
+        // No chip has a footprint or a time: the world, and the processing time.
+        let c = collection(&ctx, &[], &ChipSpan::default(), "float32").unwrap();
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            v["extent"]["spatial"]["bbox"],
+            json!([[-180.0, -90.0, 180.0, 90.0]])
+        );
+        assert_eq!(
+            v["extent"]["temporal"]["interval"],
+            json!([["2025-01-02T03:04:05Z", "2025-01-02T03:04:05Z"]])
+        );
+    }
+
+    #[test]
+    fn the_source_link_is_the_search_url_of_an_api_and_the_input_otherwise() {
+        let s = StacSearch {
+            collections: vec!["sentinel-2-l2a".into(), "landsat".into()],
+            bbox: Some([-1.5, 2.0, 3.0, 4.25]),
+            datetime: Some("2024-06-01T00:00:00Z/..".into()),
+            ids: vec!["a b".into()],
+            filter: Some("platform = 'sentinel-2a'".into()),
+            max_items: Some(5),
+            cloud_cover_max: Some(20.0),
+        };
+        let url = search_url("https://earth-search.example/v1/", &s).unwrap();
+        let parsed = url::Url::parse(&url).unwrap();
+        assert_eq!(parsed.path(), "/v1/search");
+        let q: Vec<(String, String)> = parsed.query_pairs().into_owned().collect();
+        let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("collections"), Some("sentinel-2-l2a,landsat"));
+        assert_eq!(get("bbox"), Some("-1.5,2,3,4.25"));
+        assert_eq!(get("datetime"), Some("2024-06-01T00:00:00Z/.."));
+        assert_eq!(get("ids"), Some("a b"));
+        assert_eq!(
+            get("filter"),
+            Some("(platform = 'sentinel-2a') AND \"eo:cloud_cover\" <= 20")
+        );
+        assert_eq!(get("filter-lang"), Some("cql2-text"));
+
+        // Documents are linked as they are; the search rides along.
+        for doc in [
+            "https://x.example/catalog.json",
+            "https://x.example/items.ndjson",
+            "s3://bucket/items.parquet",
+            "file:///data/collection.json",
+        ] {
+            assert_eq!(search_url(doc, &s), None, "{doc}");
+            let l = source_link(doc, Some(&s)).unwrap();
+            assert_eq!(l.href, doc);
+            assert_eq!(l.additional_fields["rsembed:search"]["max_items"], 5);
+        }
+        let l = source_link("file:///images/", None).unwrap();
+        assert_eq!(
+            (l.href.as_str(), l.rel.as_str()),
+            ("file:///images/", "emb:source-data")
+        );
+    }
+
+    #[test]
+    fn a_manifest_path_that_is_not_a_chip_file_is_an_error() {
+        let ctx = Context::new(&spec(None)).unwrap();
+        let mut f = file("x");
+        f.path = "chips/.parquet".into();
+        assert!(item(&ctx, &f, &ChipSpan::default()).is_err());
+    }
+}
