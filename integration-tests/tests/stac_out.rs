@@ -11,7 +11,8 @@ use std::time::Duration;
 use rsembed_integration_tests::cluster::{finalize, submit_ok, wait_finished, Worker};
 use rsembed_integration_tests::nats::NatsServer;
 use rsembed_integration_tests::rasters::make_jpeg_geotiff;
-use rsembed_integration_tests::{python, root, run, run_cmd, tiny_model};
+use rsembed_integration_tests::s3::S3Server;
+use rsembed_integration_tests::{python, root, rsembed, run, run_cmd, tiny_model};
 use serde_json::Value;
 
 /// Validates `<output>/stac/` and returns the validator's report.
@@ -180,5 +181,44 @@ fn finalize_writes_the_collection_of_a_distributed_job() {
     assert_eq!(
         std::fs::read(output.join("stac/collection.json")).unwrap(),
         before
+    );
+}
+
+#[test]
+fn an_s3_output_gets_its_collection_in_the_bucket() {
+    let s3 = S3Server::start();
+    s3.create_bucket("output");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    make_input(&input);
+    let mut cmd = rsembed();
+    cmd.arg("run")
+        .arg("--input")
+        .arg(&input)
+        .args(["--output", "s3://output/job", "--model"])
+        .arg(tiny_model())
+        .args(["--batch-size", "16", "--task-size", "1"]);
+    let o = run(s3.configure(&mut cmd));
+    assert!(o.status.success(), "run to S3 failed");
+    let mut keys: Vec<String> = s3
+        .list("s3://output/job/stac")
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    keys.sort();
+    assert_eq!(keys.len(), 4, "the collection and three items: {keys:?}");
+    assert!(keys.contains(&"collection.json".to_owned()), "{keys:?}");
+
+    // Downloaded as it is, the folder is a valid, self-contained catalog.
+    let dl = dir.path().join("dl");
+    s3.download("s3://output/job", &dl);
+    let report = validate(&dl);
+    assert_eq!(items(&report).len(), 3, "{report}");
+    assert_eq!(
+        items(&report)
+            .iter()
+            .filter(|i| !i["bbox"].is_null())
+            .count(),
+        2
     );
 }

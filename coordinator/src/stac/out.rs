@@ -163,6 +163,10 @@ pub(crate) async fn write(
             }
         }
         extent.merge(&span);
+        // The collection covers what its items say, the processing time of
+        // those without an acquisition time included.
+        let (start, end, _) = times_of(&ctx, &span);
+        extent.add_time(start, Some(end));
         ids.push(id);
     }
     drop(items);
@@ -626,8 +630,13 @@ mod tests {
     use arrow_array::builder::{Float64Builder, StructBuilder, TimestampMicrosecondBuilder};
     use arrow_array::ArrayRef;
     use arrow_schema::{Field, Schema};
+    use object_store::memory::InMemory;
+    use rsembed_raster::geo::Footprint;
     use rsembed_schemas::chip::{bbox_fields, timestamp_type};
+    use rsembed_schemas::ids::Window;
     use rsembed_schemas::job::{GroupingSpec, ModelRef, TilingSpec};
+    use rsembed_worker::sink::parquet::encode_chips;
+    use rsembed_worker::sink::rows::{chip_batch, ChipRow, StacColumns};
 
     const DAY_US: i64 = 86_400_000_000;
     /// 2024-06-01T00:00:00Z.
@@ -950,5 +959,127 @@ mod tests {
         let mut f = file("x");
         f.path = "chips/.parquet".into();
         assert!(item(&ctx, &f, &ChipSpan::default()).is_err());
+    }
+
+    fn chip(bbox: Option<[f64; 4]>, times: (Option<i64>, Option<i64>)) -> ChipRow {
+        ChipRow {
+            chip_id: "00".repeat(16),
+            source_uri: "file:///in/a.tif".into(),
+            source_version: None,
+            window: Window {
+                x: 0,
+                y: 0,
+                width: 64,
+                height: 64,
+            },
+            valid_fraction: 1.0,
+            crs: None,
+            footprint: bbox.map(|b| Footprint {
+                wkb: vec![],
+                bbox: b,
+                centre: [(b[0] + b[2]) / 2.0, (b[1] + b[3]) / 2.0],
+            }),
+            embedding: vec![0.5; 8],
+            stac: StacColumns {
+                datetime: times.0,
+                end_datetime: times.1,
+                ..StacColumns::default()
+            },
+        }
+    }
+
+    /// Writes `batch` as a chip file of `out` and returns its manifest entry.
+    async fn put_chips(out: &Location, task: &str, batch: &RecordBatch) -> ManifestFile {
+        let bytes = encode_chips(batch, vec![]).unwrap();
+        let f = ManifestFile {
+            path: format!("chips/{task}.parquet"),
+            rows: batch.num_rows() as u64,
+            sha256: "00".repeat(32),
+            bytes: bytes.len() as u64,
+        };
+        out.store
+            .put(&out.child(&f.path), PutPayload::from(bytes))
+            .await
+            .unwrap();
+        f
+    }
+
+    async fn get_json(out: &Location, rel: &str) -> Value {
+        let b = out.store.get(&out.child(rel)).await.unwrap();
+        serde_json::from_slice(&b.bytes().await.unwrap()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn write_reads_both_schema_versions_through_the_store_and_drops_stale_items() {
+        let out = Location {
+            store: Arc::new(InMemory::new()),
+            prefix: object_store::path::Path::from("job"),
+            url: url::Url::parse("memory:///job").unwrap(),
+        };
+        let spec = spec(None);
+        // Schema 2, with acquisition times (one a range) and footprints.
+        let a = chip_batch(
+            &[
+                chip(Some([1.0, 2.0, 3.0, 4.0]), (Some(JUNE_1), None)),
+                chip(
+                    Some([0.0, 3.0, 2.0, 5.0]),
+                    (Some(JUNE_1 + DAY_US), Some(JUNE_1 + 2 * DAY_US)),
+                ),
+            ],
+            8,
+        )
+        .unwrap();
+        // Schema 2 with every STAC column null and no footprint.
+        let b = chip_batch(&[chip(None, (None, None))], 8).unwrap();
+        // Schema 1: the columns before the STAC ones.
+        let c = chip_batch(&[chip(Some([-5.0, -5.0, -4.0, -4.0]), (None, None))], 8).unwrap();
+        let c = c.project(&(0..14).collect::<Vec<_>>()).unwrap();
+        assert!(c.schema().index_of(col::DATETIME).is_err());
+        let files = vec![
+            put_chips(&out, "a", &a).await,
+            put_chips(&out, "b", &b).await,
+            put_chips(&out, "c", &c).await,
+        ];
+        put(&out, "stac/items/gone.json", &json!({})).await.unwrap();
+        let m = crate::job::output::manifest(&spec, 3, files, vec![], vec![], vec![], vec![]);
+
+        let w = write(&out, &spec, &m).await.unwrap();
+        assert_eq!((w.items, w.removed), (3, 1));
+        assert_eq!(w.collection, "memory:///job/stac/collection.json");
+
+        let ia = get_json(&out, "stac/items/a.json").await;
+        assert_eq!(ia["bbox"], json!([0.0, 2.0, 3.0, 5.0]));
+        assert_eq!(ia["properties"]["datetime"], Value::Null);
+        assert_eq!(ia["properties"]["start_datetime"], "2024-06-01T00:00:00Z");
+        assert_eq!(ia["properties"]["end_datetime"], "2024-06-03T00:00:00Z");
+        assert_eq!(ia["properties"]["rsembed:datetime_source"], "acquisition");
+        assert_eq!(ia["properties"]["rsembed:chips"], 2);
+        for (id, bbox) in [("b", Value::Null), ("c", json!([-5.0, -5.0, -4.0, -4.0]))] {
+            let i = get_json(&out, &format!("stac/items/{id}.json")).await;
+            assert_eq!(i["properties"]["datetime"], "2025-01-02T03:04:05Z", "{id}");
+            assert_eq!(i["properties"]["rsembed:datetime_source"], "processing");
+            assert_eq!(i.get("bbox").cloned().unwrap_or(Value::Null), bbox, "{id}");
+        }
+        let col = get_json(&out, COLLECTION_FILE).await;
+        assert_eq!(
+            col["extent"]["spatial"]["bbox"],
+            json!([[-5.0, -5.0, 3.0, 5.0]])
+        );
+        // Acquisition times and the processing time of the chips without one.
+        assert_eq!(
+            col["extent"]["temporal"]["interval"],
+            json!([["2024-06-01T00:00:00Z", "2025-01-02T03:04:05Z"]])
+        );
+        assert_eq!(col["rsembed:chips"], 4);
+        assert_eq!(col["data_type"], "float32");
+        let gone = out.store.get(&out.child("stac/items/gone.json")).await;
+        assert!(matches!(gone, Err(object_store::Error::NotFound { .. })));
+
+        // Again: the same bytes.
+        let before = out.store.get(&out.child(COLLECTION_FILE)).await.unwrap();
+        let before = before.bytes().await.unwrap();
+        write(&out, &spec, &m).await.unwrap();
+        let after = out.store.get(&out.child(COLLECTION_FILE)).await.unwrap();
+        assert_eq!(after.bytes().await.unwrap(), before);
     }
 }
