@@ -111,6 +111,11 @@ def main(out):
             fail(f"{ipath}: extensions {it.get('stac_extensions')}, collection {it.get('collection')}")
         unknown_emb(it["properties"], ITEM_EMB, ipath)
         for l in it["links"]:
+            if l["rel"] == "emb:source-data":
+                # The source items: URLs of the input, not of the output.
+                if "://" not in l["href"]:
+                    fail(f"{ipath}: emb:source-data {l['href']} is not a URL")
+                continue
             if not os.path.isfile(resolve(ipath, l["href"])):
                 fail(f"{ipath}: link {l['rel']} {l['href']} does not resolve")
         asset = it["assets"].get("embeddings")

@@ -15,12 +15,12 @@
 //! the job's `created_at` instead, and the item says so in
 //! `rsembed:datetime_source` = `processing` (docs/decisions.md, "STAC out").
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, TimestampMicrosecondType};
-use arrow_array::{Array, RecordBatch, StructArray};
+use arrow_array::{Array, ArrayRef, RecordBatch, StructArray};
 use arrow_schema::{DataType, TimeUnit};
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutPayload};
@@ -62,6 +62,10 @@ const BATCH_ROWS: usize = 8192;
 /// Chip files read at once: each holds only its batch, so this bounds memory
 /// and keeps a remote store's round trips overlapping.
 const FILES_AT_ONCE: usize = 8;
+/// Source items an item links to (`emb:source-data`), at most: a chip file
+/// holds one task's scenes, usually a few; past this the item says
+/// `rsembed:more_sources` instead of growing without bound.
+pub(crate) const SOURCE_LINKS: usize = 100;
 
 /// What the chips of one file cover: the union of their bboxes, and the range
 /// of their acquisition times in microseconds since the epoch, UTC.
@@ -77,11 +81,37 @@ pub(crate) struct ChipSpan {
     pub(crate) end: Option<i64>,
     /// Chips whose `datetime` is null.
     pub(crate) without_datetime: u64,
+    /// The STAC items the chips came from: `source_uri` (the item's URL) to
+    /// `item_id`, the first [`SOURCE_LINKS`] in URL order.
+    pub(crate) sources: BTreeMap<String, String>,
+    /// Whether there were more than [`SOURCE_LINKS`].
+    pub(crate) more_sources: bool,
 }
 
 impl ChipSpan {
     fn add_bbox(&mut self, b: [f64; 4]) {
         self.bbox = Some(union(self.bbox, b));
+    }
+
+    fn add_source(&mut self, uri: &str, item_id: &str) {
+        if self.sources.contains_key(uri) {
+            return;
+        }
+        if self.sources.len() < SOURCE_LINKS {
+            self.sources.insert(uri.to_owned(), item_id.to_owned());
+        } else if self
+            .sources
+            .last_key_value()
+            .is_some_and(|(k, _)| k.as_str() > uri)
+        {
+            // Keep the first SOURCE_LINKS in URL order, so the item does not
+            // depend on the order of rows.
+            self.sources.pop_last();
+            self.sources.insert(uri.to_owned(), item_id.to_owned());
+            self.more_sources = true;
+        } else {
+            self.more_sources = true;
+        }
     }
 
     fn add_time(&mut self, start: i64, end: Option<i64>) {
@@ -90,7 +120,8 @@ impl ChipSpan {
         self.end = Some(self.end.map_or(end, |e| e.max(end)));
     }
 
-    /// Adds another span (the collection's extent over its items).
+    /// Adds another span (the collection's extent over its items; the
+    /// sources stay with the items).
     pub(crate) fn merge(&mut self, o: &ChipSpan) {
         self.rows += o.rows;
         if let Some(b) = o.bbox {
@@ -215,12 +246,23 @@ impl Context {
     }
 }
 
-/// Reads the `bbox`, `datetime` and `end_datetime` columns of one chip file
-/// (the latter two absent in schema 1), and the type of its embeddings.
+/// Reads the `bbox`, `datetime`, `end_datetime`, `item_id` and `source_uri`
+/// columns of one chip file (schema 1 has none of the STAC ones), and the
+/// type of its embeddings.
 async fn read_span(output: &Location, file: &ManifestFile) -> Result<(ChipSpan, Option<String>)> {
-    let bad = |source: parquet::errors::ParquetError| Error::TaskFile {
-        path: file.path.clone(),
-        source: rsembed_worker::Error::Parquet(source),
+    let bad = |source: parquet::errors::ParquetError| match source {
+        // The store failed (a missing file, an outage): say so, with the
+        // store's error and its retry hint, not that the file is not Parquet.
+        parquet::errors::ParquetError::External(e) if e.is::<object_store::Error>() => {
+            Error::ReadOutput {
+                path: output.uri_of(&output.child(&file.path)),
+                source: *e.downcast::<object_store::Error>().expect("checked by is"),
+            }
+        }
+        source => Error::TaskFile {
+            path: file.path.clone(),
+            source: rsembed_worker::Error::Parquet(source),
+        },
     };
     let reader = StoreReader::new(
         output.store.clone(),
@@ -239,7 +281,14 @@ async fn read_span(output: &Location, file: &ManifestFile) -> Result<(ChipSpan, 
         Ok(DataType::FixedSizeList(item, _)) => Some(data_type_name(item.data_type())),
         _ => None,
     };
-    let roots: Vec<usize> = [col::BBOX, col::DATETIME, col::END_DATETIME]
+    let columns = [
+        col::BBOX,
+        col::DATETIME,
+        col::END_DATETIME,
+        col::ITEM_ID,
+        col::SOURCE_URI,
+    ];
+    let roots: Vec<usize> = columns
         .iter()
         .filter_map(|c| schema.index_of(c).ok())
         .collect();
@@ -299,6 +348,7 @@ pub(crate) fn add_batch(span: &mut ChipSpan, batch: &RecordBatch) -> Result<(), 
         }
     };
     let (start, end) = (times(col::DATETIME)?, times(col::END_DATETIME)?);
+    add_sources(span, batch)?;
     match start {
         // Schema 1: no chip has an acquisition time.
         None => span.without_datetime += batch.num_rows() as u64,
@@ -311,6 +361,28 @@ pub(crate) fn add_batch(span: &mut ChipSpan, batch: &RecordBatch) -> Result<(), 
                 let e = end.as_ref().filter(|e| e.is_valid(i)).map(|e| e.value(i));
                 span.add_time(start.value(i), e);
             }
+        }
+    }
+    Ok(())
+}
+
+/// The STAC items of the batch's chips: rows with an `item_id`.
+fn add_sources(span: &mut ChipSpan, batch: &RecordBatch) -> Result<(), String> {
+    let (Some(ids), Some(uris)) = (
+        batch.column_by_name(col::ITEM_ID),
+        batch.column_by_name(col::SOURCE_URI),
+    ) else {
+        return Ok(());
+    };
+    let text = |name: &str, c: &ArrayRef| {
+        c.as_string_opt::<i32>()
+            .cloned()
+            .ok_or_else(|| format!("`{name}` is {}, not Utf8", c.data_type()))
+    };
+    let (ids, uris) = (text(col::ITEM_ID, ids)?, text(col::SOURCE_URI, uris)?);
+    for i in 0..ids.len() {
+        if ids.is_valid(i) && uris.is_valid(i) {
+            span.add_source(uris.value(i), ids.value(i));
         }
     }
     Ok(())
@@ -390,6 +462,9 @@ pub(crate) fn item(ctx: &Context, file: &ManifestFile, span: &ChipSpan) -> Resul
         );
     }
     f.insert("rsembed:chips".into(), span.rows.into());
+    if span.more_sources {
+        f.insert("rsembed:more_sources".into(), true.into());
+    }
     f.insert(
         "processing:datetime".into(),
         serde_json::to_value(chrono_of(ctx.created_us)?)?,
@@ -402,6 +477,13 @@ pub(crate) fn item(ctx: &Context, file: &ManifestFile, span: &ChipSpan) -> Resul
     let up = "../collection.json";
     for rel in ["root", "parent", "collection"] {
         item.links.push(Link::new(up, rel).r#type(JSON.to_owned()));
+    }
+    for (uri, id) in &span.sources {
+        item.links.push(
+            Link::new(uri, "emb:source-data")
+                .r#type(GEOJSON.to_owned())
+                .title(format!("source item {id}")),
+        );
     }
     let mut asset = Asset::new(format!("../../{}", file.path)).role("data");
     asset.r#type = Some(PARQUET.to_owned());
@@ -762,6 +844,27 @@ mod tests {
     }
 
     #[test]
+    fn source_links_are_the_first_items_by_url_whatever_the_row_order() {
+        let mut fwd = ChipSpan::default();
+        let mut rev = ChipSpan::default();
+        let n = SOURCE_LINKS + 20;
+        let uri = |i: usize| format!("https://x/items/{i:04}");
+        for i in 0..n {
+            fwd.add_source(&uri(i), "id");
+            fwd.add_source(&uri(i), "id");
+            rev.add_source(&uri(n - 1 - i), "id");
+        }
+        assert_eq!(fwd.sources, rev.sources);
+        assert_eq!(fwd.sources.len(), SOURCE_LINKS);
+        assert!(fwd.more_sources && rev.more_sources);
+        assert_eq!(fwd.sources.keys().last(), Some(&uri(SOURCE_LINKS - 1)));
+        let mut few = ChipSpan::default();
+        few.add_source("a", "1");
+        few.add_source("a", "1");
+        assert!(!few.more_sources && few.sources.len() == 1);
+    }
+
+    #[test]
     fn schema_1_batches_have_no_datetime_and_bad_bboxes_are_errors() {
         let mut s = ChipSpan::default();
         add_batch(&mut s, &batch(&[Some([0.0, 0.0, 1.0, 1.0]), None], None)).unwrap();
@@ -781,7 +884,7 @@ mod tests {
             bbox: Some([1.0, 2.0, 3.0, 4.0]),
             start: Some(JUNE_1),
             end: Some(JUNE_1),
-            without_datetime: 0,
+            ..ChipSpan::default()
         };
         let item = item(&ctx, &file("t1"), &span).unwrap();
         let v = serde_json::to_value(&item).unwrap();
@@ -856,7 +959,7 @@ mod tests {
             bbox: Some([1.0, 2.0, 3.0, 4.0]),
             start: Some(JUNE_1),
             end: Some(JUNE_1 + DAY_US),
-            without_datetime: 0,
+            ..ChipSpan::default()
         };
         let c = collection(&ctx, &["a".into(), "b".into()], &extent, "float32").unwrap();
         let v = serde_json::to_value(&c).unwrap();
@@ -962,9 +1065,12 @@ mod tests {
     }
 
     fn chip(bbox: Option<[f64; 4]>, times: (Option<i64>, Option<i64>)) -> ChipRow {
+        let item = times.0.map(|t| format!("S2_{t}"));
         ChipRow {
             chip_id: "00".repeat(16),
-            source_uri: "file:///in/a.tif".into(),
+            source_uri: item.as_ref().map_or("file:///in/a.tif".into(), |i| {
+                format!("https://stac.example/v1/collections/s2/items/{i}")
+            }),
             source_version: None,
             window: Window {
                 x: 0,
@@ -981,6 +1087,7 @@ mod tests {
             }),
             embedding: vec![0.5; 8],
             stac: StacColumns {
+                item_id: item,
                 datetime: times.0,
                 end_datetime: times.1,
                 ..StacColumns::default()
@@ -1054,6 +1161,18 @@ mod tests {
         assert_eq!(ia["properties"]["end_datetime"], "2024-06-03T00:00:00Z");
         assert_eq!(ia["properties"]["rsembed:datetime_source"], "acquisition");
         assert_eq!(ia["properties"]["rsembed:chips"], 2);
+        let sources: Vec<&Value> = ia["links"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["rel"] == "emb:source-data")
+            .collect();
+        assert_eq!(sources.len(), 2, "one link per source item: {ia}");
+        assert_eq!(
+            sources[0]["href"],
+            format!("https://stac.example/v1/collections/s2/items/S2_{JUNE_1}")
+        );
+        assert_eq!(sources[0]["title"], format!("source item S2_{JUNE_1}"));
         for (id, bbox) in [("b", Value::Null), ("c", json!([-5.0, -5.0, -4.0, -4.0]))] {
             let i = get_json(&out, &format!("stac/items/{id}.json")).await;
             assert_eq!(i["properties"]["datetime"], "2025-01-02T03:04:05Z", "{id}");
@@ -1081,5 +1200,43 @@ mod tests {
         write(&out, &spec, &m).await.unwrap();
         let after = out.store.get(&out.child(COLLECTION_FILE)).await.unwrap();
         assert_eq!(after.bytes().await.unwrap(), before);
+    }
+
+    #[tokio::test]
+    async fn a_missing_chip_file_is_a_store_error_and_a_broken_one_a_task_file_error() {
+        let out = Location {
+            store: Arc::new(InMemory::new()),
+            prefix: object_store::path::Path::from("job"),
+            url: url::Url::parse("memory:///job").unwrap(),
+        };
+        let spec = spec(None);
+        let m = crate::job::output::manifest(
+            &spec,
+            1,
+            vec![file("gone")],
+            vec![],
+            vec![],
+            vec![],
+            vec![],
+        );
+        let e = write(&out, &spec, &m).await.unwrap_err();
+        assert!(matches!(e, Error::ReadOutput { .. }), "{e:?}");
+        assert!(
+            e.to_string().contains("memory:///job/chips/gone.parquet"),
+            "{e}"
+        );
+
+        let mut f = file("junk");
+        f.bytes = 4096;
+        out.store
+            .put(&out.child(&f.path), PutPayload::from(vec![7u8; 4096]))
+            .await
+            .unwrap();
+        let m = crate::job::output::manifest(&spec, 1, vec![f], vec![], vec![], vec![], vec![]);
+        let e = write(&out, &spec, &m).await.unwrap_err();
+        assert!(matches!(e, Error::TaskFile { .. }), "{e:?}");
+        // Nothing claims the job is described.
+        let c = out.store.get(&out.child(COLLECTION_FILE)).await;
+        assert!(matches!(c, Err(object_store::Error::NotFound { .. })));
     }
 }
