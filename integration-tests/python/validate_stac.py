@@ -1,8 +1,10 @@
 """Checks `<output>/stac/` of an rsembed job, offline, and prints a JSON report.
 
-- Every document validates against the STAC 1.1.0 core JSON schemas that
-  pystac ships (`extensions=[]`: the extension schemas live on the web, and
-  this test must not fetch; the network is refused below to prove it).
+- Every document validates against the STAC 1.1.0 core JSON schemas, twice:
+  with pystac (`extensions=[]`) and with `rustac validate` (the document
+  without its `stac_extensions`). Both bundle the core schemas; the
+  extension schemas live on the web, and this test must not fetch (the
+  network is refused to pystac below; rustac is given no extension to fetch).
 - The embeddings extension (proposal, v0.0.1) rules are checked by hand from
   its README: required collection fields, the `emb:model` and
   `emb:source-data` links, an `embeddings` asset on every item, and no
@@ -18,6 +20,7 @@ Usage: validate_stac.py OUTPUT_DIR. Exits non-zero with the reason on a failure.
 import json
 import os
 import socket
+import subprocess
 import sys
 
 import duckdb
@@ -67,6 +70,17 @@ def core_valid(d, path):
         fail(f"{path}: not valid STAC core: {e} {getattr(e, 'source', '')}")
 
 
+RUSTAC = os.environ.get("RSEMBED_TEST_RUSTAC") or os.path.join(os.path.dirname(sys.executable), "rustac")
+
+
+def rustac_valid(d, path):
+    core = {k: v for k, v in d.items() if k != "stac_extensions"}
+    r = subprocess.run([RUSTAC, "validate", "-i", "json", "-"], input=json.dumps(core),
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        fail(f"{path}: rustac validate: {r.stdout}{r.stderr}")
+
+
 def unknown_emb(fields, allowed, where):
     bad = [k for k in fields if k.startswith("emb:") and k not in allowed]
     if bad:
@@ -81,6 +95,7 @@ def main(out):
     cpath = os.path.join(out, "stac", "collection.json")
     c = load(cpath)
     core_valid(c, cpath)
+    rustac_valid(c, cpath)
     if c.get("stac_version") != "1.1.0" or EMB not in c.get("stac_extensions", []):
         fail(f"{cpath}: stac_version {c.get('stac_version')}, extensions {c.get('stac_extensions')}")
     if c.get("emb:type") != "chip":
@@ -107,6 +122,7 @@ def main(out):
             fail(f"item link {link['href']} does not resolve")
         it = load(ipath)
         core_valid(it, ipath)
+        rustac_valid(it, ipath)
         if EMB not in it.get("stac_extensions", []) or it.get("collection") != c["id"]:
             fail(f"{ipath}: extensions {it.get('stac_extensions')}, collection {it.get('collection')}")
         unknown_emb(it["properties"], ITEM_EMB, ipath)

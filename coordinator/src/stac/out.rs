@@ -4,9 +4,9 @@
 //! its `chips/<task>.parquet` by a relative href.
 //!
 //! The documents are built from the manifest's chip files, each read alone
-//! and only in its `bbox`, `datetime` and `end_datetime` columns, so memory
-//! stays that of one file's few columns whatever the job's size; the
-//! collection holds one link per file. Items are written before the
+//! and only in its `bbox`, `datetime`, `end_datetime`, `item_id` and
+//! `source_uri` columns, so memory stays that of a few files' small columns
+//! whatever the job's size; the collection holds one link per file. Items are written before the
 //! collection, so a reader never sees a collection that links an item not yet
 //! there, and items of tasks no longer in the manifest go last.
 //!
@@ -28,8 +28,6 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use rsembed_schemas::chip::col;
 use rsembed_schemas::job::{JobSpec, Manifest, ManifestFile, StacSearch};
 use rsembed_worker::store::Location;
-#[cfg(test)]
-use serde_json::Value;
 use serde_json::{json, Map};
 use stac::{Asset, Bbox, Collection, Item, ItemAsset, Link};
 
@@ -56,8 +54,8 @@ const PARQUET: &str = "application/vnd.apache.parquet";
 const GEOJSON: &str = "application/geo+json";
 const JSON: &str = "application/json";
 
-/// Rows decoded at once: three small columns, so memory stays a few hundred
-/// KiB whatever row-group size the file has.
+/// Rows decoded at once: five small columns (the longest a source URL), so
+/// memory stays about a MiB per file whatever row-group size it has.
 const BATCH_ROWS: usize = 8192;
 /// Chip files read at once: each holds only its batch, so this bounds memory
 /// and keeps a remote store's round trips overlapping.
@@ -719,6 +717,7 @@ mod tests {
     use rsembed_schemas::job::{GroupingSpec, ModelRef, TilingSpec};
     use rsembed_worker::sink::parquet::encode_chips;
     use rsembed_worker::sink::rows::{chip_batch, ChipRow, StacColumns};
+    use serde_json::Value;
 
     const DAY_US: i64 = 86_400_000_000;
     /// 2024-06-01T00:00:00Z.
