@@ -148,7 +148,7 @@ pub struct SubmitArgs {
     #[command(flatten)]
     pub(crate) queue: QueueArgs,
     /// Replace another job at this output: its queued tasks, job state and
-    /// files (manifest.json first, then chips/, errors/, job.json) are deleted
+    /// files (manifest.json first, then chips/, errors/, stac/, job.json) are deleted
     /// once the plan has found an input. This same job is resumed, not
     /// restarted, so a retried Kubernetes Job keeps its progress.
     #[arg(long, visible_alias = "overwrite", env = "RSEMBED_FORCE_NEW_JOB")]

@@ -54,6 +54,8 @@ pub struct FinalizeReport {
     pub(crate) superseded: u64,
     /// Where the manifest went, when it was written.
     pub manifest: Option<String>,
+    /// Where the STAC collection of the job went, when it was written.
+    pub(crate) stac: Option<String>,
 }
 
 impl FinalizeReport {
@@ -76,7 +78,12 @@ impl FinalizeReport {
             ));
         }
         match &self.manifest {
-            Some(m) => s.push_str(&format!("  manifest   {m}\n")),
+            Some(m) => {
+                s.push_str(&format!("  manifest   {m}\n"));
+                if let Some(c) = &self.stac {
+                    s.push_str(&format!("  stac       {c}\n"));
+                }
+            }
             None => {
                 s.push_str("  INCOMPLETE: no manifest written\n");
                 for g in &self.gaps {
@@ -236,6 +243,7 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         inputs_without_chips: without_chips.len() as u64,
         superseded: 0,
         manifest: None,
+        stac: None,
     };
     if !report.gaps.is_empty() {
         return Ok(report);
@@ -265,6 +273,11 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         without_chips,
     );
     out.write_manifest(&manifest).await?;
+    report.stac = Some(
+        crate::stac::out::write(&output, &spec, &manifest)
+            .await?
+            .collection,
+    );
     report.manifest = Some(format!(
         "{}/{MANIFEST_FILE}",
         output.url.as_str().trim_end_matches('/')

@@ -176,9 +176,12 @@ impl JobOutput {
         put_json(&self.loc, JOB_FILE, spec).await
     }
 
-    /// Deletes `manifest.json`: the job is open again, and an old manifest
-    /// must not claim it is complete.
+    /// Deletes `manifest.json` and `stac/collection.json`: the job is open
+    /// again, and neither may claim it is complete.
     pub(crate) async fn delete_manifest(&self) -> Result<()> {
+        // The collection is written after the manifest and describes the
+        // same finished job: it goes first.
+        delete_if_present(&self.loc, crate::stac::out::COLLECTION_FILE).await?;
         delete_if_present(&self.loc, MANIFEST_FILE).await
     }
 
@@ -187,7 +190,7 @@ impl JobOutput {
     /// `job.json` last.
     pub(crate) async fn wipe(&self) -> Result<()> {
         self.delete_manifest().await?;
-        for dir in TASK_DIRS.into_iter().chain(["stac/"]) {
+        for dir in TASK_DIRS.into_iter().chain([crate::stac::out::STAC_DIR]) {
             let prefix = self.loc.child(dir);
             let mut list = self.loc.store.list(Some(&prefix));
             while let Some(meta) = list.next().await {

@@ -373,6 +373,11 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         empty_inputs,
     );
     out.write_manifest(&manifest).await?;
+    let stac = crate::stac::out::write(&output, &spec, &manifest).await?;
+    tracing::info!(
+        collection = %stac.collection, items = stac.items, removed = stac.removed,
+        "wrote the job's STAC collection"
+    );
 
     let elapsed = started.elapsed();
     Ok(Summary {

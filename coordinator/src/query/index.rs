@@ -430,6 +430,23 @@ pub(crate) struct StoreReader {
     read: Arc<AtomicU64>,
 }
 
+impl StoreReader {
+    /// A reader of `path` (`size` bytes) in `store`, adding what it fetches to `read`.
+    pub(crate) fn new(
+        store: Arc<dyn ObjectStore>,
+        path: Path,
+        size: u64,
+        read: Arc<AtomicU64>,
+    ) -> StoreReader {
+        StoreReader {
+            store,
+            path,
+            size,
+            read,
+        }
+    }
+}
+
 fn parquet_err(e: object_store::Error) -> parquet::errors::ParquetError {
     parquet::errors::ParquetError::External(Box::new(e))
 }

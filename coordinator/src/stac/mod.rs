@@ -15,6 +15,7 @@ pub(crate) mod api;
 pub(crate) mod catalog;
 pub(crate) mod fetch;
 pub(crate) mod items;
+pub mod out;
 pub mod scene;
 pub mod search;
 pub mod source;

@@ -1,0 +1,524 @@
+//! Tests of `out.rs`: the document builder, and `write` over an in-memory store.
+
+use super::*;
+use arrow_array::builder::{Float64Builder, StructBuilder, TimestampMicrosecondBuilder};
+use arrow_array::ArrayRef;
+use arrow_schema::{Field, Schema};
+use object_store::memory::InMemory;
+use rsembed_raster::geo::Footprint;
+use rsembed_schemas::chip::{bbox_fields, timestamp_type};
+use rsembed_schemas::ids::Window;
+use rsembed_schemas::job::{GroupingSpec, ModelRef, TilingSpec};
+use rsembed_worker::sink::parquet::encode_chips;
+use rsembed_worker::sink::rows::{chip_batch, ChipRow, StacColumns};
+use serde_json::Value;
+
+const DAY_US: i64 = 86_400_000_000;
+/// 2024-06-01T00:00:00Z.
+const JUNE_1: i64 = 1_717_200_000_000_000;
+
+fn spec(search: Option<StacSearch>) -> JobSpec {
+    JobSpec::new(
+        "https://stac.example/v1".into(),
+        "s3://bucket/out/".into(),
+        ModelRef {
+            name: "tiny".into(),
+            embed_dim: 8,
+            sha256: "ab".repeat(32),
+            files: vec![],
+            preprocessor_sha256: "cd".repeat(32),
+            fp16: false,
+        },
+        TilingSpec {
+            chip_size: 64,
+            stride: 32,
+            bands: vec![1, 2, 3],
+            scale: "auto".into(),
+            min_valid: None,
+            band_files: None,
+            assets: None,
+            cloud_mask: None,
+            max_cloud: None,
+        },
+        GroupingSpec {
+            task_files: 1,
+            task_bytes: 1,
+            task_chips: 1,
+            shard_bytes: 1,
+        },
+        "2025-01-02T03:04:05Z".into(),
+    )
+    .with_search(search)
+}
+
+fn file(task: &str) -> ManifestFile {
+    ManifestFile {
+        path: format!("chips/{task}.parquet"),
+        rows: 3,
+        sha256: "ef".repeat(32),
+        bytes: 1234,
+    }
+}
+
+/// A batch of the projected columns; `times` `None` leaves them out (schema 1).
+fn batch(bboxes: &[Option<[f64; 4]>], times: Option<&[(Option<i64>, Option<i64>)]>) -> RecordBatch {
+    let mut b = StructBuilder::from_fields(bbox_fields(), bboxes.len());
+    for bb in bboxes {
+        for i in 0..4 {
+            b.field_builder::<Float64Builder>(i)
+                .unwrap()
+                .append_value(bb.map_or(0.0, |v| v[i]));
+        }
+        b.append(bb.is_some());
+    }
+    let mut fields = vec![Field::new(col::BBOX, DataType::Struct(bbox_fields()), true)];
+    let mut cols: Vec<ArrayRef> = vec![Arc::new(b.finish())];
+    if let Some(times) = times {
+        for (name, pick) in [(col::DATETIME, 0), (col::END_DATETIME, 1)] {
+            let mut t = TimestampMicrosecondBuilder::new().with_timezone("UTC");
+            for pair in times {
+                t.append_option(if pick == 0 { pair.0 } else { pair.1 });
+            }
+            fields.push(Field::new(name, timestamp_type(), true));
+            cols.push(Arc::new(t.finish()));
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap()
+}
+
+#[test]
+fn spans_union_bboxes_and_cover_every_chips_range() {
+    let mut s = ChipSpan::default();
+    add_batch(
+        &mut s,
+        &batch(
+            &[
+                Some([1.0, 2.0, 3.0, 4.0]),
+                None,
+                Some([-1.0, 3.0, 2.0, 5.0]),
+            ],
+            Some(&[
+                (Some(JUNE_1), None),
+                (Some(JUNE_1 - DAY_US), Some(JUNE_1 + 2 * DAY_US)),
+                (None, None),
+            ]),
+        ),
+    )
+    .unwrap();
+    assert_eq!(s.rows, 3);
+    assert_eq!(s.bbox, Some([-1.0, 2.0, 3.0, 5.0]));
+    assert_eq!(
+        (s.start, s.end),
+        (Some(JUNE_1 - DAY_US), Some(JUNE_1 + 2 * DAY_US))
+    );
+    assert_eq!(s.without_datetime, 1);
+
+    // A second batch widens it; merging spans is the same union.
+    let mut t = ChipSpan::default();
+    add_batch(
+        &mut t,
+        &batch(
+            &[Some([10.0, -9.0, 11.0, -8.0])],
+            Some(&[(Some(JUNE_1 + 9 * DAY_US), None)]),
+        ),
+    )
+    .unwrap();
+    let mut all = s.clone();
+    all.merge(&t);
+    assert_eq!(all.rows, 4);
+    assert_eq!(all.bbox, Some([-1.0, -9.0, 11.0, 5.0]));
+    assert_eq!(
+        (all.start, all.end),
+        (Some(JUNE_1 - DAY_US), Some(JUNE_1 + 9 * DAY_US))
+    );
+}
+
+#[test]
+fn source_links_are_the_first_items_by_url_whatever_the_row_order() {
+    let mut fwd = ChipSpan::default();
+    let mut rev = ChipSpan::default();
+    let n = SOURCE_LINKS + 20;
+    let uri = |i: usize| format!("https://x/items/{i:04}");
+    for i in 0..n {
+        fwd.add_source(&uri(i), "id");
+        fwd.add_source(&uri(i), "id");
+        rev.add_source(&uri(n - 1 - i), "id");
+    }
+    assert_eq!(fwd.sources, rev.sources);
+    assert_eq!(fwd.sources.len(), SOURCE_LINKS);
+    assert!(fwd.more_sources && rev.more_sources);
+    assert_eq!(fwd.sources.keys().last(), Some(&uri(SOURCE_LINKS - 1)));
+    let mut few = ChipSpan::default();
+    few.add_source("a", "1");
+    few.add_source("a", "1");
+    assert!(!few.more_sources && few.sources.len() == 1);
+}
+
+#[test]
+fn schema_1_batches_have_no_datetime_and_bad_bboxes_are_errors() {
+    let mut s = ChipSpan::default();
+    add_batch(&mut s, &batch(&[Some([0.0, 0.0, 1.0, 1.0]), None], None)).unwrap();
+    assert_eq!((s.rows, s.start, s.without_datetime), (2, None, 2));
+    assert_eq!(s.bbox, Some([0.0, 0.0, 1.0, 1.0]));
+    for bad in [[2.0, 0.0, 1.0, 1.0], [0.0, f64::NAN, 1.0, 1.0]] {
+        let e = add_batch(&mut ChipSpan::default(), &batch(&[Some(bad)], None)).unwrap_err();
+        assert!(e.contains("row 0 has the bbox"), "{e}");
+    }
+}
+
+#[test]
+fn items_point_at_their_chip_file_and_collection_by_relative_hrefs() {
+    let ctx = Context::new(&spec(None)).unwrap();
+    let span = ChipSpan {
+        rows: 3,
+        bbox: Some([1.0, 2.0, 3.0, 4.0]),
+        start: Some(JUNE_1),
+        end: Some(JUNE_1),
+        ..ChipSpan::default()
+    };
+    let item = item(&ctx, &file("t1"), &span).unwrap();
+    let v = serde_json::to_value(&item).unwrap();
+    assert_eq!(v["id"], "t1");
+    assert_eq!(v["stac_version"], "1.1.0");
+    assert_eq!(v["collection"], ctx.id);
+    assert_eq!(v["bbox"], json!([1.0, 2.0, 3.0, 4.0]));
+    assert_eq!(v["geometry"]["type"], "Polygon");
+    let a = &v["assets"]["embeddings"];
+    assert_eq!(a["href"], "../../chips/t1.parquet");
+    assert_eq!(a["type"], PARQUET);
+    assert_eq!(a["roles"], json!(["data"]));
+    assert_eq!(a["file:size"], 1234);
+    assert_eq!(a["file:checksum"], format!("1220{}", "ef".repeat(32)));
+    for l in v["links"].as_array().unwrap() {
+        assert_eq!(l["href"], "../collection.json", "{l}");
+    }
+    let p = &v["properties"];
+    assert_eq!(p["datetime"], "2024-06-01T00:00:00Z");
+    assert!(p.get("start_datetime").is_none());
+    assert_eq!(p["rsembed:datetime_source"], "acquisition");
+    assert_eq!(p["processing:datetime"], "2025-01-02T03:04:05Z");
+    assert_eq!(p["emb:runtime_parameters"]["chip_size"], 64);
+    assert!(v["stac_extensions"]
+        .as_array()
+        .unwrap()
+        .contains(&json!(EMBEDDINGS_EXTENSION)));
+}
+
+#[test]
+fn a_range_gives_start_and_end_and_no_times_give_the_processing_time() {
+    let ctx = Context::new(&spec(None)).unwrap();
+    let range = ChipSpan {
+        rows: 2,
+        start: Some(JUNE_1),
+        end: Some(JUNE_1 + DAY_US),
+        without_datetime: 1,
+        ..ChipSpan::default()
+    };
+    let v = serde_json::to_value(item(&ctx, &file("t"), &range).unwrap()).unwrap();
+    let p = &v["properties"];
+    assert_eq!(p["datetime"], Value::Null);
+    assert_eq!(p["start_datetime"], "2024-06-01T00:00:00Z");
+    assert_eq!(p["end_datetime"], "2024-06-02T00:00:00Z");
+    assert_eq!(p["rsembed:chips_without_datetime"], 1);
+    // No footprint: null geometry and no bbox.
+    assert_eq!(v["geometry"], Value::Null);
+    assert!(v.get("bbox").is_none());
+
+    let none = ChipSpan {
+        rows: 2,
+        without_datetime: 2,
+        ..ChipSpan::default()
+    };
+    let v = serde_json::to_value(item(&ctx, &file("t"), &none).unwrap()).unwrap();
+    assert_eq!(v["properties"]["datetime"], "2025-01-02T03:04:05Z");
+    assert_eq!(v["properties"]["rsembed:datetime_source"], "processing");
+    assert!(v["properties"]
+        .get("rsembed:chips_without_datetime")
+        .is_none());
+}
+
+#[test]
+fn the_collection_has_the_extension_fields_extent_and_links() {
+    let ctx = Context::new(&spec(Some(StacSearch {
+        collections: vec!["s2".into()],
+        ..StacSearch::default()
+    })))
+    .unwrap();
+    let extent = ChipSpan {
+        rows: 7,
+        bbox: Some([1.0, 2.0, 3.0, 4.0]),
+        start: Some(JUNE_1),
+        end: Some(JUNE_1 + DAY_US),
+        ..ChipSpan::default()
+    };
+    let c = collection(&ctx, &["a".into(), "b".into()], &extent, "float32").unwrap();
+    let v = serde_json::to_value(&c).unwrap();
+    assert_eq!(v["type"], "Collection");
+    assert_eq!(v["stac_version"], "1.1.0");
+    assert_eq!(v["stac_extensions"], json!([EMBEDDINGS_EXTENSION]));
+    assert_eq!(v["emb:type"], "chip");
+    assert_eq!(v["emb:dimensions"], 8);
+    assert_eq!(v["data_type"], "float32");
+    assert_eq!(v["emb:chip_layout"]["stride"], json!([32, 32]));
+    assert_eq!(v["rsembed:model"]["name"], "tiny");
+    assert_eq!(v["rsembed:model"]["sha256"], "ab".repeat(32));
+    assert_eq!(v["rsembed:chips"], 7);
+    assert_eq!(
+        v["extent"]["spatial"]["bbox"],
+        json!([[1.0, 2.0, 3.0, 4.0]])
+    );
+    assert_eq!(
+        v["extent"]["temporal"]["interval"],
+        json!([["2024-06-01T00:00:00Z", "2024-06-02T00:00:00Z"]])
+    );
+    let links = v["links"].as_array().unwrap();
+    let href = |rel: &str| -> Vec<&str> {
+        links
+            .iter()
+            .filter(|l| l["rel"] == rel)
+            .map(|l| l["href"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(href("item"), ["./items/a.json", "./items/b.json"]);
+    assert_eq!(href("root"), ["./collection.json"]);
+    assert_eq!(href("emb:model"), ["../job.json"]);
+    assert_eq!(
+        href("emb:source-data"),
+        ["https://stac.example/v1/search?collections=s2"]
+    );
+    assert_eq!(v["item_assets"]["embeddings"]["type"], PARQUET);
+
+    // No chip has a footprint or a time: the world, and the processing time.
+    let c = collection(&ctx, &[], &ChipSpan::default(), "float32").unwrap();
+    let v = serde_json::to_value(&c).unwrap();
+    assert_eq!(
+        v["extent"]["spatial"]["bbox"],
+        json!([[-180.0, -90.0, 180.0, 90.0]])
+    );
+    assert_eq!(
+        v["extent"]["temporal"]["interval"],
+        json!([["2025-01-02T03:04:05Z", "2025-01-02T03:04:05Z"]])
+    );
+}
+
+#[test]
+fn the_source_link_is_the_search_url_of_an_api_and_the_input_otherwise() {
+    let s = StacSearch {
+        collections: vec!["sentinel-2-l2a".into(), "landsat".into()],
+        bbox: Some([-1.5, 2.0, 3.0, 4.25]),
+        datetime: Some("2024-06-01T00:00:00Z/..".into()),
+        ids: vec!["a b".into()],
+        filter: Some("platform = 'sentinel-2a'".into()),
+        max_items: Some(5),
+        cloud_cover_max: Some(20.0),
+    };
+    let url = search_url("https://earth-search.example/v1/", &s).unwrap();
+    let parsed = url::Url::parse(&url).unwrap();
+    assert_eq!(parsed.path(), "/v1/search");
+    let q: Vec<(String, String)> = parsed.query_pairs().into_owned().collect();
+    let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    assert_eq!(get("collections"), Some("sentinel-2-l2a,landsat"));
+    assert_eq!(get("bbox"), Some("-1.5,2,3,4.25"));
+    assert_eq!(get("datetime"), Some("2024-06-01T00:00:00Z/.."));
+    assert_eq!(get("ids"), Some("a b"));
+    assert_eq!(
+        get("filter"),
+        Some("(platform = 'sentinel-2a') AND \"eo:cloud_cover\" <= 20")
+    );
+    assert_eq!(get("filter-lang"), Some("cql2-text"));
+
+    // Documents are linked as they are; the search rides along.
+    for doc in [
+        "https://x.example/catalog.json",
+        "https://x.example/items.ndjson",
+        "s3://bucket/items.parquet",
+        "file:///data/collection.json",
+    ] {
+        assert_eq!(search_url(doc, &s), None, "{doc}");
+        let l = source_link(doc, Some(&s)).unwrap();
+        assert_eq!(l.href, doc);
+        assert_eq!(l.additional_fields["rsembed:search"]["max_items"], 5);
+    }
+    let l = source_link("file:///images/", None).unwrap();
+    assert_eq!(
+        (l.href.as_str(), l.rel.as_str()),
+        ("file:///images/", "emb:source-data")
+    );
+}
+
+#[test]
+fn a_manifest_path_that_is_not_a_chip_file_is_an_error() {
+    let ctx = Context::new(&spec(None)).unwrap();
+    let mut f = file("x");
+    f.path = "chips/.parquet".into();
+    assert!(item(&ctx, &f, &ChipSpan::default()).is_err());
+}
+
+fn chip(bbox: Option<[f64; 4]>, times: (Option<i64>, Option<i64>)) -> ChipRow {
+    let item = times.0.map(|t| format!("S2_{t}"));
+    ChipRow {
+        chip_id: "00".repeat(16),
+        source_uri: item.as_ref().map_or("file:///in/a.tif".into(), |i| {
+            format!("https://stac.example/v1/collections/s2/items/{i}")
+        }),
+        source_version: None,
+        window: Window {
+            x: 0,
+            y: 0,
+            width: 64,
+            height: 64,
+        },
+        valid_fraction: 1.0,
+        crs: None,
+        footprint: bbox.map(|b| Footprint {
+            wkb: vec![],
+            bbox: b,
+            centre: [(b[0] + b[2]) / 2.0, (b[1] + b[3]) / 2.0],
+        }),
+        embedding: vec![0.5; 8],
+        stac: StacColumns {
+            item_id: item,
+            datetime: times.0,
+            end_datetime: times.1,
+            ..StacColumns::default()
+        },
+    }
+}
+
+/// Writes `batch` as a chip file of `out` and returns its manifest entry.
+async fn put_chips(out: &Location, task: &str, batch: &RecordBatch) -> ManifestFile {
+    let bytes = encode_chips(batch, vec![]).unwrap();
+    let f = ManifestFile {
+        path: format!("chips/{task}.parquet"),
+        rows: batch.num_rows() as u64,
+        sha256: "00".repeat(32),
+        bytes: bytes.len() as u64,
+    };
+    out.store
+        .put(&out.child(&f.path), PutPayload::from(bytes))
+        .await
+        .unwrap();
+    f
+}
+
+async fn get_json(out: &Location, rel: &str) -> Value {
+    let b = out.store.get(&out.child(rel)).await.unwrap();
+    serde_json::from_slice(&b.bytes().await.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn write_reads_both_schema_versions_through_the_store_and_drops_stale_items() {
+    let out = Location {
+        store: Arc::new(InMemory::new()),
+        prefix: object_store::path::Path::from("job"),
+        url: url::Url::parse("memory:///job").unwrap(),
+    };
+    let spec = spec(None);
+    // Schema 2, with acquisition times (one a range) and footprints.
+    let a = chip_batch(
+        &[
+            chip(Some([1.0, 2.0, 3.0, 4.0]), (Some(JUNE_1), None)),
+            chip(
+                Some([0.0, 3.0, 2.0, 5.0]),
+                (Some(JUNE_1 + DAY_US), Some(JUNE_1 + 2 * DAY_US)),
+            ),
+        ],
+        8,
+    )
+    .unwrap();
+    // Schema 2 with every STAC column null and no footprint.
+    let b = chip_batch(&[chip(None, (None, None))], 8).unwrap();
+    // Schema 1: the columns before the STAC ones.
+    let c = chip_batch(&[chip(Some([-5.0, -5.0, -4.0, -4.0]), (None, None))], 8).unwrap();
+    let c = c.project(&(0..14).collect::<Vec<_>>()).unwrap();
+    assert!(c.schema().index_of(col::DATETIME).is_err());
+    let files = vec![
+        put_chips(&out, "a", &a).await,
+        put_chips(&out, "b", &b).await,
+        put_chips(&out, "c", &c).await,
+    ];
+    put(&out, "stac/items/gone.json", &json!({})).await.unwrap();
+    let m = crate::job::output::manifest(&spec, 3, files, vec![], vec![], vec![], vec![]);
+
+    let w = write(&out, &spec, &m).await.unwrap();
+    assert_eq!((w.items, w.removed), (3, 1));
+    assert_eq!(w.collection, "memory:///job/stac/collection.json");
+
+    let ia = get_json(&out, "stac/items/a.json").await;
+    assert_eq!(ia["bbox"], json!([0.0, 2.0, 3.0, 5.0]));
+    assert_eq!(ia["properties"]["datetime"], Value::Null);
+    assert_eq!(ia["properties"]["start_datetime"], "2024-06-01T00:00:00Z");
+    assert_eq!(ia["properties"]["end_datetime"], "2024-06-03T00:00:00Z");
+    assert_eq!(ia["properties"]["rsembed:datetime_source"], "acquisition");
+    assert_eq!(ia["properties"]["rsembed:chips"], 2);
+    let sources: Vec<&Value> = ia["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["rel"] == "emb:source-data")
+        .collect();
+    assert_eq!(sources.len(), 2, "one link per source item: {ia}");
+    assert_eq!(
+        sources[0]["href"],
+        format!("https://stac.example/v1/collections/s2/items/S2_{JUNE_1}")
+    );
+    assert_eq!(sources[0]["title"], format!("source item S2_{JUNE_1}"));
+    for (id, bbox) in [("b", Value::Null), ("c", json!([-5.0, -5.0, -4.0, -4.0]))] {
+        let i = get_json(&out, &format!("stac/items/{id}.json")).await;
+        assert_eq!(i["properties"]["datetime"], "2025-01-02T03:04:05Z", "{id}");
+        assert_eq!(i["properties"]["rsembed:datetime_source"], "processing");
+        assert_eq!(i.get("bbox").cloned().unwrap_or(Value::Null), bbox, "{id}");
+    }
+    let col = get_json(&out, COLLECTION_FILE).await;
+    assert_eq!(
+        col["extent"]["spatial"]["bbox"],
+        json!([[-5.0, -5.0, 3.0, 5.0]])
+    );
+    // Acquisition times and the processing time of the chips without one.
+    assert_eq!(
+        col["extent"]["temporal"]["interval"],
+        json!([["2024-06-01T00:00:00Z", "2025-01-02T03:04:05Z"]])
+    );
+    assert_eq!(col["rsembed:chips"], 4);
+    assert_eq!(col["data_type"], "float32");
+    let gone = out.store.get(&out.child("stac/items/gone.json")).await;
+    assert!(matches!(gone, Err(object_store::Error::NotFound { .. })));
+
+    // Again: the same bytes.
+    let before = out.store.get(&out.child(COLLECTION_FILE)).await.unwrap();
+    let before = before.bytes().await.unwrap();
+    write(&out, &spec, &m).await.unwrap();
+    let after = out.store.get(&out.child(COLLECTION_FILE)).await.unwrap();
+    assert_eq!(after.bytes().await.unwrap(), before);
+}
+
+#[tokio::test]
+async fn a_missing_chip_file_is_a_store_error_and_a_broken_one_a_task_file_error() {
+    let out = Location {
+        store: Arc::new(InMemory::new()),
+        prefix: object_store::path::Path::from("job"),
+        url: url::Url::parse("memory:///job").unwrap(),
+    };
+    let spec = spec(None);
+    let m =
+        crate::job::output::manifest(&spec, 1, vec![file("gone")], vec![], vec![], vec![], vec![]);
+    let e = write(&out, &spec, &m).await.unwrap_err();
+    assert!(matches!(e, Error::ReadOutput { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("memory:///job/chips/gone.parquet"),
+        "{e}"
+    );
+
+    let mut f = file("junk");
+    f.bytes = 4096;
+    out.store
+        .put(&out.child(&f.path), PutPayload::from(vec![7u8; 4096]))
+        .await
+        .unwrap();
+    let m = crate::job::output::manifest(&spec, 1, vec![f], vec![], vec![], vec![], vec![]);
+    let e = write(&out, &spec, &m).await.unwrap_err();
+    assert!(matches!(e, Error::TaskFile { .. }), "{e:?}");
+    // Nothing claims the job is described.
+    let c = out.store.get(&out.child(COLLECTION_FILE)).await;
+    assert!(matches!(c, Err(object_store::Error::NotFound { .. })));
+}
