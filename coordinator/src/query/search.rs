@@ -17,7 +17,7 @@
 //!   name, not the graph sha256, is compared, so a search does not hash a
 //!   gigabyte of ONNX on every query.
 //! - `--datetime` and `--max-cloud` exclude chips that lack the property
-//!   (see [`crate::query::filter`]) and say how many on stderr.
+//!   (`query/filter.rs`) and say how many on stderr.
 
 use std::collections::BTreeMap;
 use std::io::Write;
