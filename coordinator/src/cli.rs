@@ -527,6 +527,18 @@ pub struct SearchArgs {
     /// Only chips whose footprint's bbox intersects W,S,E,N (lon/lat degrees).
     #[arg(long, env = "RSEMBED_BBOX", value_parser = parse_bbox, allow_hyphen_values = true)]
     pub(crate) bbox: Option<[f64; 4]>,
+    /// Only chips acquired in this RFC 3339 instant or interval
+    /// (`2024-06-01T00:00:00Z/2024-08-31T23:59:59Z`, open ends as `..`), ends
+    /// included: those whose `datetime` (or `datetime`..`end_datetime` range)
+    /// overlaps it. Chips without a `datetime` (inputs that were not STAC
+    /// items, files of schema version 1) are excluded, and counted on stderr.
+    #[arg(long, env = "RSEMBED_DATETIME", value_parser = crate::query::filter::parse_datetime)]
+    pub(crate) datetime: Option<String>,
+    /// Only chips whose `cloud_fraction` is at most this (0-1). Chips without
+    /// one (no `--cloud-mask` in their job, schema version 1) are excluded,
+    /// and counted on stderr.
+    #[arg(long, env = "RSEMBED_MAX_CLOUD", value_parser = crate::query::filter::parse_fraction)]
+    pub(crate) max_cloud: Option<f32>,
     /// Search by the embedding of this chip of the index instead of a text
     /// (the chip itself is left out of the results).
     #[arg(

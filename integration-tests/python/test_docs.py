@@ -115,8 +115,9 @@ def main():
             if lang == "sql":
                 rel = con.sql(code)
                 assert rel is not None, "the block's last statement must be a query"
-                value = rel.fetchall()
-                shown = value[:3]
+                # Through Arrow: DuckDB's Python rows of a TIMESTAMPTZ need pytz.
+                value = rel.arrow().read_all()
+                shown = value.slice(0, 3).to_pylist()
             else:
                 value = run_python(code, ns)
                 shown = repr(value)[:300]

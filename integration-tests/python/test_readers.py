@@ -18,7 +18,9 @@ import json
 import math
 import os
 import re
+import shutil
 import sys
+import tempfile
 import traceback
 
 import duckdb
@@ -30,6 +32,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pyproj
 import shapely
+
+import stamp_stac
 
 # parquet-rs statistics (DuckDB's parquet_metadata() view names).
 STATS_COLUMNS = [
@@ -71,8 +75,10 @@ class Ctx:
 
 
 def expected_schema(dim):
-    """The chip schema of ../shared/DESIGN.md, "Contract: output dataset"."""
+    """The chip schema of ../shared/DESIGN.md, "Contract: output dataset",
+    version 2: the 14 columns of version 1 and the five STAC ones appended."""
     f64 = lambda n: pa.field(n, pa.float64(), nullable=False)  # noqa: E731
+    ts = pa.timestamp("us", tz="UTC")
     return pa.schema(
         [
             pa.field("chip_id", pa.string(), nullable=False),
@@ -97,6 +103,11 @@ def expected_schema(dim):
                 pa.list_(pa.field("item", pa.float32(), nullable=False), dim),
                 nullable=False,
             ),
+            pa.field("item_id", pa.string(), nullable=True),
+            pa.field("collection", pa.string(), nullable=True),
+            pa.field("datetime", ts, nullable=True),
+            pa.field("cloud_fraction", pa.float32(), nullable=True),
+            pa.field("end_datetime", ts, nullable=True),
         ]
     )
 
@@ -193,7 +204,7 @@ def check_pyarrow_metadata(ctx):
         assert col["bbox"] == extent, f"geo bbox {col['bbox']} != extent of the rows {extent}"
 
         meta = json.loads(kv["rsembed"])
-        assert meta["schema_version"] == 1, meta
+        assert meta["schema_version"] == 2, meta
         assert meta["job_id"] == ctx.job["job_id"], meta
         assert meta["job_fingerprint"] == ctx.job["fingerprint"], meta
         assert len(meta["job_fingerprint"]) == 32, meta
@@ -362,6 +373,9 @@ def check_duckdb_types(ctx):
     assert types["geometry"] == "GEOMETRY('OGC:CRS84')", types["geometry"]
     assert types["embedding"] == "FLOAT[]", types["embedding"]
     assert types["bbox"] == "STRUCT(xmin DOUBLE, ymin DOUBLE, xmax DOUBLE, ymax DOUBLE)", types["bbox"]
+    for c in ("datetime", "end_datetime"):
+        assert types[c] == "TIMESTAMP WITH TIME ZONE", (c, types[c])
+    assert types["cloud_fraction"] == "FLOAT" and types["item_id"] == "VARCHAR", types
     (t,) = con.execute(
         "SELECT DISTINCT typeof(geometry) FROM read_parquet(?) WHERE geometry IS NOT NULL", [ctx.glob]
     ).fetchone()
@@ -475,6 +489,8 @@ def check_polars(ctx):
         {"xmin": pl.Float64, "ymin": pl.Float64, "xmax": pl.Float64, "ymax": pl.Float64}
     ), schema["bbox"]
     assert schema["geometry"] == pl.Binary and schema["x"] == pl.Int32, schema
+    assert schema["datetime"] == pl.Datetime("us", "UTC"), schema["datetime"]
+    assert schema["cloud_fraction"] == pl.Float32, schema["cloud_fraction"]
     q = pl.lit(pl.Series([ctx.q.tolist()], dtype=pl.Array(pl.Float32, ctx.dim)))
     top = (
         lf.select("chip_id", score=(pl.col("embedding") * q).arr.sum())
@@ -491,6 +507,65 @@ def check_polars(ctx):
         .collect()
     )
     ranked(ctx, list(zip(top["chip_id"], top["score"])), "polars list dot product")
+
+
+# ------------------------------------------------------------- schema versions
+
+
+def as_version_1(path):
+    """Rewrites a chip file as schema version 1 wrote it: its first 14 columns,
+    `schema_version` 1 in its `rsembed` metadata."""
+    t = pq.read_table(path)
+    t = t.select(t.schema.names[:14])
+    md = dict(t.schema.metadata)
+    meta = json.loads(md[b"rsembed"])
+    meta["schema_version"] = 1
+    md[b"rsembed"] = json.dumps(meta).encode()
+    pq.write_table(t.replace_schema_metadata(md), path, use_compliant_nested_type=False)
+
+
+def check_mixed_schema_versions(ctx):
+    """A folder of version 1 and 2 files reads whole the ways docs/querying.md
+    says ("Files of schema version 1"): version 1 rows null in the new columns."""
+    work = tempfile.mkdtemp(prefix="rsembed-mixed-")
+    try:
+        shutil.copytree(os.path.join(ctx.split), os.path.join(work, "out"))
+        stamp_stac.main_for(os.path.join(work, "out"))
+        files = sorted(glob.glob(os.path.join(work, "out", "chips", "*.parquet")))
+        # The first file (the one every reader takes its schema from) is version 1.
+        v1 = files[0]
+        v1_rows = pq.ParquetFile(v1).metadata.num_rows
+        as_version_1(v1)
+        assert len(pq.read_schema(v1)) == 14 and len(pq.read_schema(files[1])) == 19
+        rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        with_dt = sum(pc.count(pq.read_table(f, columns=["datetime"])["datetime"]).as_py() for f in files[1:])
+        assert with_dt > 0, "the stamped files have datetimes"
+        glob_ = os.path.join(work, "out", "chips", "*.parquet")
+        con = duckdb.connect()
+        got = con.execute(
+            "SELECT count(*), count(datetime), count(*) FILTER (WHERE filename = ? AND datetime IS NULL "
+            "AND item_id IS NULL AND cloud_fraction IS NULL) "
+            "FROM read_parquet(?, union_by_name = true, filename = true)",
+            [v1, glob_],
+        ).fetchone()
+        assert got == (rows, with_dt, v1_rows), (got, rows, with_dt, v1_rows)
+        # Without union_by_name, DuckDB keeps the first file's columns.
+        cols = [r[0] for r in con.execute("DESCRIBE SELECT * FROM read_parquet(?)", [glob_]).fetchall()]
+        assert "datetime" not in cols, cols
+        schema = pa.unify_schemas([pq.read_schema(f) for f in files])
+        table = pq.read_table(os.path.join(work, "out", "chips"), schema=schema)
+        assert table.num_rows == rows and pc.count(table["datetime"]).as_py() == with_dt
+        gdf = gpd.read_parquet(os.path.join(work, "out", "chips"), schema=schema)
+        assert len(gdf) == rows and gdf["datetime"].notna().sum() == with_dt
+        assert gdf.crs == pyproj.CRS("OGC:CRS84")
+        plain = gpd.read_parquet(os.path.join(work, "out", "chips"))
+        assert "datetime" not in plain.columns, "without the schema, the first file's columns"
+        chips = pl.concat([pl.scan_parquet(f) for f in files], how="diagonal")
+        n, dts = chips.select(pl.len(), pl.col("datetime").count()).collect().row(0)
+        assert (n, dts) == (rows, with_dt), (n, dts)
+        print(f"  {rows} chips, {v1_rows} of version 1, {with_dt} with a datetime: DuckDB, PyArrow, GeoPandas, Polars")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------- runner

@@ -12,6 +12,9 @@ use std::process::Output;
 use rsembed_coordinator::query::compact::{hilbert_key, parse_chip_id, Key};
 use rsembed_integration_tests::*;
 use serde_json::Value;
+use stac_chips::{FileSpec, Kind, MAY_2023, MAY_2024};
+
+mod stac_chips;
 
 /// `rsembed run --task-files 1` (one chip file per input), which must exit with `code`.
 fn embed(input: &Path, out: &Path, code: i32) {
@@ -40,8 +43,13 @@ fn read_json(p: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
+/// The chip files of `d`, by column name: a dataset may hold files of chip
+/// schema versions 1 and 2.
 fn glob(d: &Path) -> String {
-    format!("read_parquet('{}/chips/*.parquet')", d.display())
+    format!(
+        "read_parquet('{}/chips/*.parquet', union_by_name=true)",
+        d.display()
+    )
 }
 
 fn count(sql: &str) -> u64 {
@@ -415,4 +423,107 @@ fn files_rewritten_by_pyarrow_compact() {
     let out = tmp.path().join("compacted");
     let summary = compact_ok(&src, &out, &["--target-size", "20KB"]);
     check_compaction(&src, &out, &summary);
+}
+
+/// Columns, `rsembed` schema_version and rows of each file of a dataset.
+fn file_versions(d: &Path) -> Vec<(usize, u64, u64)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(d.join("chips"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|f| {
+            let cols = duckdb(&format!(
+                "SELECT count(*) FROM (DESCRIBE SELECT * FROM '{}')",
+                f.display()
+            ))[0][0]
+                .as_u64()
+                .unwrap() as usize;
+            let kv = duckdb(&format!(
+                "SELECT decode(value) FROM parquet_kv_metadata('{}') WHERE decode(key) = 'rsembed'",
+                f.display()
+            ));
+            let meta: Value = serde_json::from_str(kv[0][0].as_str().unwrap()).unwrap();
+            let rows = count(&format!("SELECT count(*) FROM '{}'", f.display()));
+            (cols, meta["schema_version"].as_u64().unwrap(), rows)
+        })
+        .collect()
+}
+
+fn spec(name: &'static str, kind: Kind, rows: usize, lon: f64) -> FileSpec {
+    FileSpec {
+        name,
+        kind,
+        rows,
+        lon,
+    }
+}
+
+#[test]
+fn schema_versions_1_2_and_mixed_compact_with_their_columns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let v1 = [
+        spec("a-v1", Kind::V1, 50, -100.0),
+        spec("b-v1", Kind::V1, 30, -99.0),
+    ];
+    let v2 = [
+        spec("c-stac", Kind::Stac { base: MAY_2024 }, 60, -98.0),
+        spec("d-plain", Kind::Plain, 40, -97.0),
+    ];
+    let mixed = [
+        v1[0],
+        v2[0],
+        spec("e-stac", Kind::Stac { base: MAY_2023 }, 30, -96.0),
+    ];
+    for (name, files, version) in [
+        ("v1", &v1[..], 1u64),
+        ("v2", &v2[..], 2),
+        ("mixed", &mixed[..], 2),
+    ] {
+        let src = tmp.path().join(name);
+        stac_chips::write_job(&src, files);
+        let out = tmp.path().join(format!("{name}-compacted"));
+        let summary = compact_ok(&src, &out, &["--target-size", "20KB"]);
+        // Every row once, every column equal (the v1 rows of a mixed source
+        // null in the new columns, as DuckDB's union_by_name reads them).
+        let manifest = check_compaction(&src, &out, &summary);
+        assert_eq!(manifest["schema_version"], version, "{name}");
+        let parts = file_versions(&out);
+        assert!(parts.len() >= 2, "{name}: several parts");
+        let want_cols = if version == 1 { 14 } else { 19 };
+        for (cols, v, _) in &parts {
+            assert_eq!((*cols, *v), (want_cols, version), "{name}: {parts:?}");
+        }
+        let rows: usize = files.iter().map(|f| f.rows).sum();
+        assert_eq!(
+            parts.iter().map(|p| p.2).sum::<u64>(),
+            rows as u64,
+            "{name}"
+        );
+        if version == 2 {
+            // The STAC values survive, the rows without them stay null.
+            let q = |d: &Path| {
+                duckdb(&format!(
+                    "SELECT count(item_id), count(collection), count(datetime), \
+                     count(end_datetime), count(cloud_fraction), \
+                     sum(epoch_us(datetime)), sum(cloud_fraction) FROM {}",
+                    glob(d)
+                ))
+            };
+            let (a, b) = (q(&src), q(&out));
+            assert_eq!(a, b, "{name}");
+            assert!(a[0][2].as_u64().unwrap() > 0, "{name}: {a}");
+        }
+        // And search reads it as it reads the source.
+        let q = src.join("q.json");
+        let args = [
+            "--vector",
+            q.to_str().unwrap(),
+            "--datetime",
+            "2023-01-01T00:00:00Z/..",
+        ];
+        assert_eq!(search(&out, &args), search(&src, &args), "{name}");
+    }
 }

@@ -6,6 +6,9 @@ use std::path::{Path, PathBuf};
 
 use rsembed_integration_tests::*;
 use serde_json::{json, Value};
+use stac_chips::{FileSpec, Kind, MAY_2023, MAY_2024};
+
+mod stac_chips;
 
 fn reference_texts() -> Vec<(String, Vec<f64>)> {
     let r: Value =
@@ -533,4 +536,325 @@ fn classify_refuses_existing_and_unwritable_outputs() {
         assert!(err.contains(cause), "{err}");
         assert!(!err.contains("panicked"), "{err}");
     }
+}
+
+// ---- Schema versions 1 and 2 in one index: --datetime and --max-cloud ----
+
+/// A finished job of four chip files, one row group each: schema version 1
+/// (no STAC columns), STAC items of summer 2024, plain inputs in version 2
+/// (the columns null) and STAC items of 2023.
+fn mixed_index(tmp: &Path) -> PathBuf {
+    let root = tmp.join("mixed");
+    stac_chips::write_job(
+        &root,
+        &[
+            FileSpec {
+                name: "a-v1",
+                kind: Kind::V1,
+                rows: 50,
+                lon: -100.0,
+            },
+            FileSpec {
+                name: "b-stac-2024",
+                kind: Kind::Stac { base: MAY_2024 },
+                rows: 60,
+                lon: -99.0,
+            },
+            FileSpec {
+                name: "c-plain",
+                kind: Kind::Plain,
+                rows: 40,
+                lon: -98.0,
+            },
+            FileSpec {
+                name: "d-stac-2023",
+                kind: Kind::Stac { base: MAY_2023 },
+                rows: 30,
+                lon: -97.0,
+            },
+        ],
+    );
+    root
+}
+
+/// The number before `label` in search's closing line.
+fn closing_count(stderr: &str, label: &str) -> Option<u64> {
+    let line = stderr.lines().find(|l| l.starts_with("rsembed search:"))?;
+    let before = line.split(label).next().filter(|b| b.len() < line.len())?;
+    before.split_whitespace().last()?.parse().ok()
+}
+
+/// `search --vector q.json` over every chip that passes `filter`: the chip
+/// ids it returns, sorted, with its stderr.
+fn filtered(index: &Path, filter: &[&str]) -> (Vec<String>, Vec<Value>, String) {
+    let q = index.join("q.json");
+    let args: Vec<&str> = [
+        "--vector",
+        q.to_str().unwrap(),
+        "--top-k",
+        "100000",
+        "--json",
+    ]
+    .into_iter()
+    .chain(filter.iter().copied())
+    .collect();
+    let (o, err) = search(index, &args);
+    let rows: Vec<Value> = o
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let mut ids: Vec<String> = rows
+        .iter()
+        .map(|r| r["chip_id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    (ids, rows, err)
+}
+
+/// DuckDB over the same files (every schema version, by name).
+fn duck_ids(index: &Path, wheres: &str) -> Vec<String> {
+    let v = duckdb(&format!(
+        "SELECT chip_id FROM read_parquet('{}/chips/*.parquet', union_by_name=true) \
+         WHERE {wheres} ORDER BY chip_id",
+        index.display()
+    ));
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[0].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn duck_count(index: &Path, wheres: &str) -> u64 {
+    duckdb(&format!(
+        "SELECT count(*) FROM read_parquet('{}/chips/*.parquet', union_by_name=true) WHERE {wheres}",
+        index.display()
+    ))[0][0]
+        .as_u64()
+        .unwrap()
+}
+
+/// The overlap of a chip's [datetime, end_datetime] with [from, to], in SQL.
+fn overlaps(from: Option<&str>, to: Option<&str>) -> String {
+    let mut w = vec!["datetime IS NOT NULL".to_owned()];
+    if let Some(to) = to {
+        w.push(format!("datetime <= TIMESTAMPTZ '{to}'"));
+    }
+    if let Some(from) = from {
+        w.push(format!(
+            "greatest(datetime, coalesce(end_datetime, datetime)) >= TIMESTAMPTZ '{from}'"
+        ));
+    }
+    w.join(" AND ")
+}
+
+#[test]
+fn datetime_and_max_cloud_select_what_duckdb_selects_over_both_schema_versions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = mixed_index(tmp.path());
+    let (summer_from, summer_to) = ("2024-06-01T00:00:00Z", "2024-08-31T23:59:59Z");
+    let summer = format!("{summer_from}/{summer_to}");
+    let in_summer = overlaps(Some(summer_from), Some(summer_to));
+
+    // --datetime: the chips whose acquisition overlaps summer 2024; those
+    // without a datetime (the v1 file, the plain inputs, rows of STAC files
+    // without an item) are excluded and counted. Only the 2024 file is read:
+    // the others are ruled out, and their missing counted, from statistics.
+    let (ids, rows, err) = filtered(&index, &["--datetime", &summer]);
+    let want = duck_ids(&index, &in_summer);
+    assert!(!want.is_empty() && want.len() < 60, "{}", want.len());
+    assert_eq!(ids, want, "{err}");
+    let no_dt = duck_count(&index, "datetime IS NULL");
+    assert_eq!(
+        no_dt,
+        50 + 40 + 8 + 4,
+        "the fixture's rows without a datetime"
+    );
+    assert_eq!(
+        closing_count(&err, "chips without a datetime"),
+        Some(no_dt),
+        "{err}"
+    );
+    assert_eq!(groups_read(&err), (1, 4), "{err}");
+    assert_eq!(
+        closing_count(&err, "of"),
+        Some(want.len() as u64),
+        "scored: {err}"
+    );
+    // A range that starts before the interval and ends in it overlaps it.
+    let spanning = duck_ids(
+        &index,
+        &format!("{in_summer} AND datetime < TIMESTAMPTZ '{summer_from}'"),
+    );
+    assert!(
+        !spanning.is_empty(),
+        "the fixture has a range across June 1st"
+    );
+    assert!(spanning.iter().all(|id| ids.contains(id)));
+
+    // The results carry the item, collection, time (RFC 3339) and cloud,
+    // as DuckDB reads them.
+    let stac = duckdb(&format!(
+        "SELECT chip_id, item_id, collection, strftime(datetime, '%Y-%m-%dT%H:%M:%SZ'), \
+         strftime(end_datetime, '%Y-%m-%dT%H:%M:%SZ'), cloud_fraction \
+         FROM read_parquet('{}/chips/*.parquet', union_by_name=true)",
+        index.display()
+    ));
+    let by_id: std::collections::HashMap<&str, &Value> = stac
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r[0].as_str().unwrap(), r))
+        .collect();
+    for r in &rows {
+        let d = by_id[r["chip_id"].as_str().unwrap()];
+        assert_eq!(r["item_id"], d[1]);
+        assert_eq!(r["collection"], d[2]);
+        assert_eq!(r["datetime"], d[3]);
+        assert_eq!(r.get("end_datetime").unwrap_or(&Value::Null), &d[4]);
+        match d[5].as_f64() {
+            Some(c) => assert!((r["cloud_fraction"].as_f64().unwrap() - c).abs() < 1e-6),
+            None => assert!(r.get("cloud_fraction").is_none(), "{r}"),
+        }
+    }
+
+    // --max-cloud: at most 0.1 cloud; without a cloud fraction, excluded and counted.
+    let (ids, _, err) = filtered(&index, &["--max-cloud", "0.1"]);
+    assert_eq!(ids, duck_ids(&index, "cloud_fraction <= 0.1"), "{err}");
+    let no_cloud = duck_count(&index, "cloud_fraction IS NULL");
+    assert_eq!(
+        closing_count(&err, "chips without a cloud_fraction"),
+        Some(no_cloud),
+        "{err}"
+    );
+    assert_eq!(
+        groups_read(&err),
+        (2, 4),
+        "v1 and plain files skipped: {err}"
+    );
+
+    // Both: a chip is counted under the first filter whose property it lacks.
+    let (ids, _, err) = filtered(&index, &["--datetime", &summer, "--max-cloud", "0.3"]);
+    assert_eq!(
+        ids,
+        duck_ids(&index, &format!("{in_summer} AND cloud_fraction <= 0.3")),
+        "{err}"
+    );
+    assert_eq!(closing_count(&err, "chips without a datetime"), Some(no_dt));
+    assert_eq!(
+        closing_count(&err, "chips without a cloud_fraction"),
+        Some(duck_count(
+            &index,
+            &format!("{in_summer} AND cloud_fraction IS NULL")
+        )),
+        "{err}"
+    );
+
+    // With --bbox (over the v1 file and the 2024 one): the counts are of the
+    // chips in the box; the v1 file's are counted from its bbox column alone.
+    let box_sql =
+        "bbox.xmax >= -99.95 AND bbox.xmin <= -98.95 AND bbox.ymax >= 40.0 AND bbox.ymin <= 40.02";
+    let (ids, _, err) = filtered(
+        &index,
+        &["--bbox=-99.95,40.0,-98.95,40.02", "--datetime", &summer],
+    );
+    assert_eq!(
+        ids,
+        duck_ids(&index, &format!("{box_sql} AND {in_summer}")),
+        "{err}"
+    );
+    let in_box_no_dt = duck_count(&index, &format!("{box_sql} AND datetime IS NULL"));
+    assert!(in_box_no_dt > 0 && in_box_no_dt < no_dt);
+    assert_eq!(
+        closing_count(&err, "chips without a datetime"),
+        Some(in_box_no_dt),
+        "{err}"
+    );
+    assert_eq!(groups_read(&err), (2, 4), "{err}");
+
+    // Open ends, and an instant (the start of a range, and a time inside one).
+    let (ids, _, _) = filtered(&index, &["--datetime", "../2023-12-31T00:00:00Z"]);
+    assert_eq!(
+        ids,
+        duck_ids(&index, &overlaps(None, Some("2023-12-31T00:00:00Z")))
+    );
+    assert!(!ids.is_empty());
+    let (ids, _, _) = filtered(&index, &["--datetime", "2024-07-01T00:00:00Z/.."]);
+    assert_eq!(
+        ids,
+        duck_ids(&index, &overlaps(Some("2024-07-01T00:00:00Z"), None))
+    );
+    let inside = "2024-05-14T00:00:00Z";
+    let (ids, _, _) = filtered(&index, &["--datetime", inside]);
+    assert_eq!(ids, duck_ids(&index, &overlaps(Some(inside), Some(inside))));
+    assert!(!ids.is_empty(), "an item's range covers {inside}");
+
+    // Without filters, every chip of both versions is scored; v1 rows show
+    // no STAC fields.
+    let (ids, rows, _) = filtered(&index, &[]);
+    assert_eq!(ids.len(), 180);
+    let v1 = rows
+        .iter()
+        .find(|r| r["source_uri"].as_str().unwrap().ends_with("a-v1.tif"))
+        .unwrap();
+    assert!(
+        v1.get("item_id").is_none() && v1.get("datetime").is_none(),
+        "{v1}"
+    );
+    // The table shows the STAC columns when a result has them.
+    let (table, _) = search(
+        &index,
+        &[
+            "--vector",
+            index.join("q.json").to_str().unwrap(),
+            "--datetime",
+            &summer,
+        ],
+    );
+    let header = table.lines().next().unwrap();
+    assert!(
+        header.contains("datetime") && header.contains("item_id"),
+        "{table}"
+    );
+    assert!(table.contains("2024-0"), "{table}");
+
+    // Bad values are refused before any work.
+    for (flag, value, says) in [
+        ("--max-cloud", "1.5", "fraction"),
+        ("--max-cloud", "cloudy", "not a number"),
+        ("--datetime", "2024-06-01", "RFC 3339"),
+        (
+            "--datetime",
+            "2024-09-01T00:00:00Z/2024-08-01T00:00:00Z",
+            "after the end",
+        ),
+    ] {
+        let err = search_fails(&index, &["--like", "x", flag, value]);
+        assert!(err.contains(says), "{flag} {value}: {err}");
+    }
+}
+
+#[test]
+fn classify_labels_every_chip_of_both_schema_versions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let index = mixed_index(tmp.path());
+    let labels = tmp.path().join("labels.txt");
+    std::fs::write(&labels, "forest\nriver\nclouds\n").unwrap();
+    let out = tmp.path().join("labels.parquet");
+    let o = run(classify_cmd(&index, &labels, "{}", &out).arg("--json"));
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Keyed by chip_id (it copies no other chip column): every chip of both
+    // versions once, and a join brings the STAC columns back.
+    let n = duckdb(&format!(
+        "SELECT count(*), count(DISTINCT l.chip_id), count(c.datetime) FROM '{}' l \
+         JOIN read_parquet('{}/chips/*.parquet', union_by_name=true) c USING (chip_id)",
+        out.display(),
+        index.display()
+    ));
+    assert_eq!(n[0][0].as_u64(), Some(180));
+    assert_eq!(n[0][1].as_u64(), Some(180));
+    assert_eq!(
+        n[0][2].as_u64(),
+        Some(duck_count(&index, "datetime IS NOT NULL"))
+    );
 }

@@ -3,7 +3,10 @@
 //! query of `docs/querying.md` run against a real dataset (`python/test_docs.py`).
 //!
 //! The datasets are `rsembed run` outputs of `../shared/data/geotiff`; each test
-//! says SKIPPED when it is absent. The Python packages come from
+//! says SKIPPED when it is absent. For the documented queries on the STAC
+//! columns (schema version 2), three of its chip files get STAC values first
+//! (`python/stamp_stac.py`); `test_readers.py` reads a mix of schema versions 1
+//! and 2 as the page says. The Python packages come from
 //! `integration-tests/requirements.txt` (`scripts/setup-test-env.sh`).
 
 use std::path::{Path, PathBuf};
@@ -112,6 +115,11 @@ fn documented_queries_run() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let split = split_dataset(&data.join("geotiff"), tmp.path());
+    python_script(
+        Command::new(python())
+            .arg(script("stamp_stac.py"))
+            .arg(&split),
+    );
     let q = query_vector(tmp.path());
     python_script(
         Command::new(python())

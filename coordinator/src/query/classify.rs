@@ -213,6 +213,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         index.clone(),
         groups,
         vec![col::CHIP_ID, col::EMBEDDING],
+        Vec::new(),
         args.concurrency.unwrap_or_else(default_concurrency),
         Vec::<RecordBatch>::new,
         move |acc: &mut Vec<RecordBatch>, g: GroupRef, _offset, batch: &RecordBatch| {

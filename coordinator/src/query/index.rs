@@ -258,6 +258,12 @@ impl Part {
         self.meta.metadata().file_metadata().num_rows().max(0) as u64
     }
 
+    /// Whether the file has top-level column `name` (files of schema
+    /// version 1 lack the columns version 2 appended).
+    pub(crate) fn has_column(&self, name: &str) -> bool {
+        self.meta.schema().index_of(name).is_ok()
+    }
+
     /// Rows of row group `g`.
     pub(crate) fn group_rows(&self, g: usize) -> usize {
         self.meta.metadata().row_group(g).num_rows().max(0) as usize

@@ -9,6 +9,7 @@
 pub mod classify;
 pub mod compact;
 mod error;
+pub(crate) mod filter;
 pub(crate) mod index;
 pub(crate) mod scan;
 pub mod search;

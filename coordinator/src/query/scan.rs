@@ -19,7 +19,8 @@ pub(crate) fn default_concurrency() -> usize {
     2 * std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
-/// Scans `groups` of `index`, reading `columns`, with `concurrency` row
+/// Scans `groups` of `index`, reading `columns`, and those of `optional`
+/// that a part has (the columns schema version 2 appended), with `concurrency` row
 /// groups in flight, each on its own tokio task (so decoding and scoring use
 /// every core). Each group starts from `init()`; `fold` sees each batch with
 /// the row offset of its first row in the group and folds it into the
@@ -30,6 +31,7 @@ pub(crate) fn scan_groups<T, I, F>(
     index: Arc<Index>,
     groups: Vec<GroupRef>,
     columns: Vec<&'static str>,
+    optional: Vec<&'static str>,
     concurrency: usize,
     init: I,
     fold: F,
@@ -44,7 +46,12 @@ where
     futures::stream::iter(groups)
         .map(move |g| {
             let index = index.clone();
-            let columns = columns.clone();
+            let part = &index.parts[g.part];
+            let columns: Vec<&'static str> = columns
+                .iter()
+                .chain(optional.iter().filter(|c| part.has_column(c)))
+                .copied()
+                .collect();
             let fold = fold.clone();
             let init = init.clone();
             let task = tokio::spawn(async move {

@@ -1,9 +1,10 @@
 //! `rsembed search`: the chips of an index that best match a query.
 //!
-//! Two passes. The scan reads only the `embedding` column (and `bbox` under
-//! `--bbox`) of the row groups the `bbox` statistics keep, scores every row
-//! with one dot product against the unit query vector, and keeps a bounded
-//! top-K per row group, merged at the end. Then only the winners' other
+//! Two passes. The scan reads only the `embedding` column (and the columns
+//! of `--bbox`, `--datetime` and `--max-cloud`) of the row groups the
+//! statistics keep, scores every row that passes the filters with one dot
+//! product against the unit query vector, and keeps a bounded top-K per row
+//! group, merged at the end. Then only the winners' other
 //! columns are read, row by row, by row selection. Memory is a few row
 //! groups' batches plus K hits, whatever the index size.
 //!
@@ -15,6 +16,8 @@
 //!   embedding of another model is meaningless against these images. The
 //!   name, not the graph sha256, is compared, so a search does not hash a
 //!   gigabyte of ONNX on every query.
+//! - `--datetime` and `--max-cloud` exclude chips that lack the property
+//!   (`query/filter.rs`) and say how many on stderr.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -24,6 +27,7 @@ use std::time::Instant;
 
 use arrow_array::{
     Array, BinaryArray, Float32Array, Float64Array, Int32Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray,
 };
 use futures::StreamExt;
 use parquet::file::statistics::Statistics;
@@ -34,7 +38,8 @@ use serde_json::{json, Value};
 
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
-use crate::query::index::{bbox_mask, embeddings, GroupRef, Index, Pruning};
+use crate::query::filter::{Filters, Missing, Verdict};
+use crate::query::index::{embeddings, GroupRef, Index, Pruning};
 use crate::query::scan::{
     default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK,
 };
@@ -69,6 +74,21 @@ pub(crate) struct SearchResult {
     pub(crate) centre_lon: Option<f64>,
     /// Centre, lon/lat.
     pub(crate) centre_lat: Option<f64>,
+    /// The STAC item the chip comes from (schema 2).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) item_id: Option<String>,
+    /// Its collection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) collection: Option<String>,
+    /// Acquisition time (a range's start), RFC 3339, UTC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) datetime: Option<String>,
+    /// The end of the acquisition range, when the item gives one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) end_datetime: Option<String>,
+    /// Share of the chip's valid pixels marked as cloud.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) cloud_fraction: Option<f32>,
     /// Footprint as GeoJSON geometry.
     #[serde(skip)]
     pub(crate) geometry: Option<Value>,
@@ -77,10 +97,12 @@ pub(crate) struct SearchResult {
 /// What the scan did, for the closing line on stderr.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub(crate) struct SearchStats {
-    /// Row-group pruning by `--bbox`.
+    /// Row-group pruning by the filters' statistics.
     pub(crate) pruning: Pruning,
-    /// Rows scored (after the row-level bbox test).
+    /// Rows scored (after the row-level filters).
     pub(crate) rows_scored: u64,
+    /// Chips excluded for lacking the property a filter is on.
+    pub(crate) missing: Missing,
     /// Bytes fetched from the store, footers included.
     pub(crate) bytes_read: u64,
     /// Seconds from opening the index to the results.
@@ -101,14 +123,28 @@ pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
         Err(e) => return Err(Error::Worker(rsembed_worker::Error::Io(e))),
     }
     let p = &stats.pruning;
+    let filtered = args.bbox.is_some() || args.datetime.is_some() || args.max_cloud.is_some();
+    let mut excluded = String::new();
+    if args.datetime.is_some() {
+        excluded += &format!(
+            "; {} chips without a datetime excluded by --datetime",
+            stats.missing.datetime
+        );
+    }
+    if args.max_cloud.is_some() {
+        excluded += &format!(
+            "; {} chips without a cloud_fraction excluded by --max-cloud",
+            stats.missing.cloud_fraction
+        );
+    }
     eprintln!(
-        "rsembed search: scored {} of {} rows; read {} of {} row groups{}; {:.1} MiB fetched; {:.3} s",
+        "rsembed search: scored {} of {} rows; read {} of {} row groups{}{excluded}; {:.1} MiB fetched; {:.3} s",
         stats.rows_scored,
         p.rows_total,
         p.groups_kept,
         p.groups_total,
-        if args.bbox.is_some() {
-            format!(" ({} pruned by --bbox statistics)", p.groups_total - p.groups_kept)
+        if filtered {
+            format!(" ({} pruned by statistics)", p.groups_total - p.groups_kept)
         } else {
             String::new()
         },
@@ -147,10 +183,34 @@ fn print_results(
             writeln!(out)?;
         }
     } else {
+        // The STAC columns only where some result has them: a dataset of
+        // plain GeoTIFFs keeps its narrower table.
+        let stac = results
+            .iter()
+            .any(|r| r.datetime.is_some() || r.item_id.is_some() || r.cloud_fraction.is_some());
+        let stac_cells = |r: Option<&SearchResult>| -> String {
+            match r {
+                _ if !stac => String::new(),
+                None => format!("{:<20}  {:>5}  {:<24}  ", "datetime", "cloud", "item_id"),
+                Some(r) => format!(
+                    "{:<20}  {:>5}  {:<24}  ",
+                    r.datetime.as_deref().unwrap_or("-"),
+                    r.cloud_fraction
+                        .map_or("-".to_owned(), |c| format!("{c:.3}")),
+                    r.item_id.as_deref().unwrap_or("-")
+                ),
+            }
+        };
         writeln!(
             out,
-            "{:>4}  {:>9}  {:>8}  {:<32}  {:<24}  {:<22}  source_uri",
-            "rank", "score", "cosine", "chip_id", "window (x,y w×h)", "centre (lon,lat)"
+            "{:>4}  {:>9}  {:>8}  {:<32}  {:<24}  {:<22}  {}source_uri",
+            "rank",
+            "score",
+            "cosine",
+            "chip_id",
+            "window (x,y w×h)",
+            "centre (lon,lat)",
+            stac_cells(None)
         )?;
         for r in results {
             let score = r.score.map_or("-".to_owned(), |s| format!("{s:.3e}"));
@@ -161,8 +221,15 @@ fn print_results(
             let window = format!("{},{} {}×{}", r.x, r.y, r.width, r.height);
             writeln!(
                 out,
-                "{:>4}  {:>9}  {:>8.5}  {:<32}  {:<24}  {:<22}  {}",
-                r.rank, score, r.cosine, r.chip_id, window, centre, r.source_uri
+                "{:>4}  {:>9}  {:>8.5}  {:<32}  {:<24}  {:<22}  {}{}",
+                r.rank,
+                score,
+                r.cosine,
+                r.chip_id,
+                window,
+                centre,
+                stac_cells(Some(r)),
+                r.source_uri
             )?;
         }
     }
@@ -204,30 +271,41 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         (vector_query(path, dim)?, None)
     };
 
-    let (groups, pruning) = index.row_groups(args.bbox);
-    let bbox = args.bbox;
-    let mut columns = vec![col::EMBEDDING];
-    if bbox.is_some() {
-        columns.push(col::BBOX);
-    }
+    let filters = Filters {
+        bbox: args.bbox,
+        datetime: args
+            .datetime
+            .as_deref()
+            .map(crate::stac::search::datetime_range)
+            .transpose()
+            .map_err(Error::Usage)?,
+        max_cloud: args.max_cloud,
+    };
+    let concurrency = args.concurrency.unwrap_or_else(default_concurrency);
+    let (groups, pruning, mut missing) = select_groups(&index, &filters, concurrency).await?;
+    let (mut columns, optional) = filters.columns();
+    columns.push(col::EMBEDDING);
     let k = args.top_k;
     let query = Arc::new(query);
     let scored = Arc::new(AtomicU64::new(0));
     let counter = scored.clone();
     let uris: Arc<Vec<String>> = Arc::new(index.parts.iter().map(|p| p.uri.clone()).collect());
+    type Acc = (TopK, Vec<f32>, Missing);
     let mut scan = Box::pin(scan_groups(
         index.clone(),
         groups,
         columns,
-        args.concurrency.unwrap_or_else(default_concurrency),
-        move || (TopK::new(k), Vec::<f32>::new()),
-        move |(top, cos): &mut (TopK, Vec<f32>), g: GroupRef, offset, batch: &RecordBatch| {
+        optional,
+        concurrency,
+        move || (TopK::new(k), Vec::<f32>::new(), Missing::default()),
+        move |(top, cos, missing): &mut Acc, g: GroupRef, offset, batch: &RecordBatch| {
             let rows = embeddings(batch, dim, &uris[g.part])?;
             let n = batch.num_rows();
             cos.resize(n, 0.0);
             dots(rows, dim, &query, cos);
-            let mask = bbox
-                .map(|b| bbox_mask(batch, b, &uris[g.part]))
+            let mask = filters
+                .any()
+                .then(|| filters.mask(batch, &uris[g.part], missing))
                 .transpose()?;
             let mut kept = 0u64;
             for (i, &c) in cos.iter().enumerate() {
@@ -251,8 +329,9 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     ));
     let mut top = TopK::new(k);
     while let Some(r) = scan.next().await {
-        let (_, (t, _)) = r?;
+        let (_, (t, _, m)) = r?;
         top.merge(t);
+        missing.add(m);
     }
     let hits = top.into_sorted();
     let scale_bias = model
@@ -262,10 +341,64 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     let stats = SearchStats {
         pruning,
         rows_scored: scored.load(Ordering::Relaxed),
+        missing,
         bytes_read: index.bytes_read(),
         seconds: t0.elapsed().as_secs_f64(),
     };
     Ok((results, stats))
+}
+
+/// The row groups to score: those the statistics of `--bbox`, `--datetime`
+/// and `--max-cloud` keep; with what pruning did and the chips excluded for
+/// lacking a property. Groups where no row can match but the count of those
+/// chips needs the rows are read here, filter columns only.
+async fn select_groups(
+    index: &Arc<Index>,
+    filters: &Filters,
+    concurrency: usize,
+) -> Result<(Vec<GroupRef>, Pruning, Missing)> {
+    let (kept, mut pruning) = index.row_groups(filters.bbox);
+    let mut missing = Missing::default();
+    let (mut read, mut count) = (Vec::new(), Vec::new());
+    for g in kept {
+        match filters.judge(&index.parts[g.part], g.row_group) {
+            Verdict::Skip(m) => missing.add(m),
+            Verdict::Count => count.push(g),
+            Verdict::Read => read.push(g),
+        }
+    }
+    let rows = |gs: &[GroupRef]| -> u64 {
+        gs.iter()
+            .map(|g| index.parts[g.part].group_rows(g.row_group) as u64)
+            .sum()
+    };
+    pruning.groups_kept = read.len() + count.len();
+    pruning.rows_kept = rows(&read) + rows(&count);
+    if !count.is_empty() {
+        let (columns, optional) = filters.columns();
+        let uris: Vec<String> = index.parts.iter().map(|p| p.uri.clone()).collect();
+        let filters = *filters;
+        let mut scan = Box::pin(scan_groups(
+            index.clone(),
+            count,
+            columns,
+            optional,
+            concurrency,
+            Missing::default,
+            move |m: &mut Missing, g: GroupRef, _offset, batch: &RecordBatch| {
+                let keep = filters.mask(batch, &uris[g.part], m)?;
+                debug_assert!(
+                    !keep.contains(&true),
+                    "a group the statistics rule out has a match: this is a bug"
+                );
+                Ok(())
+            },
+        ));
+        while let Some(r) = scan.next().await {
+            missing.add(r?.1);
+        }
+    }
+    Ok((read, pruning, missing))
 }
 
 /// The model must be the one the index was embedded with.
@@ -373,6 +506,7 @@ async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec
         index.clone(),
         groups,
         vec![col::CHIP_ID],
+        Vec::new(),
         default_concurrency(),
         || None::<usize>,
         move |found: &mut Option<usize>, g: GroupRef, offset, batch: &RecordBatch| {
@@ -424,7 +558,7 @@ async fn details(
     for h in hits {
         by_group.entry(h.group).or_default().push(h.row);
     }
-    let columns = [
+    let base = [
         col::CHIP_ID,
         col::SOURCE_URI,
         col::X,
@@ -437,11 +571,25 @@ async fn details(
         col::CENTRE_LAT,
         col::GEOMETRY,
     ];
+    // Schema version 2's columns, where a file has them.
+    let stac = [
+        col::ITEM_ID,
+        col::COLLECTION,
+        col::DATETIME,
+        col::END_DATETIME,
+        col::CLOUD_FRACTION,
+    ];
     let mut rows: BTreeMap<(GroupRef, usize), SearchResult> = BTreeMap::new();
     for (g, mut wanted) in by_group {
         wanted.sort_unstable();
         wanted.dedup();
-        let sel = selection_of(&wanted, index.parts[g.part].group_rows(g.row_group));
+        let part = &index.parts[g.part];
+        let sel = selection_of(&wanted, part.group_rows(g.row_group));
+        let columns: Vec<&str> = base
+            .iter()
+            .chain(stac.iter().filter(|c| part.has_column(c)))
+            .copied()
+            .collect();
         let mut s = index.stream(g, &columns, Some(sel))?;
         let mut next = wanted.iter();
         while let Some(batch) = s.next().await {
@@ -480,6 +628,7 @@ async fn details(
                 .column_by_name(col::GEOMETRY)
                 .and_then(|c| c.as_any().downcast_ref::<BinaryArray>())
                 .ok_or_else(|| QueryError::column(uri, col::GEOMETRY, "binary"))?;
+            let st = StacCols::of(&batch, uri)?;
             for i in 0..batch.num_rows() {
                 let Some(&row) = next.next() else { break };
                 let opt_f = |a: &Float64Array| a.is_valid(i).then(|| a.value(i));
@@ -499,6 +648,13 @@ async fn details(
                         crs: crs.is_valid(i).then(|| crs.value(i).to_owned()),
                         centre_lon: opt_f(lon),
                         centre_lat: opt_f(lat),
+                        item_id: st.item_id.and_then(|a| opt_str(a, i)),
+                        collection: st.collection.and_then(|a| opt_str(a, i)),
+                        datetime: st.datetime.and_then(|a| opt_time(a, i)),
+                        end_datetime: st.end_datetime.and_then(|a| opt_time(a, i)),
+                        cloud_fraction: st
+                            .cloud_fraction
+                            .and_then(|a| a.is_valid(i).then(|| a.value(i))),
                         geometry: geom
                             .is_valid(i)
                             .then(|| wkb_to_geojson(geom.value(i)))
@@ -526,6 +682,59 @@ async fn details(
             Ok(r)
         })
         .collect()
+}
+
+/// The columns schema version 2 appended, those a batch has.
+struct StacCols<'a> {
+    item_id: Option<&'a StringArray>,
+    collection: Option<&'a StringArray>,
+    datetime: Option<&'a TimestampMicrosecondArray>,
+    end_datetime: Option<&'a TimestampMicrosecondArray>,
+    cloud_fraction: Option<&'a Float32Array>,
+}
+
+impl<'a> StacCols<'a> {
+    fn of(batch: &'a RecordBatch, uri: &str) -> Result<StacCols<'a>> {
+        fn get<'a, T: 'static>(
+            batch: &'a RecordBatch,
+            name: &str,
+            uri: &str,
+            expected: &'static str,
+        ) -> Result<Option<&'a T>> {
+            match batch.column_by_name(name) {
+                None => Ok(None),
+                Some(c) => Ok(Some(
+                    c.as_any()
+                        .downcast_ref::<T>()
+                        .ok_or_else(|| QueryError::column(uri, name, expected))?,
+                )),
+            }
+        }
+        Ok(StacCols {
+            item_id: get(batch, col::ITEM_ID, uri, "a string column")?,
+            collection: get(batch, col::COLLECTION, uri, "a string column")?,
+            datetime: get(batch, col::DATETIME, uri, "timestamp[µs, UTC]")?,
+            end_datetime: get(batch, col::END_DATETIME, uri, "timestamp[µs, UTC]")?,
+            cloud_fraction: get(batch, col::CLOUD_FRACTION, uri, "float32")?,
+        })
+    }
+}
+
+fn opt_str(a: &StringArray, i: usize) -> Option<String> {
+    a.is_valid(i).then(|| a.value(i).to_owned())
+}
+
+/// Row `i` as RFC 3339 in UTC; `None` for a null or a time out of range.
+fn opt_time(a: &TimestampMicrosecondArray, i: usize) -> Option<String> {
+    a.is_valid(i).then(|| rfc3339(a.value(i))).flatten()
+}
+
+/// µs since the epoch as RFC 3339, UTC (`2024-07-01T10:30:00Z`).
+pub(crate) fn rfc3339(us: i64) -> Option<String> {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
+        .ok()?
+        .format(&time::format_description::well_known::Rfc3339)
+        .ok()
 }
 
 fn string_col<'a>(batch: &'a RecordBatch, name: &str, uri: &str) -> Result<&'a StringArray> {
@@ -632,5 +841,15 @@ mod tests {
         assert!(wkb_to_geojson(&bad).is_none());
         assert!(wkb_to_geojson(&b[..b.len() - 1]).is_none());
         assert!(wkb_to_geojson(&[]).is_none());
+    }
+
+    #[test]
+    fn times_print_as_rfc3339_utc() {
+        assert_eq!(
+            rfc3339(1_720_000_000_000_000).as_deref(),
+            Some("2024-07-03T09:46:40Z")
+        );
+        assert_eq!(rfc3339(1_500).as_deref(), Some("1970-01-01T00:00:00.0015Z"));
+        assert_eq!(rfc3339(i64::MAX), None);
     }
 }

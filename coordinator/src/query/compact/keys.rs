@@ -235,6 +235,7 @@ pub(super) async fn read_keys(index: &Arc<Index>, progress: &Progress) -> Result
         index.clone(),
         groups,
         vec![col::CHIP_ID, col::CENTRE_LON, col::CENTRE_LAT],
+        Vec::new(),
         default_concurrency(),
         Vec::new,
         move |acc: &mut Vec<Key>, g: GroupRef, _: usize, batch: &RecordBatch| {

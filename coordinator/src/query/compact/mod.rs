@@ -60,7 +60,14 @@
 //! writer, checking each file's row count in its footer. The manifest is
 //! written only when count and digest equal pass 1's.
 //!
-//! **Output.** `chips/part-NNNNN.parquet` (the chip schema, unchanged), the
+//! **Schema versions.** The parts are written in the newest chip schema
+//! version among the source's files: a source of version 1 files (14
+//! columns) stays version 1, one with any version 2 file (a job resumed by a
+//! newer rsembed) becomes version 2, its version 1 rows null in the appended
+//! columns, as a reader with `union_by_name` would see them. Each part's
+//! `rsembed` metadata and the manifest's `schema_version` say which.
+//!
+//! **Output.** `chips/part-NNNNN.parquet` (the chip schema, as above), the
 //! source's `job.json` byte for byte (it records the job that made the rows),
 //! its `errors/` files copied (checked against their manifest sha256, so the
 //! output's `error_files` are valid paths under it), and `manifest.json`, last:
@@ -81,7 +88,7 @@ use std::time::Instant;
 use arrow_schema::SchemaRef;
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
-use rsembed_schemas::chip::{chip_schema, col};
+use rsembed_schemas::chip::col;
 use rsembed_schemas::job::{Manifest, ManifestFile, MANIFEST_FILE};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::SOFTWARE_VERSION;
@@ -97,7 +104,7 @@ use crate::query::index::Index;
 use crate::query::Error as QueryError;
 
 use keys::{read_keys, split_keys};
-use source::{check_paths, check_source, copy_rest, duplicate, prepare_output};
+use source::{check_paths, check_source, chip_schema_of, copy_rest, duplicate, prepare_output};
 use spill::{spill_err, Spill};
 use write::{sort_bucket, write_part};
 
@@ -130,8 +137,9 @@ pub(crate) const UPLOAD_CONCURRENCY: usize = 2;
 /// More output files than this means a `--target-size` far too small.
 pub(crate) const MAX_FILES: usize = 100_000;
 
-/// The columns of a chip file, in file order.
-const COLUMNS: [&str; 14] = [
+/// The columns of a chip file, in file order; a file of schema version 1
+/// has the first 14.
+const COLUMNS: [&str; 19] = [
     col::CHIP_ID,
     col::SOURCE_URI,
     col::SOURCE_VERSION,
@@ -146,6 +154,11 @@ const COLUMNS: [&str; 14] = [
     col::CENTRE_LON,
     col::CENTRE_LAT,
     col::EMBEDDING,
+    col::ITEM_ID,
+    col::COLLECTION,
+    col::DATETIME,
+    col::CLOUD_FRACTION,
+    col::END_DATETIME,
 ];
 
 /// What a compaction did.
@@ -203,6 +216,9 @@ impl CompactSummary {
 struct CompactedManifest<'a> {
     #[serde(flatten)]
     manifest: &'a Manifest,
+    /// The chip schema version of the compacted files (the newest of the
+    /// source's: its `job.json` records the job, not this).
+    schema_version: u32,
     compacted_from: CompactedFrom,
 }
 
@@ -249,8 +265,8 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         .manifest
         .clone()
         .expect("an index read from a folder with manifest.json has it: this is a bug");
-    let file_meta = check_source(&index, &manifest)?;
-    let schema = chip_schema(index.embed_dim);
+    let (file_meta, schema_version) = check_source(&index, &manifest)?;
+    let schema = chip_schema_of(index.embed_dim, schema_version);
     let progress = Progress::new(!args.json, manifest.rows);
 
     // Pass 1: keys, count, digest, splits.
@@ -315,6 +331,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         splits,
         schema,
         file_meta,
+        schema_version,
         row_group_rows: args.row_group_rows as usize,
         spill: dir.path().to_path_buf(),
         progress: progress.clone(),
@@ -358,6 +375,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     };
     let doc = CompactedManifest {
         manifest: &new,
+        schema_version,
         compacted_from: CompactedFrom {
             url: src.url.to_string(),
             manifest_sha256: hex::encode(Sha256::digest(&manifest_bytes)),
@@ -390,6 +408,7 @@ struct Rewrite {
     splits: Arc<Vec<Key>>,
     schema: SchemaRef,
     file_meta: FileMeta,
+    schema_version: u32,
     row_group_rows: usize,
     spill: PathBuf,
     progress: Progress,
@@ -421,6 +440,7 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
         splits,
         schema,
         file_meta,
+        schema_version,
         row_group_rows,
         spill,
         progress,
@@ -435,7 +455,10 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
             let index = index.clone();
             async move {
                 let uri = &index.parts[g.part].uri;
-                let mut stream = index.stream(g, &COLUMNS, None)?;
+                let part = &index.parts[g.part];
+                let columns: Vec<&str> =
+                    COLUMNS.into_iter().filter(|c| part.has_column(c)).collect();
+                let mut stream = index.stream(g, &columns, None)?;
                 let mut batches = Vec::new();
                 while let Some(b) = stream.next().await {
                     batches.push(b.map_err(|source| QueryError::Read {
@@ -491,6 +514,7 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
         let name = format!("part-{:05}", parts.len());
         let mut meta = file_meta.clone();
         meta.task_id = name.clone();
+        meta.schema_version = schema_version;
         meta.software_version = SOFTWARE_VERSION.to_owned();
         let kv = chip_file_metadata(&meta, sorted.extent)?;
         let props = chip_writer_properties(kv)?

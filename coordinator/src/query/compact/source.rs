@@ -2,8 +2,10 @@
 //! may use, the source against its manifest, parts conformed to the chip
 //! schema, and the files copied as they are.
 
-use arrow_array::{make_array, Array, ArrayRef, RecordBatch};
-use arrow_schema::{ArrowError, DataType, Fields, SchemaRef};
+use std::sync::Arc;
+
+use arrow_array::{make_array, new_null_array, Array, ArrayRef, RecordBatch, RecordBatchOptions};
+use arrow_schema::{ArrowError, DataType, Fields, Schema, SchemaRef};
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_schemas::chip::chip_schema;
@@ -85,10 +87,33 @@ pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()
     Ok(())
 }
 
-/// The source's files agree with its manifest and each other; returns their metadata.
-pub(super) fn check_source(index: &Index, manifest: &Manifest) -> Result<FileMeta> {
-    let want = chip_schema(index.embed_dim);
-    let mut meta: Option<&FileMeta> = None;
+/// Columns of chip schema version 1: the first 14 of version 2's, which
+/// appended five.
+pub(crate) const V1_COLUMNS: usize = 14;
+
+/// The chip schema of `version` (1 or the current one) for dimension `dim`.
+pub(crate) fn chip_schema_of(dim: usize, version: u32) -> SchemaRef {
+    let v2 = chip_schema(dim);
+    if version >= rsembed_schemas::SCHEMA_VERSION {
+        return v2;
+    }
+    Arc::new(Schema::new(v2.fields()[..V1_COLUMNS].to_vec()))
+}
+
+/// The chip schema version whose columns `fields` are; `None` for neither.
+pub(crate) fn schema_version_of(fields: &Fields, dim: usize) -> Option<u32> {
+    [rsembed_schemas::SCHEMA_VERSION, 1]
+        .into_iter()
+        .find(|&v| same_fields(fields, chip_schema_of(dim, v).fields()))
+}
+
+/// The source's files agree with its manifest and each other; returns the
+/// metadata of a file of the newest schema version among them, and that
+/// version: what the compacted files are written as (a source of version 1
+/// files stays version 1; one that holds a version 2 file is version 2,
+/// with nulls in the new columns for the older files' rows).
+pub(super) fn check_source(index: &Index, manifest: &Manifest) -> Result<(FileMeta, u32)> {
+    let mut meta: Option<(&FileMeta, u32)> = None;
     for (part, entry) in index.parts.iter().zip(&manifest.files) {
         if part.rows() != entry.rows {
             return Err(QueryError::dataset(
@@ -101,17 +126,17 @@ pub(super) fn check_source(index: &Index, manifest: &Manifest) -> Result<FileMet
             )
             .into());
         }
-        if !same_fields(part.meta.schema().fields(), want.fields()) {
+        let Some(version) = schema_version_of(part.meta.schema().fields(), index.embed_dim) else {
             return Err(QueryError::dataset(
                 &part.uri,
                 format!(
-                    "its columns are not the chip schema version {}: {:?}",
+                    "its columns are not the chip schema, version 1 or {}: {:?}",
                     rsembed_schemas::SCHEMA_VERSION,
                     part.meta.schema().fields()
                 ),
             )
             .into());
-        }
+        };
         let m = part.file_meta.as_ref().ok_or_else(|| {
             QueryError::dataset(&part.uri, "no `rsembed` metadata: not a chip file of a job")
         })?;
@@ -125,11 +150,12 @@ pub(super) fn check_source(index: &Index, manifest: &Manifest) -> Result<FileMet
             )
             .into());
         }
-        meta.get_or_insert(m);
+        if meta.is_none_or(|(_, v)| v < version) {
+            meta = Some((m, version));
+        }
     }
-    Ok(meta
-        .expect("an opened index has a part: this is a bug")
-        .clone())
+    let (m, version) = meta.expect("an opened index has a part: this is a bug");
+    Ok((m.clone(), version))
 }
 
 /// Whether two lists of fields are the same logical columns: names, types and
@@ -159,15 +185,25 @@ fn same_type(a: &DataType, b: &DataType) -> bool {
 
 /// `batch` with the columns typed exactly as `schema` says, for columns of
 /// the same logical type ([`same_fields`]): only the list item names change.
+/// Columns are taken by name; a nullable column the batch lacks (a file of
+/// an older schema version) is all nulls.
 pub(super) fn conform(
     batch: &RecordBatch,
     schema: &SchemaRef,
 ) -> std::result::Result<RecordBatch, ArrowError> {
-    let columns = batch
-        .columns()
+    let columns = schema
+        .fields()
         .iter()
-        .zip(schema.fields())
-        .map(|(c, f)| {
+        .map(|f| {
+            let Some(c) = batch.column_by_name(f.name()) else {
+                if !f.is_nullable() {
+                    return Err(ArrowError::SchemaError(format!(
+                        "no column `{}`, which the chip schema requires",
+                        f.name()
+                    )));
+                }
+                return Ok(new_null_array(f.data_type(), batch.num_rows()));
+            };
             if c.data_type() == f.data_type() {
                 return Ok(c.clone());
             }
@@ -179,7 +215,11 @@ pub(super) fn conform(
             Ok(make_array(data))
         })
         .collect::<std::result::Result<Vec<ArrayRef>, ArrowError>>()?;
-    RecordBatch::try_new(schema.clone(), columns)
+    RecordBatch::try_new_with_options(
+        schema.clone(),
+        columns,
+        &RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )
 }
 
 pub(super) fn duplicate(src: &Location, id: u128) -> QueryError {

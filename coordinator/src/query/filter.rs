@@ -1,0 +1,422 @@
+//! `search`'s filters on what schema version 2 added: `--datetime` on the
+//! acquisition time and `--max-cloud` on the cloud fraction, judged per row
+//! group from the footer's statistics and per row from the columns.
+//!
+//! A filter on a property a chip does not have excludes the chip: a chip
+//! without a `datetime` (an input that was not a STAC item, or a file of
+//! schema version 1, which has no such column) is not "in" any interval, and
+//! one without a `cloud_fraction` (no `--cloud-mask`) is not known to be
+//! clear. Those chips are counted ([`Missing`]) and the count is reported, so
+//! none is dropped silently.
+//!
+//! The filters apply in a fixed order, `--bbox`, then `--datetime`, then
+//! `--max-cloud`, and a chip is counted under the first filter whose property
+//! it lacks. The counts are exact: a row group is skipped from its statistics
+//! only where they also give its count; where they prove that no row matches
+//! but not how many lack the property, only the few filter columns are read
+//! ([`Verdict::Count`]), never the embeddings.
+
+use arrow_array::{Array, Float32Array, RecordBatch, TimestampMicrosecondArray};
+use arrow_schema::{DataType, TimeUnit};
+use parquet::file::metadata::RowGroupMetaData;
+use parquet::file::statistics::Statistics;
+use rsembed_schemas::chip::col;
+
+use crate::error::Result;
+use crate::query::index::{bbox_mask, Part};
+use crate::query::Error as QueryError;
+
+/// Checks `search --datetime` (see [`crate::stac::search::datetime_range`]).
+pub(crate) fn parse_datetime(s: &str) -> Result<String, String> {
+    crate::stac::search::datetime_range(s).map(|_| s.to_owned())
+}
+
+/// Parses a fraction in [0, 1] for `search --max-cloud`.
+pub(crate) fn parse_fraction(s: &str) -> Result<f32, String> {
+    match s.trim().parse::<f32>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        Ok(f) => Err(format!("{f} is not a fraction in [0, 1]")),
+        Err(e) => Err(format!("`{s}` is not a number: {e}")),
+    }
+}
+
+/// Chips excluded because they lack the property a filter is on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct Missing {
+    /// Without a `datetime`, under `--datetime`.
+    pub(crate) datetime: u64,
+    /// Without a `cloud_fraction`, under `--max-cloud`.
+    pub(crate) cloud_fraction: u64,
+}
+
+impl Missing {
+    /// Adds `o`'s counts.
+    pub(crate) fn add(&mut self, o: Missing) {
+        self.datetime += o.datetime;
+        self.cloud_fraction += o.cloud_fraction;
+    }
+}
+
+/// What the statistics say of a row group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// No row matches, and these many lack a filtered property.
+    Skip(Missing),
+    /// No row matches, but how many lack a property needs the rows: read the
+    /// filter columns only.
+    Count,
+    /// Some rows may match: read and score it.
+    Read,
+}
+
+/// The row filters of one search.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Filters {
+    /// `--bbox`, W,S,E,N.
+    pub(crate) bbox: Option<[f64; 4]>,
+    /// `--datetime`, an inclusive range of µs since the epoch; `None` ends are open.
+    pub(crate) datetime: Option<(Option<i64>, Option<i64>)>,
+    /// `--max-cloud`.
+    pub(crate) max_cloud: Option<f32>,
+}
+
+/// A column's statistics in one row group, as far as they go.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Stats<T> {
+    /// Nothing usable: no statistics, no null count, or another type.
+    Unknown,
+    /// `nulls` null rows (all of them when the file lacks the column); the
+    /// others lie in [min, max], which are `None` when every row is null.
+    Known {
+        nulls: u64,
+        min: Option<T>,
+        max: Option<T>,
+    },
+}
+
+impl Filters {
+    /// Whether any filter needs rows tested (the scan then reads [`Filters::columns`]).
+    pub(crate) fn any(&self) -> bool {
+        self.bbox.is_some() || self.datetime.is_some() || self.max_cloud.is_some()
+    }
+
+    /// The columns the row tests read: `bbox` must be there; the others are
+    /// read where a file has them (a file without one has only nulls in it).
+    pub(crate) fn columns(&self) -> (Vec<&'static str>, Vec<&'static str>) {
+        let required = if self.bbox.is_some() {
+            vec![col::BBOX]
+        } else {
+            vec![]
+        };
+        let mut optional = Vec::new();
+        if self.datetime.is_some() {
+            optional.extend([col::DATETIME, col::END_DATETIME]);
+        }
+        if self.max_cloud.is_some() {
+            optional.push(col::CLOUD_FRACTION);
+        }
+        (required, optional)
+    }
+
+    /// What the statistics of row group `g` of `part` prove, for a group the
+    /// `bbox` statistics kept.
+    pub(crate) fn judge(&self, part: &Part, g: usize) -> Verdict {
+        let rg = part.meta.metadata().row_group(g);
+        let rows = rg.num_rows().max(0) as u64;
+        let no_bbox = self.bbox.is_none();
+        // Rows without a datetime, when the statistics say.
+        let mut dt_nulls = Some(0);
+        if let Some((from, to)) = self.datetime {
+            let dt = stats_i64(part, rg, rows, col::DATETIME);
+            let end = stats_i64(part, rg, rows, col::END_DATETIME);
+            dt_nulls = None;
+            if let Stats::Known { nulls, min, max } = dt {
+                dt_nulls = Some(nulls);
+                // The latest moment any row's range reaches, when known.
+                let latest = match (max, end) {
+                    (m, Stats::Known { max: e, .. }) => match (m, e) {
+                        (Some(m), Some(e)) => Some(m.max(e)),
+                        (m, None) => m,
+                        (None, e) => e,
+                    },
+                    (_, Stats::Unknown) => None,
+                };
+                let out = nulls == rows
+                    || matches!((to, min), (Some(to), Some(m)) if m > to)
+                    || matches!((from, latest), (Some(from), Some(l)) if l < from);
+                if out {
+                    return if nulls == 0 {
+                        Verdict::Skip(Missing::default())
+                    } else if no_bbox {
+                        Verdict::Skip(Missing {
+                            datetime: nulls,
+                            cloud_fraction: 0,
+                        })
+                    } else {
+                        Verdict::Count
+                    };
+                }
+            }
+        }
+        if let Some(max_cloud) = self.max_cloud {
+            if let Stats::Known { nulls, min, .. } = stats_f32(part, rg, rows, col::CLOUD_FRACTION)
+            {
+                let out = nulls == rows || matches!(min, Some(m) if m > max_cloud);
+                if out {
+                    // Which rows reach the cloud test: all without --bbox and
+                    // --datetime; with --datetime (and no --bbox) those with a
+                    // datetime that matches, of unknown number.
+                    let dt_counted = self.datetime.is_none() || dt_nulls == Some(0) || no_bbox;
+                    return match dt_nulls {
+                        Some(dn) if nulls == 0 && dt_counted => Verdict::Skip(Missing {
+                            datetime: if self.datetime.is_some() { dn } else { 0 },
+                            cloud_fraction: 0,
+                        }),
+                        _ if no_bbox && self.datetime.is_none() => Verdict::Skip(Missing {
+                            datetime: 0,
+                            cloud_fraction: nulls,
+                        }),
+                        _ => Verdict::Count,
+                    };
+                }
+            }
+        }
+        Verdict::Read
+    }
+
+    /// Per row of `batch`: whether it passes every filter. Rows lacking a
+    /// filtered property are counted in `missing`.
+    pub(crate) fn mask(
+        &self,
+        batch: &RecordBatch,
+        uri: &str,
+        missing: &mut Missing,
+    ) -> Result<Vec<bool>> {
+        let n = batch.num_rows();
+        let mut keep = match self.bbox {
+            Some(b) => bbox_mask(batch, b, uri)?,
+            None => vec![true; n],
+        };
+        if let Some((from, to)) = self.datetime {
+            let dt = timestamps(batch, col::DATETIME, uri)?;
+            let end = timestamps(batch, col::END_DATETIME, uri)?;
+            for (i, k) in keep.iter_mut().enumerate().filter(|(_, k)| **k) {
+                let Some(start) = dt.filter(|a| a.is_valid(i)).map(|a| a.value(i)) else {
+                    missing.datetime += 1;
+                    *k = false;
+                    continue;
+                };
+                let last = end
+                    .filter(|a| a.is_valid(i))
+                    .map_or(start, |a| a.value(i).max(start));
+                *k = to.is_none_or(|to| start <= to) && from.is_none_or(|from| last >= from);
+            }
+        }
+        if let Some(max_cloud) = self.max_cloud {
+            let cf = match batch.column_by_name(col::CLOUD_FRACTION) {
+                None => None,
+                Some(c) => Some(
+                    c.as_any()
+                        .downcast_ref::<Float32Array>()
+                        .ok_or_else(|| QueryError::column(uri, col::CLOUD_FRACTION, "float32"))?,
+                ),
+            };
+            for (i, k) in keep.iter_mut().enumerate().filter(|(_, k)| **k) {
+                match cf.filter(|a| a.is_valid(i)) {
+                    // A NaN is not <= anything: out, as a value, not as missing.
+                    Some(a) => *k = a.value(i) <= max_cloud,
+                    None => {
+                        missing.cloud_fraction += 1;
+                        *k = false;
+                    }
+                }
+            }
+        }
+        Ok(keep)
+    }
+}
+
+/// The `datetime` or `end_datetime` column of a batch, when the file has it.
+fn timestamps<'a>(
+    batch: &'a RecordBatch,
+    name: &str,
+    uri: &str,
+) -> Result<Option<&'a TimestampMicrosecondArray>> {
+    match batch.column_by_name(name) {
+        None => Ok(None),
+        Some(c) => Ok(Some(
+            c.as_any()
+                .downcast_ref::<TimestampMicrosecondArray>()
+                .ok_or_else(|| QueryError::column(uri, name, "timestamp[µs, UTC]"))?,
+        )),
+    }
+}
+
+/// The leaf column of top-level column `name`, and its Arrow type.
+fn leaf<'a>(part: &'a Part, name: &str) -> Option<(usize, &'a DataType)> {
+    let schema = part.meta.schema();
+    let f = schema.field_with_name(name).ok()?;
+    let i = part
+        .meta
+        .parquet_schema()
+        .columns()
+        .iter()
+        .position(|c| c.path().parts() == [name])?;
+    Some((i, f.data_type()))
+}
+
+/// Statistics of a timestamp[µs] column: its values are µs in the Int64
+/// statistics. A file without the column: every row null.
+fn stats_i64(part: &Part, rg: &RowGroupMetaData, rows: u64, name: &str) -> Stats<i64> {
+    let Some((i, t)) = leaf(part, name) else {
+        return absent(part, name, rows);
+    };
+    match (t, rg.column(i).statistics()) {
+        (DataType::Timestamp(TimeUnit::Microsecond, _), Some(Statistics::Int64(s))) => {
+            known(s.null_count_opt(), rows, s.min_opt(), s.max_opt())
+        }
+        _ => Stats::Unknown,
+    }
+}
+
+/// Statistics of a float32 column.
+fn stats_f32(part: &Part, rg: &RowGroupMetaData, rows: u64, name: &str) -> Stats<f32> {
+    let Some((i, t)) = leaf(part, name) else {
+        return absent(part, name, rows);
+    };
+    match (t, rg.column(i).statistics()) {
+        (DataType::Float32, Some(Statistics::Float(s))) => {
+            known(s.null_count_opt(), rows, s.min_opt(), s.max_opt())
+        }
+        _ => Stats::Unknown,
+    }
+}
+
+fn absent<T>(part: &Part, name: &str, rows: u64) -> Stats<T> {
+    // A column of another shape (a struct of that name) is not "absent".
+    if part.meta.schema().field_with_name(name).is_ok() {
+        return Stats::Unknown;
+    }
+    Stats::Known {
+        nulls: rows,
+        min: None,
+        max: None,
+    }
+}
+
+fn known<T: Copy>(nulls: Option<u64>, rows: u64, min: Option<&T>, max: Option<&T>) -> Stats<T> {
+    match nulls {
+        // Without a null count, "no row matches" leaves the missing unknown.
+        None => Stats::Unknown,
+        Some(n) if n > rows => Stats::Unknown,
+        // Values without bounds: the statistics prove nothing of them.
+        Some(n) if n < rows && (min.is_none() || max.is_none()) => Stats::Unknown,
+        Some(n) => Stats::Known {
+            nulls: n,
+            min: min.copied(),
+            max: max.copied(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fractions_are_in_the_unit_interval() {
+        assert_eq!(parse_fraction("0.1"), Ok(0.1));
+        assert_eq!(parse_fraction("0"), Ok(0.0));
+        assert_eq!(parse_fraction("1"), Ok(1.0));
+        assert!(parse_fraction("1.5").is_err());
+        assert!(parse_fraction("-0.1").is_err());
+        assert!(parse_fraction("NaN").is_err());
+        assert!(parse_fraction("ten").is_err());
+        assert!(parse_datetime("2024-06-01T00:00:00Z/..").is_ok());
+        assert!(parse_datetime("2024-06-01").is_err());
+    }
+
+    #[test]
+    fn rows_lacking_a_property_are_excluded_and_counted_once() {
+        use arrow_array::{ArrayRef, Float32Array};
+        use arrow_schema::{Field, Schema};
+        use std::sync::Arc;
+        let ts = TimestampMicrosecondArray::from(vec![
+            Some(100),
+            None,
+            Some(300),
+            Some(50),
+            None,
+            Some(200),
+        ])
+        .with_timezone("UTC");
+        let end = TimestampMicrosecondArray::from(vec![None, None, None, Some(150), None, None])
+            .with_timezone("UTC");
+        let cf = Float32Array::from(vec![
+            Some(0.05),
+            None,
+            Some(0.0),
+            None,
+            Some(0.5),
+            Some(f32::NAN),
+        ]);
+        let schema = Schema::new(vec![
+            Field::new(col::DATETIME, ts.data_type().clone(), true),
+            Field::new(col::END_DATETIME, end.data_type().clone(), true),
+            Field::new(col::CLOUD_FRACTION, DataType::Float32, true),
+        ]);
+        let b = RecordBatch::try_new(
+            Arc::new(schema),
+            vec![
+                Arc::new(ts) as ArrayRef,
+                Arc::new(end) as ArrayRef,
+                Arc::new(cf) as ArrayRef,
+            ],
+        )
+        .unwrap();
+        let f = Filters {
+            bbox: None,
+            datetime: Some((Some(120), Some(250))),
+            max_cloud: Some(0.1),
+        };
+        let mut m = Missing::default();
+        // 100: before; null: missing dt; 300: after; 50..150 overlaps but has no
+        // cloud; null dt (counted once, as dt); 200 in range but NaN cloud.
+        assert_eq!(
+            f.mask(&b, "t", &mut m).unwrap(),
+            [false, false, false, false, false, false]
+        );
+        assert_eq!(
+            m,
+            Missing {
+                datetime: 2,
+                cloud_fraction: 1
+            }
+        );
+        let f = Filters {
+            datetime: Some((None, Some(100))),
+            ..Filters::default()
+        };
+        let mut m = Missing::default();
+        assert_eq!(
+            f.mask(&b, "t", &mut m).unwrap(),
+            [true, false, false, true, false, false]
+        );
+        assert_eq!(m.datetime, 2);
+        // A batch without the columns (schema version 1): every row lacks them.
+        let v1 = RecordBatch::new_empty(Arc::new(Schema::empty()));
+        let v1 = RecordBatch::try_new_with_options(
+            v1.schema(),
+            vec![],
+            &arrow_array::RecordBatchOptions::new().with_row_count(Some(4)),
+        )
+        .unwrap();
+        let f = Filters {
+            max_cloud: Some(1.0),
+            ..Filters::default()
+        };
+        let mut m = Missing::default();
+        assert_eq!(f.mask(&v1, "t", &mut m).unwrap(), [false; 4]);
+        assert_eq!(m.cloud_fraction, 4);
+    }
+}
