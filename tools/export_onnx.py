@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import record_digests  # noqa: E402  (stdlib only; also a script of its own)
 
 FORMAT_VERSION = 1
-EXPORTER_VERSION = "1"
+# 2: the vision graph's attention and GELU fused (tools/fuse_graph.py).
+EXPORTER_VERSION = "2"
 DEFAULT_OPSET = 17
 
 # fp32 graphs must match PyTorch to this absolute tolerance (brief: 1e-3).
@@ -484,7 +485,8 @@ def check_parity(out_dir, model, fp16: bool) -> bool:
 # --------------------------------------------------------------------------- main
 
 
-def export(model_path: str, out_dir: str, fp16: bool = False, opset: int = DEFAULT_OPSET, name: str | None = None) -> bool:
+def export(model_path: str, out_dir: str, fp16: bool = False, opset: int = DEFAULT_OPSET, name: str | None = None,
+           fuse: bool = True) -> bool:
     import torch
     import transformers
 
@@ -505,6 +507,12 @@ def export(model_path: str, out_dir: str, fp16: bool = False, opset: int = DEFAU
                  "pixel_values", "image_embeds", opset)
     export_graph(TextTower(model), torch.zeros(1, length, dtype=torch.int64), os.path.join(out_dir, "text_model.onnx"),
                  "input_ids", "text_embeds", opset)
+    if fuse:
+        import fuse_graph
+
+        vision = os.path.join(out_dir, "vision_model.onnx")
+        vc = model.config.vision_config
+        print(f"fused: {fuse_graph.fuse(vision, vision, vc.num_attention_heads, vc.hidden_size)}")
     if fp16:
         convert_fp16(os.path.join(out_dir, "vision_model.onnx"), os.path.join(out_dir, "vision_model_fp16.onnx"))
 
@@ -555,8 +563,10 @@ def main(argv=None) -> int:
     p.add_argument("--fp16", action="store_true", help="also write vision_model_fp16.onnx")
     p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset, >= 17 (default {DEFAULT_OPSET})")
     p.add_argument("--name", help="model name for rsembed-model.json (default: last path component)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="leave attention and GELU unfused (tools/fuse_graph.py; fused is 1.67x faster in fp16 on CUDA)")
     args = p.parse_args(argv)
-    ok = export(args.model, args.out, fp16=args.fp16, opset=args.opset, name=args.name)
+    ok = export(args.model, args.out, fp16=args.fp16, opset=args.opset, name=args.name, fuse=not args.no_fuse)
     if not ok:
         print("export FAILED: see mismatches above", file=sys.stderr)
         return 1

@@ -138,6 +138,7 @@ def main(argv=None) -> int:
                    help="also run export_onnx.check_parity (onnxruntime on the CPU; slow at full size)")
     p.add_argument("--float16-py", help="standalone float16.py, used when onnxruntime is missing")
     p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--no-fuse", action="store_true", help="the graph as exported, without tools/fuse_graph.py")
     args = p.parse_args(argv)
     t_start = time.time()
     info = {"versions": preflight(), "skipped": [], "seconds": {}}
@@ -209,6 +210,17 @@ def main(argv=None) -> int:
     export_onnx.export_graph(TextTower(model), torch.zeros(1, length, dtype=torch.int64),
                              os.path.join(out, "text_model.onnx"), "input_ids", "text_embeds", args.opset)
     info["seconds"]["export_text"] = time.time() - t
+    if not args.no_fuse:
+        # As export_onnx.export: attention and GELU fused before the fp16 conversion.
+        import fuse_graph
+
+        t = time.time()
+        vision = os.path.join(out, "vision_model.onnx")
+        info["fused"] = fuse_graph.fuse(vision, vision, args.heads, args.hidden)
+        info["seconds"]["fuse"] = time.time() - t
+        print(f"fused {info['fused']}: {info['seconds']['fuse']:.1f} s", flush=True)
+    else:
+        info["skipped"].append("attention/GELU fusion (tools/fuse_graph.py): --no-fuse")
     if args.fp16:
         t = time.time()
         convert_fp16(export_onnx, converter, os.path.join(out, "vision_model.onnx"),

@@ -114,6 +114,8 @@ json.dump({"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "git_h
            "cuda_provider_needs": needs, "base_contents": contents},
           open(os.path.join(work, "meta.json"), "w"), indent=2)
 EOF
+# A fresh clone has no payload folder yet (it is git-ignored).
+mkdir -p "$PAY"
 python3 bench/gpu/pack.py --work "$WORK" --payload "$PAY" --tree-bytes "$tree_bytes" \
   --limit-mib "${CALL_LIMIT_MIB:-64}" --margin-mib "${MARGIN_MIB:-6}"
 

@@ -192,7 +192,7 @@ EOF
 copy_src() {  # what the background model build reads, copied out of the (re-sent) tree
   rm -rf "$W/src" && mkdir -p "$W/src/bench/gpu" "$W/src/tools" "$W/src/fixtures/models"
   cp "$REPO"/bench/gpu/*.py "$W/src/bench/gpu/" &&
-    cp "$REPO/tools/export_onnx.py" "$W/src/tools/" &&
+    cp "$REPO/tools/export_onnx.py" "$REPO/tools/record_digests.py" "$REPO/tools/fuse_graph.py" "$W/src/tools/" &&
     cp -r "$REPO/fixtures/models/tiny-siglip" "$W/src/fixtures/models/"
 }
 
@@ -367,6 +367,8 @@ case ${1:-all} in
     exec > >(tee -a "$OUT/run.log") 2>&1
     log "benchmark on $DEVICE, budget ${BUDGET}s, results in $RES"
     : >"$RES/steps.tsv"
+    # A fatal step of an earlier try on this machine is not this run's.
+    rm -f "$RES/fatal.txt"
     [[ $LOCAL == 1 ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/gpu.txt"
     # The report is written even when a fatal step ends the run early.
     trap 'run_parts report' EXIT
@@ -375,6 +377,7 @@ case ${1:-all} in
   *)
     exec > >(tee -a "$OUT/run.log") 2>&1
     touch "$RES/steps.tsv"
+    rm -f "$RES/fatal.txt"
     trap 'run_parts report' EXIT
     run_parts "$@"
     ;;

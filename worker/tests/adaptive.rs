@@ -559,7 +559,7 @@ const CHILD: &str = "RSEMBED_ORT_OOM_CHILD";
 /// The CPU session's BFC arena gets its memory from `posix_memalign`; with the
 /// process's address space capped (`RLIMIT_AS`) 40 MiB above what it maps
 /// once the session and the input are ready, a 64-image run of the tiny model
-/// needs a 64 MiB attention buffer and ORT itself fails with "Failed to
+/// (its unfused graph, see [`unfused_tiny`]) needs a 64 MiB attention buffer and ORT itself fails with "Failed to
 /// allocate memory for requested buffer of size 67108864". The cap is set in a
 /// child process (this test re-run with `RSEMBED_ORT_OOM_CHILD=1`), so no other
 /// test shares it.
@@ -587,8 +587,29 @@ fn real_ort_cpu_allocation_failure_is_recovered() {
     assert!(text.contains("1 passed"), "{text}");
 }
 
+/// The tiny model with its vision graph as exported before attention was
+/// fused (`fixtures/models/unfused/`, exporter version 1): its eager attention
+/// materialises a 64 MiB buffer for 64 images, the one allocation large enough
+/// for an address-space cap to meet inside ONNX Runtime rather than in Rust's
+/// own (25 MiB) copies of the split halves. The fused graph needs no buffer
+/// that large, so a cap that fails it fails Rust first, which aborts.
+fn unfused_tiny(dir: &std::path::Path) -> ModelDir {
+    let src = root().join("fixtures/models/tiny-siglip");
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join(e.file_name())).unwrap();
+    }
+    std::fs::copy(
+        root().join("fixtures/models/unfused/vision_model.onnx"),
+        dir.join("vision_model.onnx"),
+    )
+    .unwrap();
+    ModelDir::open(dir).unwrap()
+}
+
 fn ort_oom_child() {
-    let model = tiny();
+    let dir = tempfile::tempdir().unwrap();
+    let model = unfused_tiny(dir.path());
     // One intra-op thread: the run stays on this thread, so the cap meets
     // ORT's allocations and nothing else.
     let mut vision = OrtVision::open(&model, false, &session_cfg(Some(1))).unwrap();
