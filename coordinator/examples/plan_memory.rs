@@ -20,7 +20,7 @@ use object_store::{
     CopyOptions, GetOptions, GetResult, GetResultPayload, ListResult, MultipartUpload, ObjectMeta,
     ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
 };
-use rsembed_coordinator::job::plan::{plan, Grouping, ListStats, Sharding};
+use rsembed_coordinator::job::plan::{plan, Grouping, ListStats, Sharding, Source};
 use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::Task;
@@ -181,7 +181,8 @@ async fn main() {
     let (tx, mut rx) = mpsc::channel::<Task>(256);
     let started = Instant::now();
     let planner = tokio::spawn(plan(
-        loc,
+        sharding.stores.clone(),
+        Source::Listing(loc),
         "0123456789abcdef0123456789abcdef".into(),
         Grouping::files(task_size),
         Some(sharding),

@@ -199,7 +199,6 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
 
 async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
     let stores = rsembed_worker::store::StoreCache::default();
-    let input = stores.location(&args.input)?;
     // Without a model there is no input size to default the chip size to; 256 is
     // Git-RSCLIP's.
     let chip_size = args.tiling.chip_size.unwrap_or(256);
@@ -214,9 +213,15 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         cloud_mask: args.tiling.cloud_mask.clone(),
         max_cloud: args.tiling.max_cloud,
     };
+    rsembed_coordinator::job::run::check_stac_tiling(&args.tiling)?;
+    let resolved =
+        rsembed_coordinator::stac::resolve(&stores, &args.input, &tiling, &args.tiling.stac)
+            .await?;
+    let input = resolved.location.clone();
+    let is_stac = resolved.search.is_some();
     let mut planner = plan::start(
         &stores,
-        input.clone(),
+        resolved.source,
         "plan".into(),
         tiling,
         &args.tiling,
@@ -236,7 +241,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
     planner.done.await??;
     let sharded_chips = stats.sharded_chips.load(Ordering::Relaxed);
     let bytes = stats.bytes.load(Ordering::Relaxed);
-    let v = serde_json::json!({
+    let mut v = serde_json::json!({
         "input": input.url.as_str(),
         "inputs": stats.inputs.load(Ordering::Relaxed),
         "skipped": stats.skipped.load(Ordering::Relaxed),
@@ -250,6 +255,19 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         "chips_estimate": sharded_chips + whole,
         "bytes": bytes,
     });
+    if is_stac {
+        let st = &stats.stac;
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        // What the search read and kept: an empty plan says why here.
+        v["stac"] = serde_json::json!({
+            "documents": n(&st.documents),
+            "pages": n(&st.pages),
+            "items": n(&st.items),
+            "filtered": n(&st.filtered),
+            "duplicates": n(&st.duplicates),
+            "bad": n(&st.bad),
+        });
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -263,6 +281,19 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             "sharded_chips",
         ] {
             println!("  {k:<15}{}", v[k]);
+        }
+        if let Some(st) = v.get("stac") {
+            println!(
+                "  {:<15}{} items selected ({} filtered on the client, {} repeated, {} unreadable) \
+                 from {} pages and {} documents",
+                "stac",
+                st["items"],
+                st["filtered"],
+                st["duplicates"],
+                st["bad"],
+                st["pages"],
+                st["documents"]
+            );
         }
         println!(
             "  {:<15}about {} ({sharded_chips} from the headers of split scenes, \

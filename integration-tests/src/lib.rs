@@ -14,6 +14,7 @@ pub mod proxy;
 pub mod rasters;
 pub mod s3;
 pub mod stac;
+pub mod stac_scenes;
 
 /// The workspace root.
 pub fn root() -> PathBuf {

@@ -67,7 +67,7 @@ impl FinalizeReport {
         );
         if self.inputs_without_chips > 0 {
             s.push_str(&format!(
-                "  without chips {} inputs (no valid pixel, or below --min-valid; listed in the manifest)\n",
+                "  without chips {} inputs (no valid pixel, below --min-valid, or over --max-cloud; listed in the manifest)\n",
                 self.inputs_without_chips
             ));
         }

@@ -12,13 +12,15 @@ use futures::StreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use rsembed_raster::scene::{plan_band_grid, plan_grid};
 use rsembed_raster::tiff::{RangeRead, TiffLimits};
-use rsembed_schemas::job::TilingSpec;
-use rsembed_schemas::task::{ends_group, BandFile, ChipBlock, Task, TaskInput};
+use rsembed_schemas::job::{StacSearch, TilingSpec};
+use rsembed_schemas::task::{ends_group, BandFile, ChipBlock, ItemInfo, Task, TaskInput};
 use rsembed_worker::input::InputKind;
 use rsembed_worker::store::{Location, StoreCache, StoreRange};
 use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
+use crate::stac::scene::{scene_of, Selection};
+use crate::stac::source::{stream_items, Found, SourceStats, StacInput};
 
 /// How inputs are grouped into tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +58,25 @@ pub struct Sharding {
     pub limits: TiffLimits,
 }
 
+/// What a job reads: a listing of a folder or prefix, or the items a STAC
+/// input selects.
+pub enum Source {
+    /// Objects under a URL, grouped by name.
+    Listing(Location),
+    /// A STAC API search, catalog or item collection.
+    Stac(Box<StacSource>),
+}
+
+/// A STAC input, its search and the job's asset selection.
+pub struct StacSource {
+    /// The API, catalog or item collection.
+    pub input: StacInput,
+    /// What to select from it.
+    pub search: StacSearch,
+    /// Which assets make the scene.
+    pub selection: Selection,
+}
+
 /// Counts of what the listing saw.
 #[derive(Debug, Default)]
 pub struct ListStats {
@@ -73,6 +94,8 @@ pub struct ListStats {
     pub sharded_chips: AtomicU64,
     /// The listing has ended: `inputs` is the plan's total.
     pub listed: std::sync::atomic::AtomicBool,
+    /// For a STAC input: documents, pages and items read, filtered, repeated.
+    pub stac: SourceStats,
 }
 
 fn is_image_name(name: &str) -> bool {
@@ -110,11 +133,62 @@ fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
     }
 }
 
+/// The chip blocks of a STAC item's scene by its `proj:shape`, without a
+/// read: the item says how large the scene is. `None` leaves it whole.
+fn shard_by_shape(s: &Sharding, shape: [u32; 2], task_size: usize) -> Option<Vec<ChipBlock>> {
+    let [width, height] = shape;
+    let (chip, stride) = (s.tiling.chip_size, s.tiling.stride);
+    if width <= chip && height <= chip {
+        return None;
+    }
+    let grid = rsembed_raster::grid::ChipGrid {
+        width,
+        height,
+        chip,
+        stride,
+    };
+    (grid.len() > task_size as u64).then(|| grid.blocks(task_size))
+}
+
+/// Fills in the sizes a STAC item did not give (`file:size`), by HEAD, so
+/// that its headers can be read; a part the store cannot answer for stays 0
+/// and the worker records why.
+async fn fill_sizes(s: &Sharding, input: &mut TaskInput) {
+    for p in input.parts.iter_mut().filter(|p| p.size == 0) {
+        let Ok(loc) = s.stores.location(&p.uri) else {
+            continue;
+        };
+        if let Ok(meta) = loc.store.head(&loc.prefix).await {
+            p.size = meta.size;
+        }
+    }
+    input.size = input.parts.iter().map(|p| p.size).sum();
+}
+
 /// The chip blocks of a large georeferenced TIFF, or `None` to leave the input whole.
 ///
 /// A header that cannot be read is not a planning error: the input goes to a
 /// worker as it is, and the worker records why it fails.
-async fn shard(s: &Sharding, input: &TaskInput, task_size: usize) -> Option<Vec<ChipBlock>> {
+async fn shard(s: &Sharding, input: &mut TaskInput, task_size: usize) -> Option<Vec<ChipBlock>> {
+    if let Some(item) = &input.item {
+        if item.error.is_some() || input.parts.is_empty() {
+            return None;
+        }
+        if let Some(shape) = item.grid {
+            let blocks = shard_by_shape(s, shape, task_size);
+            if blocks.is_none() {
+                // Only a scene split by its shape needs the worker to check it.
+                if let Some(item) = &mut input.item {
+                    item.grid = None;
+                }
+            }
+            return blocks;
+        }
+        fill_sizes(s, input).await;
+        if input.parts.iter().any(|p| p.size == 0) {
+            return None;
+        }
+    }
     if input.size < s.min_bytes {
         return None;
     }
@@ -136,7 +210,10 @@ async fn shard(s: &Sharding, input: &TaskInput, task_size: usize) -> Option<Vec<
             .ok()??
     } else {
         // A scene missing a band stays one input, so it is one error record.
-        let wanted = s.tiling.band_files.as_ref().map_or(0, Vec::len);
+        let wanted = match &input.item {
+            Some(_) => input.parts.len(),
+            None => s.tiling.band_files.as_ref().map_or(0, Vec::len),
+        };
         if input.parts.len() != wanted
             || !input
                 .parts
@@ -252,6 +329,51 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
         )));
     }
     Ok(())
+}
+
+/// Streams the items of a STAC input into `tx` as scenes: one task input per
+/// item; an item that cannot be read becomes an input whose error the worker
+/// records.
+async fn list_stac(
+    stores: &StoreCache,
+    src: &StacSource,
+    stats: &ListStats,
+    tx: mpsc::Sender<TaskInput>,
+) -> Result<()> {
+    let (ftx, mut frx) = mpsc::channel::<Found>(256);
+    let items = stream_items(stores, &src.input, &src.search, &stats.stac, ftx);
+    let scenes = async {
+        while let Some(found) = frx.recv().await {
+            let input = match found {
+                Found::Item(f) => scene_of(&f.href, &f.base, &f.item, &src.selection),
+                Found::Bad { href, id, reason } => TaskInput {
+                    uri: href,
+                    size: 0,
+                    version: None,
+                    chips: None,
+                    parts: vec![],
+                    item: Some(Box::new(ItemInfo {
+                        id: id.unwrap_or_default(),
+                        collection: None,
+                        datetime: None,
+                        end_datetime: None,
+                        units: vec![],
+                        mask: None,
+                        grid: None,
+                        // The source already names the item and its href.
+                        error: Some(reason),
+                    })),
+                },
+            };
+            stats.inputs.fetch_add(1, Ordering::Relaxed);
+            stats.bytes.fetch_add(input.size, Ordering::Relaxed);
+            tx.send(input).await.map_err(|_| Error::Cancelled)?;
+        }
+        Ok::<(), Error>(())
+    };
+    let (a, b) = tokio::join!(items, scenes);
+    a?;
+    b
 }
 
 /// The one file an `http(s)://` input names.
@@ -412,7 +534,7 @@ pub struct Planner {
 /// of the reader.
 pub fn start(
     stores: &StoreCache,
-    input: Location,
+    input: Source,
     job_id: String,
     tiling: TilingSpec,
     flags: &crate::cli::TilingArgs,
@@ -427,6 +549,7 @@ pub fn start(
         limits: TiffLimits::default(),
     };
     let done = tokio::spawn(plan(
+        stores.clone(),
         input,
         job_id,
         flags.grouping(),
@@ -444,7 +567,8 @@ pub fn start(
 /// neighbours: about `grouping.files` a task, and never past `grouping.bytes`
 /// (after the input that reaches it).
 pub async fn plan(
-    loc: Location,
+    stores: StoreCache,
+    source: Source,
     job_id: String,
     grouping: Grouping,
     sharding: Option<Sharding>,
@@ -452,12 +576,21 @@ pub async fn plan(
     tasks: mpsc::Sender<Task>,
 ) -> Result<()> {
     let (itx, mut irx) = mpsc::channel::<TaskInput>(1024);
+    // An item is a scene already: no band-file grouping.
+    let band_files = match &source {
+        Source::Listing(_) => sharding.as_ref().and_then(|s| s.tiling.band_files.clone()),
+        Source::Stac(_) => None,
+    };
     let lister = {
         let stats = stats.clone();
-        async move { list(&loc, &stats, itx).await }
+        async move {
+            match &source {
+                Source::Listing(loc) => list(loc, &stats, itx).await,
+                Source::Stac(src) => list_stac(&stores, src, &stats, itx).await,
+            }
+        }
     };
     let (stx, mut srx) = mpsc::channel::<TaskInput>(1024);
-    let band_files = sharding.as_ref().and_then(|s| s.tiling.band_files.clone());
     let scenes = {
         let stats = stats.clone();
         async move {
@@ -498,9 +631,9 @@ pub async fn plan(
     let grouper = async {
         let mut group = Vec::new();
         let mut group_bytes = 0u64;
-        while let Some(input) = srx.recv().await {
+        while let Some(mut input) = srx.recv().await {
             if let Some(blocks) = match &sharding {
-                Some(sh) => shard(sh, &input, grouping.chips.max(1)).await,
+                Some(sh) => shard(sh, &mut input, grouping.chips.max(1)).await,
                 None => None,
             } {
                 stats.sharded_scenes.fetch_add(1, Ordering::Relaxed);

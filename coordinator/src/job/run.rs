@@ -75,7 +75,7 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
 }
 
 /// `--assets`, `--cloud-mask` and `--max-cloud`, checked.
-pub(crate) fn check_stac_tiling(t: &TilingArgs) -> Result<()> {
+pub fn check_stac_tiling(t: &TilingArgs) -> Result<()> {
     if let Some(a) = &t.assets {
         if !(a.len() == 1 || a.len() == 3) || a.iter().any(|a| a.trim().is_empty()) {
             return Err(Error::Usage(format!(
@@ -216,13 +216,14 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let started = Instant::now();
     super::log_config("run", &super::redacted_run(&args));
     let stores = StoreCache::default();
-    let input = stores.location(&args.input)?;
     let output = stores.location(&args.output)?;
 
     // Every flag is checked, and the job compared with the one at the output,
     // before anything is created or written.
     let model = ModelDir::open(&args.model)?;
     let tiling = tiling_spec(&args.tiling, &model)?;
+    let resolved = crate::stac::resolve(&stores, &args.input, &tiling, &args.tiling.stac).await?;
+    let input = resolved.location.clone();
     let scale: ScaleSpec = tiling.scale.parse().map_err(Error::Usage)?;
     let policy = args.engine.batch_policy().map_err(Error::Usage)?;
     let model_ref = model.model_ref(args.engine.fp16)?;
@@ -234,7 +235,8 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         tiling.clone(),
         args.tiling.grouping_spec(),
         now_rfc3339(),
-    );
+    )
+    .with_search(resolved.search.clone());
     let claim = out
         .check(&spec, Replace::anything_if(args.overwrite), "--overwrite")
         .await?;
@@ -277,7 +279,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     });
     let mut planner = plan::start(
         &stores,
-        input.clone(),
+        resolved.source,
         job_id.clone(),
         tiling.clone(),
         &args.tiling,

@@ -94,10 +94,11 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let started = Instant::now();
     super::log_config("submit", &super::redacted_submit(&args));
     let stores = StoreCache::default();
-    let input = stores.location(&args.input)?;
     let output = stores.location(&args.output)?;
     let model = ModelDir::open(&args.model)?;
     let tiling = tiling_spec(&args.tiling, &model)?;
+    let resolved = crate::stac::resolve(&stores, &args.input, &tiling, &args.tiling.stac).await?;
+    let input = resolved.location.clone();
     // Refused here rather than by every worker.
     tiling
         .scale
@@ -113,7 +114,8 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         tiling.clone(),
         args.tiling.grouping_spec(),
         now_rfc3339(),
-    );
+    )
+    .with_search(resolved.search.clone());
     let replace = if args.force_new_job {
         Replace::OtherJob
     } else {
@@ -131,7 +133,7 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
 
     let mut planner = plan::start(
         &stores,
-        input.clone(),
+        resolved.source,
         job_id.clone(),
         tiling.clone(),
         &args.tiling,
