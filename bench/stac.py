@@ -164,6 +164,13 @@ def s2_item(i):
     }
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds a process has used (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def planning(tmp, counts, reps):
     rows = []
     for n in counts:
@@ -177,17 +184,21 @@ def planning(tmp, counts, reps):
         try:
             runs = []
             for _ in range(reps):
+                c0 = cpu_seconds(server.p.pid)
                 wall, rss, out = timed([str(BIN), "plan", "--input", server.url(), "--collections", "s2", "--json"])
+                server_cpu = cpu_seconds(server.p.pid) - c0
                 plan = json.loads(out)
                 assert plan["inputs"] == n, plan
-                runs.append((wall, rss, plan))
+                runs.append((wall, rss, plan, server_cpu))
             wall = statistics.median(r[0] for r in runs)
             rss = max(r[1] for r in runs)
+            server_cpu = statistics.median(r[3] for r in runs)
             plan = runs[0][2]
             rows.append((n, wall, n / wall, rss, plan["tasks"], plan["stac"]["pages"], server.load_s))
-            print(f"plan {n:>7} items: {wall:.2f} s, {n / wall:,.0f} items/s, peak RSS {rss:.1f} MiB, "
-                  f"{plan['tasks']} tasks, {plan['stac']['pages']} pages (server loaded in {server.load_s:.1f} s)",
-                  flush=True)
+            print(f"plan {n:>7} items: {wall:.2f} s (min {min(r[0] for r in runs):.2f}, max "
+                  f"{max(r[0] for r in runs):.2f}), {n / wall:,.0f} items/s, peak RSS {rss:.1f} MiB, "
+                  f"{plan['tasks']} tasks, {plan['stac']['pages']} pages; rustac serve used {server_cpu:.1f} "
+                  f"CPU s of it (loaded in {server.load_s:.1f} s)", flush=True)
         finally:
             server.close()
     return rows

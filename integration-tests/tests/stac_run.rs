@@ -412,6 +412,33 @@ fn an_item_collection_on_s3_with_cogs_on_s3() {
     let stac = chips(&out, "item_id", "");
     let folder = folder_run(tmp.path(), &[("s1", &scene)]);
     assert_equal_chips(&stac, &folder, &|_| "s1".to_owned());
+
+    // The same COGs behind a STAC API: the baseline-04.00 bands on S3, in
+    // reflectance, with the SCL on S3 too.
+    let api_item = item(
+        &scene,
+        "o-s3",
+        "s2",
+        t,
+        json!(2),
+        ItemStyle::V11Offset,
+        &abs,
+    );
+    let server = serve(tmp.path(), &[api_item]);
+    let out = tmp.path().join("out-api");
+    let mut c = rsembed();
+    c.args(["run", "--input", &server.url(), "--output"])
+        .arg(&out)
+        .arg("--model")
+        .arg(tiny_model())
+        .args(["--batch-size", "16", "--json", "--scale", "0:0.255"])
+        .args(["--cloud-mask", "SCL"]);
+    s3.configure(&mut c);
+    let o = run_timeout(&mut c, LIMIT);
+    assert_eq!(o.status.code(), Some(0), "{}", server.log());
+    let stac = chips(&out, "item_id", "");
+    assert_eq!(stac.len(), 4);
+    assert_equal_chips(&stac, &folder, &|_| "s1".to_owned());
 }
 
 /// `rsembed submit --input <STAC API> ... --json`.
