@@ -18,7 +18,7 @@ top-10 keeps, the query in float32 against dequantised rows) and bytes per row, 
 
 on three kinds of unit vectors at D dimensions:
 
-- `clustered`: 1000 random unit centres, rows = normalise(centre + N(0, 0.05^2 / D * 16)),
+- `clustered`: 1000 random unit centres, rows = normalise(centre + N(0, 0.2^2 / D)),
   queries are perturbed rows (the benchmark data of the IVF work);
 - `anisotropic`: normalise(mu + A z): a shared mean direction (|mu| = 0.8 of the norm) and
   per-dimension standard deviations falling as a power law (k^-0.7), the shape real
@@ -62,10 +62,6 @@ def topk(queries, rows, k=10):
     s = queries @ rows.T
     idx = np.argpartition(-s, k, axis=1)[:, :k]
     return idx
-
-
-def recall(exact, got):
-    return float(np.mean([len(set(a) & set(b)) / len(a) for a, b in zip(exact, got)]))
 
 
 def schemes(rows):

@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -43,13 +44,9 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def timed(cmd, env=None):
-    """Wall seconds and peak RSS (MiB) of one child process."""
+    """Wall seconds, peak RSS (MiB) and stdout of one child process."""
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    out, err = b"", b""
-    # wait4 for ru_maxrss of this child alone; communicate() would reap it.
-    import threading
-
     bufs = {}
 
     def drain(name, f):
@@ -58,15 +55,15 @@ def timed(cmd, env=None):
     ts = [threading.Thread(target=drain, args=(n, f)) for n, f in (("o", p.stdout), ("e", p.stderr))]
     for t in ts:
         t.start()
+    # wait4 gives ru_maxrss of this child alone; communicate() would reap it first.
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t0
     for t in ts:
         t.join()
     p.returncode = os.waitstatus_to_exitcode(status)
-    out, err = bufs["o"], bufs["e"]
-    if p.returncode not in (0,):
-        sys.exit(f"{cmd} exited {p.returncode}:\n{err.decode()[-3000:]}")
-    return wall, ru.ru_maxrss / 1024, out
+    if p.returncode != 0:
+        sys.exit(f"{cmd} exited {p.returncode}:\n{bufs['e'].decode()[-3000:]}")
+    return wall, ru.ru_maxrss / 1024, bufs["o"]
 
 
 class Serve:

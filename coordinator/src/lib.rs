@@ -12,6 +12,7 @@ pub mod query;
 pub mod stac;
 pub use rsembed_worker::queue;
 pub mod text;
+mod wkb;
 
 pub use error::{Error, Result};
 

@@ -203,13 +203,3 @@ pub fn item(
         "links": [], "assets": assets,
     })
 }
-
-/// A collection document for `id` (rustac serve needs the items' collection).
-pub fn collection(id: &str) -> Value {
-    json!({
-        "type": "Collection", "stac_version": "1.1.0", "id": id,
-        "description": "test scenes", "license": "CC-BY-4.0", "links": [],
-        "extent": {"spatial": {"bbox": [[-180.0, -90.0, 180.0, 90.0]]},
-                   "temporal": {"interval": [["2020-01-01T00:00:00Z", null]]}},
-    })
-}

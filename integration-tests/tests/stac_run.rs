@@ -5,14 +5,15 @@
 //! and STAC version describes them; what cannot be read is an error record.
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use rsembed_integration_tests::cluster::{chip_counts, finalize, wait_finished, Worker};
 use rsembed_integration_tests::nats::NatsServer;
 use rsembed_integration_tests::s3::S3Server;
+use rsembed_integration_tests::stac::collection;
 use rsembed_integration_tests::stac::StacServer;
-use rsembed_integration_tests::stac_scenes::{collection, item, make_scene, ItemStyle, SceneFiles};
+use rsembed_integration_tests::stac_scenes::{item, make_scene, ItemStyle, SceneFiles};
 use rsembed_integration_tests::*;
 use serde_json::{json, Value};
 
@@ -197,15 +198,15 @@ fn folder_run(tmp: &Path, scenes: &[(&str, &SceneFiles)]) -> Vec<Value> {
     chips(&out, "regexp_extract(source_uri, '([^/]+)\\.tif$', 1)", "")
 }
 
+/// `rsembed run --input <input> ... --json`, ready for more flags.
+fn stac_cmd(input: &str, out: &Path) -> Command {
+    let mut c = run_cmd(Path::new(input), out, &tiny_model());
+    c.arg("--json");
+    c
+}
+
 fn stac_run(input: &str, out: &Path, flags: &[String]) -> Output {
-    let mut c = rsembed();
-    c.args(["run", "--input", input, "--output"])
-        .arg(out)
-        .arg("--model")
-        .arg(tiny_model())
-        .args(["--batch-size", "16", "--json"])
-        .args(flags);
-    run_timeout(&mut c, LIMIT)
+    run_timeout(stac_cmd(input, out).args(flags), LIMIT)
 }
 
 fn json_of(o: &Output) -> Value {
@@ -377,17 +378,7 @@ fn an_item_collection_on_s3_with_cogs_on_s3() {
     s3.upload(&ndjson, "s3://archive/catalog/items.ndjson");
 
     let out = tmp.path().join("out");
-    let mut c = rsembed();
-    c.args([
-        "run",
-        "--input",
-        "s3://archive/catalog/items.ndjson",
-        "--output",
-    ])
-    .arg(&out)
-    .arg("--model")
-    .arg(tiny_model())
-    .args(["--batch-size", "16", "--json"]);
+    let mut c = stac_cmd("s3://archive/catalog/items.ndjson", &out);
     s3.configure(&mut c);
     let o = run_timeout(&mut c, LIMIT);
     assert_eq!(o.status.code(), Some(0), "{}", s3.log());
@@ -426,13 +417,8 @@ fn an_item_collection_on_s3_with_cogs_on_s3() {
     );
     let server = serve(tmp.path(), &[api_item]);
     let out = tmp.path().join("out-api");
-    let mut c = rsembed();
-    c.args(["run", "--input", &server.url(), "--output"])
-        .arg(&out)
-        .arg("--model")
-        .arg(tiny_model())
-        .args(["--batch-size", "16", "--json", "--scale", "0:0.255"])
-        .args(["--cloud-mask", "SCL"]);
+    let mut c = stac_cmd(&server.url(), &out);
+    c.args(["--scale", "0:0.255", "--cloud-mask", "SCL"]);
     s3.configure(&mut c);
     let o = run_timeout(&mut c, LIMIT);
     assert_eq!(o.status.code(), Some(0), "{}", server.log());

@@ -748,73 +748,17 @@ fn string_col<'a>(batch: &'a RecordBatch, name: &str, uri: &str) -> Result<&'a S
 /// anything else or for bytes that do not parse (a footprint is only shown,
 /// never trusted, here).
 pub(crate) fn wkb_to_geojson(b: &[u8]) -> Option<Value> {
-    let mut r = Wkb {
-        b,
-        pos: 0,
-        le: true,
-    };
-    r.le = match r.u8()? {
-        0 => false,
-        1 => true,
+    // Only a plain 2D polygon (type code 3): what chip footprints are.
+    let code: [u8; 4] = b.get(1..5)?.try_into().ok()?;
+    let code = match b[0] {
+        0 => u32::from_be_bytes(code),
+        1 => u32::from_le_bytes(code),
         _ => return None,
     };
-    if r.u32()? != 3 {
+    if code != 3 {
         return None;
     }
-    let nrings = r.u32()? as usize;
-    // Every ring needs at least its count: bounds the allocation by the input.
-    if nrings > r.remaining() / 4 {
-        return None;
-    }
-    let mut rings = Vec::with_capacity(nrings);
-    for _ in 0..nrings {
-        let n = r.u32()? as usize;
-        if n > r.remaining() / 16 {
-            return None;
-        }
-        let mut ring = Vec::with_capacity(n);
-        for _ in 0..n {
-            ring.push(json!([r.f64()?, r.f64()?]));
-        }
-        rings.push(Value::Array(ring));
-    }
-    Some(json!({"type": "Polygon", "coordinates": rings}))
-}
-
-struct Wkb<'a> {
-    b: &'a [u8],
-    pos: usize,
-    le: bool,
-}
-
-impl Wkb<'_> {
-    fn remaining(&self) -> usize {
-        self.b.len() - self.pos
-    }
-    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
-        let s = self.b.get(self.pos..self.pos + N)?;
-        self.pos += N;
-        s.try_into().ok()
-    }
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take::<1>()?[0])
-    }
-    fn u32(&mut self) -> Option<u32> {
-        let a = self.take::<4>()?;
-        Some(if self.le {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        })
-    }
-    fn f64(&mut self) -> Option<f64> {
-        let a = self.take::<8>()?;
-        Some(if self.le {
-            f64::from_le_bytes(a)
-        } else {
-            f64::from_be_bytes(a)
-        })
-    }
+    crate::wkb::to_geojson(b).ok()
 }
 
 #[cfg(test)]
