@@ -173,6 +173,7 @@ async fn main() {
             assets: None,
             cloud_mask: None,
             max_cloud: None,
+            footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         },
         min_bytes: 16 << 20,
         limits: TiffLimits::default(),

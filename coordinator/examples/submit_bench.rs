@@ -330,6 +330,7 @@ async fn main() {
         assets: None,
         cloud_mask: None,
         max_cloud: None,
+        footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         shard_bytes: 16 << 20,
         stac: Default::default(),
     };

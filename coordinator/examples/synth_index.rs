@@ -287,6 +287,7 @@ async fn main() -> anyhow::Result<()> {
         assets: None,
         cloud_mask: None,
         max_cloud: None,
+        footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
     };
     let model = ModelRef {
         name: "synthetic".into(),

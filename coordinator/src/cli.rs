@@ -261,6 +261,14 @@ pub struct TilingArgs {
     /// Drop chips whose `cloud_fraction` exceeds this (0-1); needs `--cloud-mask`.
     #[arg(long, env = "RSEMBED_MAX_CLOUD")]
     pub max_cloud: Option<f32>,
+    /// How far, in source pixels, a chip's lon/lat `geometry` may stray from
+    /// the chip's true outline (above 0, at most 1). Edges are densified
+    /// until they are that close. Default: 0.01, a hundredth of a pixel,
+    /// below anything a footprint is used for and a few vertices per edge; a
+    /// job written before this flag existed keeps its 5e-8 degrees when
+    /// resumed without it.
+    #[arg(long, env = "RSEMBED_FOOTPRINT_TOLERANCE")]
+    pub footprint_tolerance: Option<f64>,
     /// STAC search.
     #[command(
         flatten,

@@ -212,6 +212,9 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         assets: args.tiling.assets.clone(),
         cloud_mask: args.tiling.cloud_mask.clone(),
         max_cloud: args.tiling.max_cloud,
+        footprint_tolerance: Some(rsembed_coordinator::job::run::footprint_tolerance(
+            &args.tiling,
+        )?),
     };
     rsembed_coordinator::job::run::check_stac_tiling(&args.tiling)?;
     let resolved =

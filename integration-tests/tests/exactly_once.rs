@@ -160,6 +160,10 @@ fn every_identity_flag_changed_on_a_rerun_is_refused_and_changes_nothing() {
         ("--scale", vec!["--scale", "0:200"]),
         ("--fp16", vec!["--fp16"]),
         ("--band-files", vec!["--band-files", "B4,B3,B2"]),
+        (
+            "--footprint-tolerance",
+            vec!["--footprint-tolerance", "0.5"],
+        ),
     ] {
         let o = run_job(&input, &output, &extra);
         assert_refused(&before, &output, &o, flag);
@@ -483,6 +487,10 @@ fn distributed_second_output_resubmit_and_grouping() {
         ),
         ("--fp16", vec!["--task-files", "2", "--fp16"]),
         ("--stride", vec!["--task-files", "2", "--stride", "128"]),
+        (
+            "--footprint-tolerance",
+            vec!["--task-files", "2", "--footprint-tolerance", "0.5"],
+        ),
     ] {
         let o = submit(&url, &input, &a, &extra);
         assert_refused(&before, &a, &o, flag);

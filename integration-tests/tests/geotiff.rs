@@ -1,5 +1,5 @@
 //! GeoTIFF scenes through `rsembed run`: the chip grid, footprints checked
-//! against GDAL (`gdaltransform`), identical results across encodings of the same
+//! against GDAL (`gdaltransform`, both ways), identical results across encodings of the same
 //! pixels, and every shared GeoTIFF processed or rejected.
 //!
 //! These tests read `../shared/data/geotiff`; each says SKIPPED when it is absent.
@@ -56,8 +56,20 @@ fn wkb_vertices(hex: &str) -> Vec<(f64, f64)> {
 
 /// GDAL's lon/lat for pixel/line positions of a file.
 fn gdal_lonlat(file: &Path, points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    gdal_transform(file, points, false)
+}
+
+/// GDAL's pixel/line positions in a file of lon/lat points.
+fn gdal_pixel(file: &Path, points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    gdal_transform(file, points, true)
+}
+
+/// `gdaltransform` between a file's pixel/line grid and lon/lat, from the
+/// grid or (`inverse`) into it.
+fn gdal_transform(file: &Path, points: &[(f64, f64)], inverse: bool) -> Vec<(f64, f64)> {
     let input: String = points.iter().map(|(x, y)| format!("{x} {y}\n")).collect();
     let mut child = Command::new("gdaltransform")
+        .args(inverse.then_some("-i"))
         .args(["-t_srs", "OGC:CRS84", "-output_xy"])
         .arg(file)
         .stdin(std::process::Stdio::piped())
@@ -125,6 +137,9 @@ fn three_encodings_give_identical_chips_and_embeddings() {
     );
 }
 
+/// The chip grid, corners and centres as GDAL has them, and footprints
+/// within a hundredth of a pixel (the default `--footprint-tolerance`) of
+/// their chips as GDAL maps them back into the grid.
 #[test]
 fn rgb_byte_grid_and_footprints_match_gdal() {
     let Some(file) = geotiff("rasterio/RGB.byte.tif") else {
@@ -136,6 +151,7 @@ fn rgb_byte_grid_and_footprints_match_gdal() {
     let rows = rows.as_array().unwrap();
     // 791 x 718 at 256: a 4 x 3 grid; chips with no valid pixel (nodata 0) are dropped.
     assert!((9..=12).contains(&rows.len()), "{} chips", rows.len());
+    let mut worst = 0.0f64;
     for r in rows {
         let (x, y) = (r[0].as_f64().unwrap(), r[1].as_f64().unwrap());
         assert_eq!((x % 256.0, y % 256.0), (0.0, 0.0));
@@ -170,7 +186,72 @@ fn rgb_byte_grid_and_footprints_match_gdal() {
             (lon - gdal[4].0).abs() < 1e-7 && (lat - gdal[4].1).abs() < 1e-7,
             "centre"
         );
+        let off = pixels_off_outline(&file, &ring, (x, y), 256.0);
+        worst = worst.max(off);
+        assert!(
+            off <= FOOTPRINT_PX,
+            "chip {x},{y}: the footprint strays {off} px from the chip"
+        );
     }
+    println!("footprints within {worst:.2e} px of their chips (GDAL)");
+    // The measure can fail: footprints to a whole pixel do here.
+    let coarse = embed(
+        &file,
+        &tmp.path().join("coarse"),
+        &["--footprint-tolerance", "1"],
+    );
+    let coarse_worst = coarse
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let xy = (r[0].as_f64().unwrap(), r[1].as_f64().unwrap());
+            pixels_off_outline(&file, &wkb_vertices(r[6].as_str().unwrap()), xy, 256.0)
+        })
+        .fold(0.0, f64::max);
+    assert!(
+        coarse_worst > FOOTPRINT_PX && coarse_worst <= 1.0 + 2e-3,
+        "{coarse_worst} px at --footprint-tolerance 1"
+    );
+}
+
+/// The default `--footprint-tolerance`, and room for GDAL's and proj4rs's
+/// lon/lat differing by up to 3e-9 degrees (about 1e-3 of a 300 m pixel).
+const FOOTPRINT_PX: f64 = 0.01 + 2e-3;
+
+/// How far a footprint strays from its chip, in the chip's pixels, by GDAL:
+/// points along every edge of the ring (straight in lon/lat, where the
+/// chip's edges are not) are mapped into the grid by `gdaltransform -i` and
+/// measured against the chip's outline.
+fn pixels_off_outline(file: &Path, ring: &[(f64, f64)], (x, y): (f64, f64), size: f64) -> f64 {
+    let along: Vec<(f64, f64)> = ring
+        .windows(2)
+        .flat_map(|s| {
+            (1..8).map(move |k| {
+                let t = k as f64 / 8.0;
+                (
+                    s[0].0 + (s[1].0 - s[0].0) * t,
+                    s[0].1 + (s[1].1 - s[0].1) * t,
+                )
+            })
+        })
+        .collect();
+    gdal_pixel(file, &along)
+        .into_iter()
+        .map(|(c, r)| {
+            // Distance to the nearest side of the square [x, x+size]×[y, y+size].
+            let dx = (c - x).abs().min((c - x - size).abs());
+            let dy = (r - y).abs().min((r - y - size).abs());
+            let inside_x = (x..=x + size).contains(&c);
+            let inside_y = (y..=y + size).contains(&r);
+            match (inside_x, inside_y) {
+                (true, true) => dx.min(dy),
+                (true, false) => dy,
+                (false, true) => dx,
+                (false, false) => dx.hypot(dy),
+            }
+        })
+        .fold(0.0, f64::max)
 }
 
 #[test]

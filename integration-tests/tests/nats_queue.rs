@@ -77,6 +77,7 @@ async fn publish(js: &jetstream::Context, t: &Task) -> queue::PublishOutcome {
             assets: None,
             cloud_mask: None,
             max_cloud: None,
+            footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         },
         task: t.clone(),
     };

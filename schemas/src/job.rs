@@ -9,6 +9,29 @@ pub const JOB_FILE: &str = "job.json";
 /// File name of the manifest at the output root.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
+/// `--footprint-tolerance` when not given: a hundredth of a source pixel.
+///
+/// Far below what any use of a footprint can tell apart (a pixel is the
+/// smallest thing the data locates), and coarse enough that a 256-pixel
+/// UTM chip's lon/lat outline needs only a few vertices per edge.
+pub const DEFAULT_FOOTPRINT_TOLERANCE: f64 = 0.01;
+/// The largest `--footprint-tolerance`: beyond a pixel a footprint would
+/// put a chip's pixels outside its own polygon.
+pub const MAX_FOOTPRINT_TOLERANCE: f64 = 1.0;
+
+/// `--footprint-tolerance`, checked: finite, positive, at most
+/// [`MAX_FOOTPRINT_TOLERANCE`]. The error names the flag.
+pub fn check_footprint_tolerance(v: f64) -> Result<f64, String> {
+    if v.is_finite() && v > 0.0 && v <= MAX_FOOTPRINT_TOLERANCE {
+        Ok(v)
+    } else {
+        Err(format!(
+            "--footprint-tolerance is in source pixels, above 0 and at most \
+             {MAX_FOOTPRINT_TOLERANCE}, not {v}"
+        ))
+    }
+}
+
 /// How inputs are cut into chips and scaled to 8 bits.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TilingSpec {
@@ -38,12 +61,22 @@ pub struct TilingSpec {
     /// `--max-cloud`: chips whose `cloud_fraction` exceeds this are dropped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_cloud: Option<f32>,
+    /// `--footprint-tolerance`: how far, in source pixels, a chip's `geometry`
+    /// may stray from the chip's true outline. `None` (absent from `job.json`)
+    /// is what jobs written before the flag existed did: each vertex of the
+    /// chord within 5e-8 degrees, whatever the pixel size. Every new job
+    /// records its value, so a resumed old job keeps its footprints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub footprint_tolerance: Option<f64>,
 }
 
 impl TilingSpec {
     /// The tiling fingerprint that goes into every `chip_id`.
     ///
-    /// `min_valid` is left out: it decides which chips are kept, not what a chip is.
+    /// `min_valid` is left out: it decides which chips are kept, not what a
+    /// chip is; so is `footprint_tolerance`, which decides how precisely the
+    /// `geometry` column draws a chip, not which pixels it is (both are in
+    /// the job id instead).
     pub fn fingerprint(&self) -> String {
         let mut h = IdHasher::new("rsembed.tiling.v1");
         h.i64(self.chip_size.into()).i64(self.stride.into());
@@ -311,7 +344,7 @@ impl JobSpec {
     }
 
     /// [`JobSpec::job_id_of`], and the STAC selection where there is one.
-    fn id(&self) -> String {
+    fn id_before_footprints(&self) -> String {
         let grouping = self.grouping.unwrap_or(GroupingSpec {
             task_files: 0,
             task_bytes: 0,
@@ -338,6 +371,47 @@ impl JobSpec {
         h.opt_str(t.cloud_mask.as_deref())
             .opt_str(t.max_cloud.map(|v| v.to_bits().to_string()).as_deref());
         h.hex128()
+    }
+
+    /// [`JobSpec::id_before_footprints`], and the footprint tolerance where
+    /// one is recorded. Jobs without one (written before the flag existed)
+    /// keep their ids, so they are still resumed.
+    fn id(&self) -> String {
+        let base = self.id_before_footprints();
+        match self.tiling.footprint_tolerance {
+            None => base,
+            Some(v) => IdHasher::new("rsembed.jobid.footprint.v1")
+                .str(&base)
+                .str(&v.to_bits().to_string())
+                .hex128(),
+        }
+    }
+
+    /// The same job with footprints to `tolerance` (`None`: the absolute
+    /// 5e-8 degrees of older jobs), its id computed again.
+    pub fn with_footprint_tolerance(mut self, tolerance: Option<f64>) -> JobSpec {
+        self.tiling.footprint_tolerance = tolerance;
+        self.job_id = self.id();
+        self
+    }
+
+    /// The job a command asks for, given the job `theirs` at its output, when
+    /// `--footprint-tolerance` was not given: `theirs`'s precision when
+    /// `theirs` was written before the flag existed and is otherwise this
+    /// job (so resuming it never mixes footprints of two precisions), else
+    /// `self` with its default unchanged.
+    pub fn resuming_old_footprints(self, theirs: Option<&JobSpec>) -> JobSpec {
+        match theirs {
+            Some(t) if t.tiling.footprint_tolerance.is_none() => {
+                let old = self.clone().with_footprint_tolerance(None);
+                if old.job_id == t.job_id {
+                    old
+                } else {
+                    self
+                }
+            }
+            _ => self,
+        }
     }
 
     /// Every field in which `self` (the job asked for now) differs from
@@ -410,6 +484,17 @@ impl JobSpec {
             "--max-cloud",
             opt(a.max_cloud.map(|v| v.to_string())),
             opt(b.max_cloud.map(|v| v.to_string())),
+        );
+        let tolerance = |v: Option<f64>| {
+            v.map_or_else(
+                || "not recorded (an older rsembed: 5e-8 degrees)".into(),
+                |v| format!("{v} pixel"),
+            )
+        };
+        diff(
+            "--footprint-tolerance",
+            tolerance(a.footprint_tolerance),
+            tolerance(b.footprint_tolerance),
         );
         let none = StacSearch::default();
         let (a, b) = (
@@ -582,6 +667,7 @@ mod tests {
             assets: None,
             cloud_mask: None,
             max_cloud: None,
+            footprint_tolerance: Some(DEFAULT_FOOTPRINT_TOLERANCE),
         }
     }
 
@@ -698,6 +784,14 @@ mod tests {
                 "--max-cloud",
                 rebuild(&|_, _, _, t, _| t.max_cloud = Some(0.2)),
             ),
+            (
+                "--footprint-tolerance",
+                rebuild(&|_, _, _, t, _| t.footprint_tolerance = Some(0.1)),
+            ),
+            (
+                "--footprint-tolerance",
+                rebuild(&|_, _, _, t, _| t.footprint_tolerance = None),
+            ),
         ];
         for (flag, other) in cases {
             assert_ne!(other.job_id, base.job_id, "{flag} must change the job id");
@@ -760,12 +854,121 @@ mod tests {
     }
 
     #[test]
-    fn tiling_fingerprint_ignores_min_valid() {
+    fn tiling_fingerprint_ignores_min_valid_and_footprint_tolerance() {
         let a = tiling();
         let mut b = tiling();
         b.min_valid = Some(0.5);
         assert_eq!(a.fingerprint(), b.fingerprint());
+        b.footprint_tolerance = None;
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        b.footprint_tolerance = Some(0.5);
+        assert_eq!(a.fingerprint(), b.fingerprint());
         b.stride = 128;
         assert_ne!(a.fingerprint(), b.fingerprint());
+    }
+}
+
+#[cfg(test)]
+mod footprint_tests {
+    use super::*;
+
+    /// `job.json` of a job written before `--footprint-tolerance` existed
+    /// (rsembed 0.1, format 2, a plain GeoTIFF input): its id must not move.
+    const OLD_JOB: &str = r#"{"format":2,"job_id":"","fingerprint":"","input":"file:///in/",
+        "output":"file:///out/","model":{"name":"m","embed_dim":8,"sha256":"aa","files":[],
+        "preprocessor_sha256":"bb","fp16":false},"tiling":{"chip_size":256,"stride":256,
+        "bands":[1,2,3],"scale":"auto","min_valid":null},"grouping":{"task_files":64,
+        "task_bytes":1073741824,"task_chips":64,"shard_bytes":16777216},
+        "created_at":"2026-01-01T00:00:00Z","software_version":"rsembed 0.1.0"}"#;
+
+    fn old_job() -> JobSpec {
+        let mut old: JobSpec = serde_json::from_str(OLD_JOB).unwrap();
+        old.fingerprint = JobSpec::fingerprint_of(&old.model, &old.tiling);
+        old.job_id = JobSpec::job_id_of(
+            &old.fingerprint,
+            None,
+            &old.input,
+            &old.output,
+            &old.grouping.unwrap(),
+        );
+        old
+    }
+
+    fn asked(tolerance: Option<f64>) -> JobSpec {
+        let old = old_job();
+        let mut tiling = old.tiling.clone();
+        tiling.footprint_tolerance = tolerance;
+        JobSpec::new(
+            old.input.clone(),
+            old.output.clone(),
+            old.model.clone(),
+            tiling,
+            old.grouping.unwrap(),
+            "2026-02-01T00:00:00Z".into(),
+        )
+    }
+
+    #[test]
+    fn an_old_job_has_no_tolerance_and_keeps_its_id() {
+        let old = old_job();
+        assert_eq!(old.tiling.footprint_tolerance, None);
+        assert_eq!(asked(None).job_id, old.job_id);
+        let json = serde_json::to_string(&old).unwrap();
+        assert!(!json.contains("footprint_tolerance"), "{json}");
+        let new = serde_json::to_string(&asked(Some(0.01))).unwrap();
+        assert!(new.contains(r#""footprint_tolerance":0.01"#), "{new}");
+    }
+
+    #[test]
+    fn the_default_resumes_an_old_job_with_its_footprints() {
+        let old = old_job();
+        let resumed = asked(Some(DEFAULT_FOOTPRINT_TOLERANCE)).resuming_old_footprints(Some(&old));
+        assert_eq!(resumed.job_id, old.job_id);
+        assert_eq!(resumed.tiling.footprint_tolerance, None);
+        // Another job at the output: the new default stays.
+        let mut other = old.clone();
+        other.input = "file:///elsewhere/".into();
+        other.job_id = "0".repeat(32);
+        let fresh = asked(Some(DEFAULT_FOOTPRINT_TOLERANCE)).resuming_old_footprints(Some(&other));
+        assert_eq!(
+            fresh.tiling.footprint_tolerance,
+            Some(DEFAULT_FOOTPRINT_TOLERANCE)
+        );
+        // A new job at the output: no change either.
+        let new = asked(Some(0.5));
+        let again = asked(Some(DEFAULT_FOOTPRINT_TOLERANCE)).resuming_old_footprints(Some(&new));
+        assert_eq!(
+            again.tiling.footprint_tolerance,
+            Some(DEFAULT_FOOTPRINT_TOLERANCE)
+        );
+        let d = again.differences(&new);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(
+            d[0].to_string(),
+            "--footprint-tolerance: 0.01 pixel in this command, 0.5 pixel in the job at the output"
+        );
+    }
+
+    #[test]
+    fn a_given_tolerance_does_not_resume_an_old_job() {
+        let old = old_job();
+        let d = asked(Some(0.01)).differences(&old);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].what, "--footprint-tolerance");
+        assert!(
+            d[0].to_string().contains("older rsembed: 5e-8 degrees"),
+            "{}",
+            d[0]
+        );
+    }
+
+    #[test]
+    fn the_flag_is_checked() {
+        assert_eq!(check_footprint_tolerance(0.01), Ok(0.01));
+        assert_eq!(check_footprint_tolerance(1.0), Ok(1.0));
+        for bad in [0.0, -0.1, 1.5, f64::NAN, f64::INFINITY] {
+            let e = check_footprint_tolerance(bad).unwrap_err();
+            assert!(e.starts_with("--footprint-tolerance"), "{e}");
+        }
     }
 }

@@ -141,6 +141,7 @@ mod tests {
                 assets: None,
                 cloud_mask: None,
                 max_cloud: None,
+                footprint_tolerance: Some(crate::job::DEFAULT_FOOTPRINT_TOLERANCE),
             },
             task: Task::new("job", vec![]),
         };

@@ -121,6 +121,7 @@ fn runner(out: &Path, backend: Slow, batch_size: usize) -> (TaskRunner, JobConte
                 assets: None,
                 cloud_mask: None,
                 max_cloud: None,
+                footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             },
             software_version: "test".into(),
         },

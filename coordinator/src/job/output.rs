@@ -106,6 +106,23 @@ impl JobOutput {
         })
     }
 
+    /// The job a command asks for, `ours`, as it resumes: when
+    /// `--footprint-tolerance` was not `given` and the output holds this very
+    /// job as written before the flag existed, that job with its footprints
+    /// to 5e-8 degrees (see [`JobSpec::resuming_old_footprints`]). Starting
+    /// over (`run --overwrite`) takes the default.
+    pub(crate) async fn as_resumed(
+        &self,
+        ours: JobSpec,
+        given: bool,
+        replace: Replace,
+    ) -> Result<JobSpec> {
+        if given || replace == Replace::Anything {
+            return Ok(ours);
+        }
+        Ok(ours.resuming_old_footprints(self.spec().await?.as_ref()))
+    }
+
     /// Decides whether the job `ours` may use this output. Without `replace`
     /// another job is refused, naming what differs and the command's `flag`
     /// that would replace it (`--overwrite`). Nothing is written or deleted

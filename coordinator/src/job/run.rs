@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_raster::scale::ScaleSpec;
-use rsembed_schemas::job::{JobSpec, ManifestFailure, ManifestFile, TilingSpec};
+use rsembed_schemas::job::{
+    check_footprint_tolerance, JobSpec, ManifestFailure, ManifestFile, TilingSpec,
+    DEFAULT_FOOTPRINT_TOLERANCE,
+};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
 use rsembed_worker::engine::start::start_engine;
@@ -71,7 +74,15 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
         assets: t.assets.clone(),
         cloud_mask: t.cloud_mask.clone(),
         max_cloud: t.max_cloud,
+        footprint_tolerance: Some(footprint_tolerance(t)?),
     })
+}
+
+/// `--footprint-tolerance`, checked, or its default.
+pub fn footprint_tolerance(t: &TilingArgs) -> Result<f64> {
+    t.footprint_tolerance
+        .map_or(Ok(DEFAULT_FOOTPRINT_TOLERANCE), check_footprint_tolerance)
+        .map_err(Error::Usage)
 }
 
 /// `--assets`, `--cloud-mask` and `--max-cloud`, checked.
@@ -228,18 +239,20 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let policy = args.engine.batch_policy().map_err(Error::Usage)?;
     let model_ref = model.model_ref(args.engine.fp16)?;
     let out = JobOutput::new(output.clone());
-    let mut spec = JobSpec::new(
+    let spec = JobSpec::new(
         input.url.to_string(),
         output.url.to_string(),
         model_ref.clone(),
-        tiling.clone(),
+        tiling,
         args.tiling.grouping_spec(),
         now_rfc3339(),
     )
     .with_search(resolved.search.clone());
-    let claim = out
-        .check(&spec, Replace::anything_if(args.overwrite), "--overwrite")
-        .await?;
+    let replace = Replace::anything_if(args.overwrite);
+    let given = args.tiling.footprint_tolerance.is_some();
+    let mut spec = out.as_resumed(spec, given, replace).await?;
+    let tiling = spec.tiling.clone();
+    let claim = out.check(&spec, replace, "--overwrite").await?;
     if let Some(t) = claim.created_at() {
         spec.created_at = t.to_owned();
     }

@@ -107,11 +107,11 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let model_ref = model.model_ref(args.fp16)?;
     let qcfg = args.queue.config().map_err(Error::Usage)?;
     let out = JobOutput::new(output.clone());
-    let mut spec = JobSpec::new(
+    let spec = JobSpec::new(
         input.url.to_string(),
         output.url.to_string(),
         model_ref.clone(),
-        tiling.clone(),
+        tiling,
         args.tiling.grouping_spec(),
         now_rfc3339(),
     )
@@ -121,6 +121,9 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     } else {
         Replace::No
     };
+    let given = args.tiling.footprint_tolerance.is_some();
+    let mut spec = out.as_resumed(spec, given, replace).await?;
+    let tiling = spec.tiling.clone();
     let claim = out.check(&spec, replace, "--force-new-job").await?;
     if let Some(t) = claim.created_at() {
         spec.created_at = t.to_owned();

@@ -39,6 +39,7 @@ fn spec(search: Option<StacSearch>) -> JobSpec {
             assets: None,
             cloud_mask: None,
             max_cloud: None,
+            footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         },
         GroupingSpec {
             task_files: 1,

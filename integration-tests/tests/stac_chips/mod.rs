@@ -137,6 +137,7 @@ pub fn write_job(root: &Path, files: &[FileSpec]) {
             assets: None,
             cloud_mask: None,
             max_cloud: None,
+            footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         };
         let model = ModelRef {
             // The committed test model's name and dimension, so `classify` takes it.

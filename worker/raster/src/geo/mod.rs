@@ -23,7 +23,7 @@ mod parity_tests;
 mod shared_tests;
 
 pub use crs::{crs_from_geokeys, Crs};
-pub use footprint::{Footprint, Projector};
+pub use footprint::{Footprint, Projector, Tolerance};
 pub use geokeys::{parse_geokeys, GeoKeyValue, GeoKeys};
 pub use transform::{geotransform, GeoTransform};
 pub use wkb::polygon_wkb;

@@ -29,6 +29,16 @@ impl GeoTransform {
         )
     }
 
+    /// Pixel-corner position (col, row) of the map coordinates (x, y): the
+    /// inverse of [`GeoTransform::apply`]. Scenes' affines are checked to be
+    /// non-singular when read.
+    pub fn invert(&self, x: f64, y: f64) -> (f64, f64) {
+        let g = &self.0;
+        let det = g[1] * g[5] - g[2] * g[4];
+        let (dx, dy) = (x - g[0], y - g[3]);
+        ((g[5] * dx - g[2] * dy) / det, (g[1] * dy - g[4] * dx) / det)
+    }
+
     /// Whether the affine has no rotation or shear terms.
     pub fn is_north_up(&self) -> bool {
         self.0[2] == 0.0 && self.0[4] == 0.0
@@ -115,6 +125,12 @@ mod tests {
         assert_eq!(gt.apply(0.0, 0.0), (100.0, 50.0));
         assert_eq!(gt.apply(10.0, 4.0), (100.0 + 20.0 + 2.0, 50.0 - 2.5 - 12.0));
         assert!(!gt.is_north_up());
+        let (x, y) = gt.apply(10.25, -4.5);
+        let (c, r) = gt.invert(x, y);
+        assert!(
+            (c - 10.25).abs() < 1e-12 && (r + 4.5).abs() < 1e-12,
+            "{c} {r}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::Units;
 
 use super::{MaskSource, Scene, SceneError, ScenePart, SceneParts, Source, StretchMemo};
-use crate::geo::{self, Crs, GeoTransform, Projector};
+use crate::geo::{self, Crs, GeoTransform, Projector, Tolerance};
 use crate::grid::ChipGrid;
 use crate::scale::{percentile_stretch, ScaleSpec, Stretch};
 use crate::tiff::{RangeRead, SampleType, TiffFile, TiffLimits, WindowData};
@@ -214,7 +214,10 @@ impl Scene {
         let georeferenced = g.gt.is_some();
         let geo = match (g.gt, g.crs) {
             (Some(gt), Some(crs)) => match Projector::new(&crs) {
-                Ok(p) => Some((gt, crs, p)),
+                Ok(p) => {
+                    let tolerance = Tolerance::of_job(tiling.footprint_tolerance);
+                    Some((gt, crs, p.with_tolerance(tolerance)))
+                }
                 Err(e) => {
                     tracing::warn!(uri, cause = %e, "CRS not reprojectable; geometry is null");
                     None

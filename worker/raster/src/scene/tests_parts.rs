@@ -32,6 +32,7 @@ fn tiling() -> TilingSpec {
         assets: None,
         cloud_mask: None,
         max_cloud: None,
+        footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
     }
 }
 
