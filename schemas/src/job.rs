@@ -248,7 +248,8 @@ pub struct JobSpec {
     /// Spec format: [`JOB_FORMAT`]; 1 in outputs of older versions.
     pub format: u32,
     /// 32 hex chars: [`JobSpec::job_id_of`] over everything that decides the
-    /// rows and the files (fingerprint, `--min-valid`, input, output, grouping).
+    /// rows and the files (fingerprint, `--min-valid`, input, output,
+    /// grouping), then the STAC flags and `--footprint-tolerance` where given.
     pub job_id: String,
     /// Hash of everything that determines the rows: model, tiling, schema version.
     pub fingerprint: String,

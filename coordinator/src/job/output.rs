@@ -5,7 +5,8 @@
 //!
 //! The rules (see `docs/decisions.md`, "Job identity"):
 //! - A job is identified by [`JobSpec::job_id_of`]: input, output, model,
-//!   tiling, `--min-valid` and task grouping. A command whose job differs from
+//!   tiling, `--min-valid` and task grouping (and `--footprint-tolerance`,
+//!   the STAC search and cloud flags where a job records them). A command whose job differs from
 //!   the one at the output is refused, naming every flag that differs, unless it
 //!   asks to replace it (`run --overwrite`, `submit --force-new-job`).
 //! - `job.json` is written only once the plan has found an input, so a
