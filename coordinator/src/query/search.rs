@@ -40,9 +40,7 @@ use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
 use crate::query::filter::{Filters, Missing, Verdict};
 use crate::query::index::{embeddings, GroupRef, Index, Pruning};
-use crate::query::scan::{
-    default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK,
-};
+use crate::query::scan::{default_concurrency, normalize, scan_groups, selection_of, Hit, TopK};
 use crate::query::Error as QueryError;
 
 /// One result, with what the output shows of its chip.
@@ -302,7 +300,7 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
             let rows = embeddings(batch, dim, &uris[g.part])?;
             let n = batch.num_rows();
             cos.resize(n, 0.0);
-            dots(rows, dim, &query, cos);
+            rows.cosines(dim, &query, cos);
             let mask = filters
                 .any()
                 .then(|| filters.mask(batch, &uris[g.part], missing))
@@ -543,7 +541,7 @@ async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec
             source,
         })?;
     let mut v =
-        embeddings(&batch, index.embed_dim, &index.parts[g.part].uri)?[..index.embed_dim].to_vec();
+        embeddings(&batch, index.embed_dim, &index.parts[g.part].uri)?.row(0, index.embed_dim);
     normalize(&mut v)?;
     Ok((g, row, v))
 }
