@@ -264,7 +264,7 @@ pub struct TilingArgs {
     pub max_cloud: Option<f32>,
     /// How the `embedding` column stores vectors (`run`, `submit`): `f32`
     /// (the model's output), `f16` (half the bytes), or `int8` (a quarter,
-    /// with a per-row `embedding_scale`: value = embedding[i] * embedding_scale).
+    /// with a per-row `embedding_scale`: value = `embedding[i] * embedding_scale`).
     #[arg(long, env = "RSEMBED_EMBEDDING_TYPE", default_value = "f32")]
     pub embedding_type: EmbeddingType,
     /// STAC search.

@@ -28,7 +28,7 @@
 //!    descriptors.
 //! 3. **Sort and write.** Bucket by bucket: its spill is read back (about one
 //!    output file of rows), sorted by key, and written as a chip file with the
-//!    job's writer settings ([`chip_writer_properties`]; row groups of
+//!    job's writer settings ([`chip_writer_properties_for`]; row groups of
 //!    `--row-group-rows`, 8192 like job files) and `geo` + `rsembed`
 //!    metadata (the source's [`FileMeta`], with `task_id` = the part's name),
 //!    streamed to the store through an atomic upload (one put, or a multipart
