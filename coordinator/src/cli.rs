@@ -557,6 +557,16 @@ pub struct SearchArgs {
     /// Search by a query vector: a file holding one JSON array (as `rsembed text` prints).
     #[arg(long, env = "RSEMBED_VECTOR", value_name = "FILE")]
     pub(crate) vector: Option<PathBuf>,
+    /// Many queries in one pass over the data: a JSON Lines file, one vector
+    /// (JSON array) a line. Each result carries its query's line number as
+    /// `query`; ranks count per query. At most 10,000 queries.
+    #[arg(long, env = "RSEMBED_VECTORS", value_name = "FILE")]
+    pub(crate) vectors: Option<PathBuf>,
+    /// Many text queries in one pass over the data: one text a line, each its
+    /// own query (positional texts are averaged into one instead). Needs
+    /// `--model`. Results carry the line number as `query`.
+    #[arg(long, env = "RSEMBED_QUERIES", value_name = "FILE")]
+    pub(crate) queries: Option<PathBuf>,
     /// Print one JSON object per result (JSON Lines).
     #[arg(long, env = "RSEMBED_JSON", conflicts_with = "geojson")]
     pub json: bool,

@@ -30,7 +30,7 @@ use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
 use rsembed_worker::store::{Location, StoreCache};
 
 use crate::error::{Error, Result};
-use crate::query::scan::{dot, dots, normalize};
+use crate::query::scan::{dot, normalize};
 use crate::query::Error as QueryError;
 
 /// Footers read at once when an index opens.
@@ -593,52 +593,37 @@ pub(crate) enum Embeddings<'a> {
 }
 
 impl<'a> Embeddings<'a> {
-    /// Rows held.
-    pub(crate) fn rows(&self, dim: usize) -> usize {
+    /// Rows `start..start + len`.
+    pub(crate) fn slice(self, start: usize, len: usize, dim: usize) -> Embeddings<'a> {
+        let r = start * dim..(start + len) * dim;
         match self {
-            Embeddings::F32(v) => v.len() / dim,
-            Embeddings::F16(v) => v.len() / dim,
-            Embeddings::Int8 { scales, .. } => scales.len(),
-        }
-    }
-
-    /// `out[i]` = the cosine of row `i` with the unit vector `q`, for the
-    /// `out.len()` first rows. Float32 rows are unit length already; f16
-    /// and int8 rows are divided by their norm, so that a cosine stays a
-    /// cosine whatever the storage.
-    pub(crate) fn cosines(&self, dim: usize, q: &[f32], out: &mut [f32]) {
-        match *self {
-            Embeddings::F32(rows) => dots(rows, dim, q, out),
-            Embeddings::F16(rows) => {
-                let mut buf = vec![0f32; dim];
-                for (o, row) in out.iter_mut().zip(rows.chunks_exact(dim)) {
-                    half::slice::HalfFloatSliceExt::convert_to_f32_slice(row, &mut buf);
-                    *o = cosine_of(&buf, q);
-                }
-            }
-            Embeddings::Int8 { values, .. } => {
-                // The scale cancels in a cosine: score the integers as they are.
-                let mut buf = vec![0f32; dim];
-                for (o, row) in out.iter_mut().zip(values.chunks_exact(dim)) {
-                    for (b, v) in buf.iter_mut().zip(row) {
-                        *b = f32::from(*v);
-                    }
-                    *o = cosine_of(&buf, q);
-                }
-            }
+            Embeddings::F32(v) => Embeddings::F32(&v[r]),
+            Embeddings::F16(v) => Embeddings::F16(&v[r]),
+            Embeddings::Int8 { values, scales } => Embeddings::Int8 {
+                values: &values[r],
+                scales: &scales[start..start + len],
+            },
         }
     }
 
     /// Every row as unit float32 values: the column itself for f32, a
-    /// decoded copy otherwise.
+    /// decoded copy otherwise (int8's scale cancels in the normalisation).
     pub(crate) fn unit_rows(self, dim: usize) -> std::borrow::Cow<'a, [f32]> {
-        if let Embeddings::F32(rows) = self {
-            return std::borrow::Cow::Borrowed(rows);
-        }
-        let n = self.rows(dim);
-        let mut out = Vec::with_capacity(n * dim);
-        for i in 0..n {
-            out.extend(self.row(i, dim));
+        let mut out = match self {
+            Embeddings::F32(rows) => return std::borrow::Cow::Borrowed(rows),
+            Embeddings::F16(rows) => {
+                let mut out = vec![0f32; rows.len()];
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(rows, &mut out);
+                out
+            }
+            Embeddings::Int8 { values, .. } => values.iter().map(|v| f32::from(*v)).collect(),
+        };
+        for row in out.chunks_exact_mut(dim) {
+            let n = dot(row, row);
+            if n > 0.0 {
+                let inv = 1.0 / n.sqrt();
+                row.iter_mut().for_each(|x| *x *= inv);
+            }
         }
         std::borrow::Cow::Owned(out)
     }
@@ -658,17 +643,6 @@ impl<'a> Embeddings<'a> {
         // A zero row stays zero: its cosine with anything is 0.
         let _ = normalize(&mut v);
         v
-    }
-}
-
-/// `a · q / |a|` (0 for a zero row).
-#[inline]
-fn cosine_of(a: &[f32], q: &[f32]) -> f32 {
-    let n = dot(a, a);
-    if n > 0.0 {
-        dot(a, q) / n.sqrt()
-    } else {
-        0.0
     }
 }
 
