@@ -39,9 +39,10 @@ use serde_json::{json, Value};
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
 use crate::query::filter::{Filters, Missing, Verdict};
-use crate::query::index::{embeddings, GroupRef, Index, Pruning};
+use crate::query::index::{embeddings, Embeddings, GroupRef, Index, Pruning};
 use crate::query::scan::{
-    default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK,
+    default_concurrency, dots, dots_i8, inv_norms_i8, normalize, scan_groups, selection_of, Hit,
+    TopK,
 };
 
 mod batch;
@@ -331,7 +332,7 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     let scored = Arc::new(AtomicU64::new(0));
     let counter = scored.clone();
     let uris: Arc<Vec<String>> = Arc::new(index.parts.iter().map(|p| p.uri.clone()).collect());
-    type Acc = (Vec<TopK>, Vec<f32>, Missing);
+    type Acc = (Vec<TopK>, Vec<f32>, Vec<f32>, Missing);
     let mut scan = Box::pin(scan_groups(
         index.clone(),
         groups,
@@ -342,10 +343,11 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
             (
                 vec![TopK::new(k); nq],
                 Vec::<f32>::new(),
+                Vec::<f32>::new(),
                 Missing::default(),
             )
         },
-        move |(tops, cos, missing): &mut Acc, g: GroupRef, offset, batch: &RecordBatch| {
+        move |(tops, cos, norms, missing): &mut Acc, g: GroupRef, offset, batch: &RecordBatch| {
             let rows = embeddings(batch, dim, &uris[g.part])?;
             let n = batch.num_rows();
             let mask = filters
@@ -356,10 +358,23 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
             // query is scored against them: one pass over the data for all.
             for start in (0..n).step_by(SCORE_BLOCK_ROWS) {
                 let len = SCORE_BLOCK_ROWS.min(n - start);
-                let block = rows.slice(start, len, dim).unit_rows(dim);
+                let block = rows.slice(start, len, dim);
+                // int8 is scored as it is stored (1 byte a value, the scale
+                // cancelled by the norm); f16 is widened once per block.
+                let (int8, floats) = match block {
+                    Embeddings::Int8 { values, .. } => {
+                        inv_norms_i8(values, dim, norms);
+                        (Some(values), None)
+                    }
+                    other => (None, Some(other.unit_rows(dim))),
+                };
                 cos.resize(len, 0.0);
                 for (q, top) in vectors.iter().zip(tops.iter_mut()) {
-                    dots(&block, dim, q, cos);
+                    match (int8, &floats) {
+                        (Some(values), _) => dots_i8(values, dim, q, norms, cos),
+                        (_, Some(f)) => dots(f, dim, q, cos),
+                        (None, None) => unreachable!("one of the two is set"),
+                    }
                     for (i, &c) in cos.iter().enumerate() {
                         let row = offset + start + i;
                         if c < top.threshold()
@@ -385,7 +400,7 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     ));
     let mut tops = vec![TopK::new(k); nq];
     while let Some(r) = scan.next().await {
-        let (_, (t, _, m)) = r?;
+        let (_, (t, _, _, m)) = r?;
         for (top, t) in tops.iter_mut().zip(t) {
             top.merge(t);
         }
