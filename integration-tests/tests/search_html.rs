@@ -295,6 +295,58 @@ fn search_html_page_shows_every_hit_as_the_model_saw_it() {
         "Pillow's resize, byte for byte"
     );
 
+    // Every picture is the model's input: embedded again as a whole image
+    // (at the model's size, so preprocessing only normalizes), it gives its
+    // chip's embedding, the 16-bit `--scale auto` chips and the resized
+    // members included.
+    let again = tmp.path().join("again");
+    std::fs::create_dir_all(&again).unwrap();
+    let mut pictured = 0;
+    for card in &cards {
+        let Some(img) = card_img(card) else { continue };
+        let id = card
+            .split("<th>chip_id</th><td>")
+            .nth(1)
+            .and_then(|s| s.split('<').next())
+            .unwrap();
+        decode_data_uri(img)
+            .save(again.join(format!("{id}.png")))
+            .unwrap();
+        pictured += 1;
+    }
+    assert_eq!(pictured, hits - 1);
+    let again_out = tmp.path().join("again-index");
+    let o = run(&mut run_cmd(&again, &again_out, &tiny_model()));
+    assert_eq!(o.status.code(), Some(0), "the pictures embed");
+    let rows = duckdb(&format!(
+        "SELECT o.chip_id, list_cosine_similarity(o.embedding, t.embedding) \
+         FROM '{}/chips/*.parquet' o JOIN '{}/chips/*.parquet' t \
+         ON t.source_uri LIKE '%/' || o.chip_id || '.png'",
+        out.display(),
+        again_out.display()
+    ));
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), hits - 1, "{rows:?}");
+    for r in rows {
+        assert!(
+            r[1].as_f64().unwrap() > 0.99999,
+            "the picture of {r} is not the model's input"
+        );
+    }
+    // ... which says something: another chip's picture is far from it.
+    let others = duckdb(&format!(
+        "SELECT max(list_cosine_similarity(o.embedding, t.embedding)) \
+         FROM '{}/chips/*.parquet' o JOIN '{}/chips/*.parquet' t \
+         ON t.source_uri NOT LIKE '%/' || o.chip_id || '.png'",
+        out.display(),
+        again_out.display()
+    ));
+    let max_other = others[0][0].as_f64().unwrap();
+    assert!(
+        max_other < 0.999,
+        "other chips' pictures: cosine up to {max_other}"
+    );
+
     // The browser: every picture decodes, no injected markup ran, the
     // overview has a footprint per georeferenced chip.
     let profile = tempfile::tempdir().unwrap();
