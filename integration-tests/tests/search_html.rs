@@ -7,7 +7,10 @@
 //! with nodata, a tar archive's PNG members (one smaller than the model's
 //! input, so resized; one named to inject markup), and a whole image deleted
 //! after the run (a placeholder, not a failed search). Pictures are compared
-//! with GDAL's cut of the same window and Pillow's resize of the same image.
+//! with GDAL's cut of the same window and Pillow's resize of the same image,
+//! and embedded again to give their chips' embeddings. STAC items (read again
+//! from their items file, with their units) and `--band-files` scenes have
+//! tests of their own.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -450,34 +453,82 @@ fn search_html_pictures_of_stac_items_are_their_assets_windows() {
     );
     assert_eq!(o.status.code(), Some(0), "run succeeds");
 
-    let page_path = tmp.path().join("page.html");
+    let (stdout, page) = search_page(&out, tmp.path());
+    assert_eq!(stdout.lines().count(), 8, "--json still prints every hit");
+    assert!(!page.contains("<i>a</i>") && page.contains("&lt;i&gt;a&lt;/i&gt;"));
+    let cards = cards(&page);
+    assert_eq!(cards.len(), 8, "four chips of each item");
+    for card in &cards {
+        assert!(card.contains("<th>datetime</th><td>2024-06-15T10:00:00Z</td>"));
+    }
+    assert_windows_of(&scene.path("visual.tif"), &cards, tmp.path());
+}
+
+/// `--band-files` scenes: named `<prefix>{B04,B03,B02}<rest>`, read again
+/// from their three one-band files (DN = 10·v; `--scale 0:2550` gives v).
+#[test]
+fn search_html_pictures_of_band_file_scenes_are_their_windows() {
+    use rsembed_integration_tests::stac_scenes::make_scene;
+    let tmp = tempfile::tempdir().unwrap();
+    let scene = make_scene(&tmp.path().join("s1"), 512, (500_000.0, 5_000_000.0), 11);
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    for b in ["B04", "B03", "B02"] {
+        std::fs::copy(
+            scene.path(&format!("{b}.tif")),
+            data.join(format!("T33_{b}.tif")),
+        )
+        .unwrap();
+    }
+    let out = tmp.path().join("index");
+    let o = run_timeout(
+        run_cmd(&data, &out, &tiny_model()).args([
+            "--band-files",
+            "B04,B03,B02",
+            "--scale",
+            "0:2550",
+        ]),
+        Duration::from_secs(300),
+    );
+    assert_eq!(o.status.code(), Some(0), "run succeeds");
+    let (_, page) = search_page(&out, tmp.path());
+    let cards = cards(&page);
+    assert_eq!(cards.len(), 4);
+    assert!(cards[0].contains("T33_{B04,B03,B02}.tif"), "{}", cards[0]);
+    assert_windows_of(&scene.path("visual.tif"), &cards, tmp.path());
+}
+
+/// `search --json --html` of `index` for one text; stdout and the page.
+fn search_page(index: &Path, tmp: &Path) -> (String, String) {
+    let page_path = tmp.join("page.html");
     let mut c = rsembed();
     c.arg("search")
         .arg("--model")
         .arg(tiny_model())
         .arg("--index")
-        .arg(&out)
+        .arg(index)
         .args(["--top-k", "20", "--json", "--html"])
         .arg(&page_path)
         .arg("fields");
     let o = run_timeout(&mut c, Duration::from_secs(120));
     assert!(o.status.success(), "search --html succeeds");
-    let stdout = String::from_utf8(o.stdout).unwrap();
-    assert_eq!(stdout.lines().count(), 8, "--json still prints every hit");
-    let page = std::fs::read_to_string(&page_path).unwrap();
-    assert!(!page.contains("<i>a</i>") && page.contains("&lt;i&gt;a&lt;/i&gt;"));
-    let cards = cards(&page);
-    assert_eq!(cards.len(), 8, "four chips of each item");
+    (
+        String::from_utf8(o.stdout).unwrap(),
+        std::fs::read_to_string(&page_path).unwrap(),
+    )
+}
+
+/// Each card's picture is GDAL's 256² window of `visual` at the card's window.
+fn assert_windows_of(visual: &Path, cards: &[&str], tmp: &Path) {
     for card in cards {
         let img = card_img(card).unwrap_or_else(|| panic!("a picture: {card}"));
-        assert!(card.contains("<th>datetime</th><td>2024-06-15T10:00:00Z</td>"));
         let window = card
             .split("<th>window</th><td>")
             .nth(1)
             .and_then(|s| s.split(' ').next())
             .unwrap();
         let (x, y) = window.split_once(',').unwrap();
-        let reference = tmp.path().join(format!("ref_{x}_{y}.png"));
+        let reference = tmp.join(format!("ref_{x}_{y}.png"));
         gdal(&[
             "-of",
             "PNG",
@@ -486,14 +537,15 @@ fn search_html_pictures_of_stac_items_are_their_assets_windows() {
             y,
             "256",
             "256",
-            scene.path("visual.tif").to_str().unwrap(),
+            visual.to_str().unwrap(),
             reference.to_str().unwrap(),
         ]);
         let want = image::open(&reference).unwrap().to_rgb8();
         let got = decode_data_uri(img);
         assert!(
             got.as_raw() == want.as_raw(),
-            "the picture at {x},{y} is visual.tif's window"
+            "the picture at {x},{y} is {}'s window",
+            visual.display()
         );
     }
 }
