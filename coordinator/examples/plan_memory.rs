@@ -173,6 +173,7 @@ async fn main() {
             assets: None,
             cloud_mask: None,
             max_cloud: None,
+            embedding_type: Default::default(),
         },
         min_bytes: 16 << 20,
         limits: TiffLimits::default(),

@@ -330,6 +330,7 @@ async fn main() {
         assets: None,
         cloud_mask: None,
         max_cloud: None,
+        embedding_type: Default::default(),
         shard_bytes: 16 << 20,
         stac: Default::default(),
     };

@@ -212,6 +212,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         assets: args.tiling.assets.clone(),
         cloud_mask: args.tiling.cloud_mask.clone(),
         max_cloud: args.tiling.max_cloud,
+        embedding_type: args.tiling.embedding_type,
     };
     rsembed_coordinator::job::run::check_stac_tiling(&args.tiling)?;
     let resolved =

@@ -77,6 +77,7 @@ async fn publish(js: &jetstream::Context, t: &Task) -> queue::PublishOutcome {
             assets: None,
             cloud_mask: None,
             max_cloud: None,
+            embedding_type: Default::default(),
         },
         task: t.clone(),
     };

@@ -141,6 +141,7 @@ mod tests {
                 assets: None,
                 cloud_mask: None,
                 max_cloud: None,
+                embedding_type: Default::default(),
             },
             task: Task::new("job", vec![]),
         };

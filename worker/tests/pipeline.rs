@@ -121,8 +121,10 @@ fn runner(out: &Path, backend: Slow, batch_size: usize) -> (TaskRunner, JobConte
                 assets: None,
                 cloud_mask: None,
                 max_cloud: None,
+                embedding_type: Default::default(),
             },
             software_version: "test".into(),
+            quantization: None,
         },
     };
     let runner = TaskRunner {

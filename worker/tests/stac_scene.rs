@@ -196,6 +196,7 @@ fn runner(out: &Path, scale: ScaleSpec, max_cloud: Option<f32>) -> (TaskRunner, 
         assets: None,
         cloud_mask: max_cloud.map(|_| "scl".into()),
         max_cloud,
+        embedding_type: Default::default(),
     };
     let stores = StoreCache::default();
     let job = JobContext {

@@ -71,6 +71,7 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
         assets: t.assets.clone(),
         cloud_mask: t.cloud_mask.clone(),
         max_cloud: t.max_cloud,
+        embedding_type: t.embedding_type,
     })
 }
 

@@ -43,12 +43,23 @@ use crate::query::index::{embeddings, GroupRef, Index, Pruning};
 use crate::query::scan::{
     default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK,
 };
+
+mod batch;
+
+/// Rows scored against every query before the next rows: 256 rows of D =
+/// 768 float32 are 768 KiB, which stays in L2 while a batch of queries
+/// passes over it.
+const SCORE_BLOCK_ROWS: usize = 256;
 use crate::query::Error as QueryError;
 
 /// One result, with what the output shows of its chip.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub(crate) struct SearchResult {
-    /// 1 for the best.
+    /// The query's line number in `--vectors` or `--queries` (1-based, as
+    /// an editor counts); absent for a single query.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) query: Option<usize>,
+    /// 1 for the best (of its query).
     pub(crate) rank: usize,
     /// `sigmoid(exp(logit_scale)·cos + logit_bias)`; absent without a model.
     pub(crate) score: Option<f64>,
@@ -214,9 +225,19 @@ fn print_results(
                 ),
             }
         };
+        // The query's line first in a batch, so that each query's rows read together.
+        let batch = results.iter().any(|r| r.query.is_some());
+        let query_cell = |r: Option<&SearchResult>| -> String {
+            match r {
+                _ if !batch => String::new(),
+                None => format!("{:>5}  ", "query"),
+                Some(r) => format!("{:>5}  ", r.query.unwrap_or(0)),
+            }
+        };
         writeln!(
             out,
-            "{:>4}  {:>9}  {:>8}  {:<32}  {:<24}  {:<22}  {}source_uri",
+            "{}{:>4}  {:>9}  {:>8}  {:<32}  {:<24}  {:<22}  {}source_uri",
+            query_cell(None),
             "rank",
             "score",
             "cosine",
@@ -234,7 +255,8 @@ fn print_results(
             let window = format!("{},{} {}×{}", r.x, r.y, r.width, r.height);
             writeln!(
                 out,
-                "{:>4}  {:>9}  {:>8.5}  {:<32}  {:<24}  {:<22}  {}{}",
+                "{}{:>4}  {:>9}  {:>8.5}  {:<32}  {:<24}  {:<22}  {}{}",
+                query_cell(Some(r)),
                 r.rank,
                 score,
                 r.cosine,
@@ -254,10 +276,13 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     let t0 = Instant::now();
     let sources = usize::from(!args.texts.is_empty())
         + usize::from(args.like.is_some())
-        + usize::from(args.vector.is_some());
+        + usize::from(args.vector.is_some())
+        + usize::from(args.vectors.is_some())
+        + usize::from(args.queries.is_some());
     if sources != 1 {
         return Err(Error::Usage(
-            "rsembed search: give the query as texts, or --like CHIP_ID, or --vector FILE (one of them)"
+            "rsembed search: give the query as texts, or --like CHIP_ID, or --vector FILE, \
+             or many as --vectors FILE or --queries FILE (one of them)"
                 .into(),
         ));
     }
@@ -268,20 +293,35 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         check_model(&index, m)?;
     }
     let dim = index.embed_dim;
-    let (query, exclude) = if !args.texts.is_empty() {
-        let Some(m) = &model else {
-            return Err(Error::Usage(
-                "rsembed search: a text query needs --model (the model the index was embedded with)"
-                    .into(),
-            ));
-        };
-        (text_query(m, args, &args.texts)?, None)
+    let need_model = |what: &str| -> Result<&ModelDir> {
+        model.as_ref().ok_or_else(|| {
+            Error::Usage(format!(
+                "rsembed search: {what} needs --model (the model the index was embedded with)"
+            ))
+        })
+    };
+    // (line number, unit vector) per query; the line is None for one query.
+    let (queries, exclude): (Vec<(Option<usize>, Vec<f32>)>, _) = if !args.texts.is_empty() {
+        let m = need_model("a text query")?;
+        (vec![(None, text_query(m, args, &args.texts)?)], None)
     } else if let Some(id) = &args.like {
         let (g, row, v) = find_chip(&index, id).await?;
-        (v, Some((g, row)))
+        (vec![(None, v)], Some((g, row)))
+    } else if let Some(path) = &args.vector {
+        (vec![(None, vector_query(path, dim)?)], None)
+    } else if let Some(path) = &args.vectors {
+        (batch::vectors(path, dim)?, None)
     } else {
-        let path = args.vector.as_ref().expect("one query source");
-        (vector_query(path, dim)?, None)
+        let path = args.queries.as_ref().expect("one query source");
+        let m = need_model("--queries")?;
+        let (lines, texts): (Vec<usize>, Vec<String>) = batch::texts(path)?.into_iter().unzip();
+        let rows = crate::text::embed(m, &args.engine, &texts)?;
+        let mut qs = Vec::with_capacity(rows.len());
+        for (line, mut v) in lines.into_iter().zip(rows) {
+            normalize(&mut v)?;
+            qs.push((Some(line), v));
+        }
+        (qs, None)
     };
 
     let filters = Filters {
@@ -299,58 +339,87 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     let (mut columns, optional) = filters.columns();
     columns.push(col::EMBEDDING);
     let k = args.top_k;
-    let query = Arc::new(query);
+    let nq = queries.len();
+    let vectors: Arc<Vec<Vec<f32>>> = Arc::new(queries.iter().map(|(_, v)| v.clone()).collect());
     let scored = Arc::new(AtomicU64::new(0));
     let counter = scored.clone();
     let uris: Arc<Vec<String>> = Arc::new(index.parts.iter().map(|p| p.uri.clone()).collect());
-    type Acc = (TopK, Vec<f32>, Missing);
+    type Acc = (Vec<TopK>, Vec<f32>, Missing);
     let mut scan = Box::pin(scan_groups(
         index.clone(),
         groups,
         columns,
         optional,
         concurrency,
-        move || (TopK::new(k), Vec::<f32>::new(), Missing::default()),
-        move |(top, cos, missing): &mut Acc, g: GroupRef, offset, batch: &RecordBatch| {
+        move || {
+            (
+                vec![TopK::new(k); nq],
+                Vec::<f32>::new(),
+                Missing::default(),
+            )
+        },
+        move |(tops, cos, missing): &mut Acc, g: GroupRef, offset, batch: &RecordBatch| {
             let rows = embeddings(batch, dim, &uris[g.part])?;
             let n = batch.num_rows();
-            cos.resize(n, 0.0);
-            dots(rows, dim, &query, cos);
             let mask = filters
                 .any()
                 .then(|| filters.mask(batch, &uris[g.part], missing))
                 .transpose()?;
-            let mut kept = 0u64;
-            for (i, &c) in cos.iter().enumerate() {
-                if mask.as_ref().is_some_and(|m| !m[i]) {
-                    continue;
+            // Blocks of rows small enough to stay in cache while every
+            // query is scored against them: one pass over the data for all.
+            for start in (0..n).step_by(SCORE_BLOCK_ROWS) {
+                let len = SCORE_BLOCK_ROWS.min(n - start);
+                let block = rows.slice(start, len, dim).unit_rows(dim);
+                cos.resize(len, 0.0);
+                for (q, top) in vectors.iter().zip(tops.iter_mut()) {
+                    dots(&block, dim, q, cos);
+                    for (i, &c) in cos.iter().enumerate() {
+                        let row = offset + start + i;
+                        if c < top.threshold()
+                            || mask.as_ref().is_some_and(|m| !m[start + i])
+                            || exclude == Some((g, row))
+                        {
+                            continue;
+                        }
+                        top.push(Hit {
+                            group: g,
+                            row,
+                            cosine: c,
+                        });
+                    }
                 }
-                kept += 1;
-                let row = offset + i;
-                if c < top.threshold() || exclude == Some((g, row)) {
-                    continue;
-                }
-                top.push(Hit {
-                    group: g,
-                    row,
-                    cosine: c,
-                });
             }
-            counter.fetch_add(kept, Ordering::Relaxed);
+            let kept = mask
+                .as_ref()
+                .map_or(n, |m| m.iter().filter(|&&keep| keep).count());
+            counter.fetch_add(kept as u64, Ordering::Relaxed);
             Ok(())
         },
     ));
-    let mut top = TopK::new(k);
+    let mut tops = vec![TopK::new(k); nq];
     while let Some(r) = scan.next().await {
         let (_, (t, _, m)) = r?;
-        top.merge(t);
+        for (top, t) in tops.iter_mut().zip(t) {
+            top.merge(t);
+        }
         missing.add(m);
     }
-    let hits = top.into_sorted();
     let scale_bias = model
         .as_ref()
         .map(|m| (m.manifest.logit_scale, m.manifest.logit_bias));
-    let results = details(&index, &hits, scale_bias).await?;
+    let per_query: Vec<Vec<Hit>> = tops.into_iter().map(TopK::into_sorted).collect();
+    let all: Vec<Hit> = per_query.iter().flatten().copied().collect();
+    let mut found = details(&index, &all, scale_bias).await?.into_iter();
+    let mut results = Vec::with_capacity(all.len());
+    for ((line, _), hits) in queries.iter().zip(&per_query) {
+        for (rank, r) in found.by_ref().take(hits.len()).enumerate() {
+            results.push(SearchResult {
+                query: *line,
+                rank: rank + 1,
+                ..r
+            });
+        }
+    }
     let stats = SearchStats {
         pruning,
         rows_scored: scored.load(Ordering::Relaxed),
@@ -556,7 +625,7 @@ async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec
             source,
         })?;
     let mut v =
-        embeddings(&batch, index.embed_dim, &index.parts[g.part].uri)?[..index.embed_dim].to_vec();
+        embeddings(&batch, index.embed_dim, &index.parts[g.part].uri)?.row(0, index.embed_dim);
     normalize(&mut v)?;
     Ok((g, row, v))
 }
@@ -648,6 +717,7 @@ async fn details(
                 rows.insert(
                     (g, row),
                     SearchResult {
+                        query: None,
                         rank: 0,
                         score: None,
                         cosine: 0.0,
@@ -681,7 +751,8 @@ async fn details(
     hits.iter()
         .enumerate()
         .map(|(rank, h)| {
-            let mut r = rows.remove(&(h.group, h.row)).ok_or_else(|| {
+            // Cloned, not taken: in a batch, queries share rows.
+            let mut r = rows.get(&(h.group, h.row)).cloned().ok_or_else(|| {
                 QueryError::dataset(
                     &index.parts[h.group.part].uri,
                     format!(

@@ -32,6 +32,7 @@ fn tiling() -> TilingSpec {
         assets: None,
         cloud_mask: None,
         max_cloud: None,
+        embedding_type: Default::default(),
     }
 }
 
