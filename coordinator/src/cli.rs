@@ -573,6 +573,12 @@ pub struct SearchArgs {
     /// Print a GeoJSON FeatureCollection of the results' footprints.
     #[arg(long, env = "RSEMBED_GEOJSON")]
     pub(crate) geojson: bool,
+    /// Also write the results as one self-contained HTML page to this file:
+    /// each hit's chip as the model saw it (read again from its source),
+    /// its score, date, scene and centre, and the footprints on a lon/lat
+    /// overview. The table or JSON is still printed.
+    #[arg(long, env = "RSEMBED_HTML", value_name = "FILE")]
+    pub(crate) html: Option<PathBuf>,
     /// Row groups scored at once. Default: twice the number of cores.
     #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
     pub(crate) concurrency: Option<usize>,

@@ -104,6 +104,10 @@ pub(crate) struct SearchResult {
     /// Footprint as GeoJSON geometry.
     #[serde(skip)]
     pub(crate) geometry: Option<Value>,
+    /// The tiling that cut the chip (its file's `rsembed` metadata), for
+    /// reading it again (`--html`).
+    #[serde(skip)]
+    pub(crate) tiling: Option<rsembed_schemas::job::TilingSpec>,
 }
 
 /// What the scan did, for the closing line on stderr.
@@ -129,7 +133,16 @@ pub(crate) struct SearchStats {
 /// statistics line either.
 pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
     let (results, stats) = search(&args).await?;
-    match print_results(&args, &results, out).and_then(|()| out.flush()) {
+    let printed = print_results(&args, &results, out).and_then(|()| out.flush());
+    if let Some(path) = &args.html {
+        let missing = crate::query::html::write(&args, &results, path).await?;
+        eprintln!(
+            "rsembed search: wrote {} ({} hits, {missing} without a picture)",
+            path.display(),
+            results.len()
+        );
+    }
+    match printed {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
         Err(e) => return Err(Error::Worker(rsembed_worker::Error::Io(e))),
@@ -744,6 +757,7 @@ async fn details(
                             .is_valid(i)
                             .then(|| wkb_to_geojson(geom.value(i)))
                             .flatten(),
+                        tiling: part.file_meta.as_ref().map(|m| m.tiling.clone()),
                     },
                 );
             }
