@@ -38,6 +38,16 @@ if ! command -v gdaltransform >/dev/null 2>&1; then
     exit 1
   fi
 fi
+# Headless Chromium (Debian `chromium`) opens `search --html` pages in search_html.rs.
+if ! command -v chromium >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  else
+    echo "chromium is needed by the tests (search_html.rs); install it" >&2
+    exit 1
+  fi
+fi
 # promtool (Debian `prometheus`) lints the worker's /metrics in worker_http.rs.
 if ! command -v promtool >/dev/null 2>&1; then
   if command -v apt-get >/dev/null 2>&1; then

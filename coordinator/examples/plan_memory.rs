@@ -174,6 +174,7 @@ async fn main() {
             cloud_mask: None,
             max_cloud: None,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
+            embedding_type: Default::default(),
         },
         min_bytes: 16 << 20,
         limits: TiffLimits::default(),

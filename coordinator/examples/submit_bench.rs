@@ -331,6 +331,7 @@ async fn main() {
         cloud_mask: None,
         max_cloud: None,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
+        embedding_type: Default::default(),
         shard_bytes: 16 << 20,
         stac: Default::default(),
     };

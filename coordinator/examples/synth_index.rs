@@ -233,7 +233,7 @@ fn encode_file(job: &Job, f: usize) -> anyhow::Result<File> {
         task_id: task_id.clone(),
         ..job.meta.clone()
     };
-    let batch = chip_batch(&rows, job.args.dim)?;
+    let batch = chip_batch(&rows, job.args.dim, Default::default())?;
     let bytes = encode_chips(&batch, chip_file_metadata(&meta, extent(&rows))?)?;
     let planted = job
         .planted
@@ -288,6 +288,7 @@ async fn main() -> anyhow::Result<()> {
         cloud_mask: None,
         max_cloud: None,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
+        embedding_type: Default::default(),
     };
     let model = ModelRef {
         name: "synthetic".into(),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_worker::engine::flags::EngineArgs;
 use rsembed_worker::engine::session::{parse_byte_size, Device, SessionConfig};
 
@@ -269,6 +270,11 @@ pub struct TilingArgs {
     /// resumed without it.
     #[arg(long, env = "RSEMBED_FOOTPRINT_TOLERANCE")]
     pub footprint_tolerance: Option<f64>,
+    /// How the `embedding` column stores vectors (`run`, `submit`): `f32`
+    /// (the model's output), `f16` (half the bytes), or `int8` (a quarter,
+    /// with a per-row `embedding_scale`: value = `embedding[i] * embedding_scale`).
+    #[arg(long, env = "RSEMBED_EMBEDDING_TYPE", default_value = "f32")]
+    pub embedding_type: EmbeddingType,
     /// STAC search.
     #[command(
         flatten,
@@ -559,12 +565,28 @@ pub struct SearchArgs {
     /// Search by a query vector: a file holding one JSON array (as `rsembed text` prints).
     #[arg(long, env = "RSEMBED_VECTOR", value_name = "FILE")]
     pub(crate) vector: Option<PathBuf>,
+    /// Many queries in one pass over the data: a JSON Lines file, one vector
+    /// (JSON array) a line. Each result carries its query's line number as
+    /// `query`; ranks count per query. At most 10,000 queries.
+    #[arg(long, env = "RSEMBED_VECTORS", value_name = "FILE")]
+    pub(crate) vectors: Option<PathBuf>,
+    /// Many text queries in one pass over the data: one text a line, each its
+    /// own query (positional texts are averaged into one instead). Needs
+    /// `--model`. Results carry the line number as `query`.
+    #[arg(long, env = "RSEMBED_QUERIES", value_name = "FILE")]
+    pub(crate) queries: Option<PathBuf>,
     /// Print one JSON object per result (JSON Lines).
     #[arg(long, env = "RSEMBED_JSON", conflicts_with = "geojson")]
     pub json: bool,
     /// Print a GeoJSON FeatureCollection of the results' footprints.
     #[arg(long, env = "RSEMBED_GEOJSON")]
     pub(crate) geojson: bool,
+    /// Also write the results as one self-contained HTML page to this file:
+    /// each hit's chip as the model saw it (read again from its source),
+    /// its score, date, scene and centre, and the footprints on a lon/lat
+    /// overview. The table or JSON is still printed.
+    #[arg(long, env = "RSEMBED_HTML", value_name = "FILE")]
+    pub(crate) html: Option<PathBuf>,
     /// Row groups scored at once. Default: twice the number of cores.
     #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
     pub(crate) concurrency: Option<usize>,
@@ -637,6 +659,11 @@ pub struct CompactArgs {
     /// Hilbert-sorted file more finely, for more footer and more requests.
     #[arg(long, env = "RSEMBED_ROW_GROUP_ROWS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) row_group_rows: u32,
+    /// Store the compacted embeddings as `f32`, `f16` or `int8` (see `rsembed
+    /// run --help`). Default: as the source stores them. int8 from f32 or
+    /// f16 quantises; the reverse only changes the type, not the precision.
+    #[arg(long, env = "RSEMBED_EMBEDDING_TYPE")]
+    pub(crate) embedding_type: Option<EmbeddingType>,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,

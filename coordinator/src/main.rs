@@ -215,6 +215,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         footprint_tolerance: Some(rsembed_coordinator::job::run::footprint_tolerance(
             &args.tiling,
         )?),
+        embedding_type: args.tiling.embedding_type,
     };
     rsembed_coordinator::job::run::check_stac_tiling(&args.tiling)?;
     let resolved =

@@ -1,9 +1,10 @@
 """Runs every ```sql and ```python block of docs/querying.md against a dataset.
 
-    python test_docs.py --docs docs/querying.md --dataset DIR --query FILE
+    python test_docs.py --docs docs/querying.md --dataset DIR --dataset-int8 DIR --query FILE
 
 The placeholders the document explains at its top are replaced: 'out/' by
-the dataset, `[768]` by the dataset's embedding dimension, the example chip id
+the dataset, 'out-int8/' by the same dataset compacted with `--embedding-type
+int8` (--dataset-int8), `[768]` by the dataset's embedding dimension, the example chip id
 by a chip of the dataset. The blocks run in a scratch directory holding the
 query vector as q.json, section by section (`## ` headings): SQL blocks on one
 DuckDB connection per section, Python blocks in one namespace per section, in
@@ -56,7 +57,9 @@ def blocks(path):
     return out
 
 
-def substitute(code, dataset, dim, chip):
+def substitute(code, dataset, dim, chip, int8=None):
+    if int8 is not None:
+        code = re.sub(r"""(['"])out-int8/""", lambda m: f"{m.group(1)}{int8}/", code)
     code = re.sub(r"""(['"])out/""", lambda m: f"{m.group(1)}{dataset}/", code)
     code = code.replace(f"[{DIM_PLACEHOLDER}]", f"[{dim}]")
     return code.replace(CHIP_PLACEHOLDER, chip)
@@ -84,6 +87,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for a in ("--docs", "--dataset", "--query"):
         ap.add_argument(a, required=True)
+    ap.add_argument("--dataset-int8", required=True,
+                    help="the dataset compacted with --embedding-type int8 ('out-int8/' in the docs)")
     args = ap.parse_args()
     docs = os.path.abspath(args.docs)
     dataset = os.path.abspath(args.dataset)
@@ -110,7 +115,7 @@ def main():
         if sec != section:
             section, con, ns = sec, duckdb.connect(), {"__name__": "__docs__"}
         name = f"{docs}:{line} [{sec} / {sub or '-'}] {lang}"
-        code = substitute(code, dataset, dim, chip)
+        code = substitute(code, dataset, dim, chip, os.path.abspath(args.dataset_int8))
         try:
             if lang == "sql":
                 rel = con.sql(code)

@@ -78,6 +78,7 @@ async fn publish(js: &jetstream::Context, t: &Task) -> queue::PublishOutcome {
             cloud_mask: None,
             max_cloud: None,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
+            embedding_type: Default::default(),
         },
         task: t.clone(),
     };

@@ -115,6 +115,16 @@ fn documented_queries_run() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let split = split_dataset(&data.join("geotiff"), tmp.path());
+    // The int8 section's `out-int8/`: the same rows, converted by compact
+    // (before the STAC stamp, which rewrites files behind the manifest).
+    let int8 = tmp.path().join("split-int8");
+    let o = run(rsembed()
+        .args(["compact", "--index"])
+        .arg(&split)
+        .arg("--output")
+        .arg(&int8)
+        .args(["--embedding-type", "int8"]));
+    assert!(o.status.success(), "compact --embedding-type int8 succeeds");
     python_script(
         Command::new(python())
             .arg(script("stamp_stac.py"))
@@ -128,6 +138,8 @@ fn documented_queries_run() {
             .arg(root().join("docs/querying.md"))
             .arg("--dataset")
             .arg(&split)
+            .arg("--dataset-int8")
+            .arg(&int8)
             .arg("--query")
             .arg(&q),
     );

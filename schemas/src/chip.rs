@@ -74,7 +74,81 @@ pub fn embedding_type(embed_dim: usize) -> DataType {
     )
 }
 
-/// The chip row schema, version [`crate::SCHEMA_VERSION`].
+/// The Arrow type of the embedding column stored as `ty`.
+#[cfg(feature = "arrow")]
+pub fn embedding_type_of(embed_dim: usize, ty: crate::embedding::EmbeddingType) -> DataType {
+    use crate::embedding::EmbeddingType;
+    let item = match ty {
+        EmbeddingType::F32 => DataType::Float32,
+        EmbeddingType::F16 => DataType::Float16,
+        EmbeddingType::Int8 => DataType::Int8,
+    };
+    DataType::FixedSizeList(
+        Arc::new(Field::new("item", item, false)),
+        i32::try_from(embed_dim).expect("embedding dimension fits in i32"),
+    )
+}
+
+/// `schema` (a chip schema of float32 embeddings, any version) with its
+/// embedding stored as `ty`: the column's type changes, and int8 appends the
+/// not-null Float32 `embedding_scale` after every other column, so that
+/// readers of the columns by position still find them where they were.
+#[cfg(feature = "arrow")]
+pub fn with_embedding_type(
+    schema: &Schema,
+    embed_dim: usize,
+    ty: crate::embedding::EmbeddingType,
+) -> SchemaRef {
+    let mut fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            if f.name() == col::EMBEDDING {
+                f.as_ref()
+                    .clone()
+                    .with_data_type(embedding_type_of(embed_dim, ty))
+            } else {
+                f.as_ref().clone()
+            }
+        })
+        .collect();
+    if ty == crate::embedding::EmbeddingType::Int8 {
+        fields.push(Field::new(
+            crate::embedding::SCALE_COLUMN,
+            DataType::Float32,
+            false,
+        ));
+    }
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// The stored type and dimension of an `embedding` column of Arrow type `t`;
+/// `None` for any other type.
+#[cfg(feature = "arrow")]
+pub fn embedding_type_from(t: &DataType) -> Option<(crate::embedding::EmbeddingType, usize)> {
+    use crate::embedding::EmbeddingType;
+    let DataType::FixedSizeList(item, d) = t else {
+        return None;
+    };
+    let ty = match item.data_type() {
+        DataType::Float32 => EmbeddingType::F32,
+        DataType::Float16 => EmbeddingType::F16,
+        DataType::Int8 => EmbeddingType::Int8,
+        _ => return None,
+    };
+    Some((ty, usize::try_from(*d).ok().filter(|&d| d > 0)?))
+}
+
+/// The chip row schema of embeddings stored as `ty`.
+#[cfg(feature = "arrow")]
+pub fn chip_schema_typed(embed_dim: usize, ty: crate::embedding::EmbeddingType) -> SchemaRef {
+    if ty.is_f32() {
+        return chip_schema(embed_dim);
+    }
+    with_embedding_type(&chip_schema(embed_dim), embed_dim, ty)
+}
+
+/// The chip row schema, version [`crate::SCHEMA_VERSION`], float32 embeddings.
 #[cfg(feature = "arrow")]
 pub fn chip_schema(embed_dim: usize) -> SchemaRef {
     use col::*;
@@ -186,5 +260,23 @@ mod tests {
         );
         assert!(!schema.field_with_name("chip_id").unwrap().is_nullable());
         assert!(schema.field_with_name("geometry").unwrap().is_nullable());
+    }
+
+    #[test]
+    fn int8_appends_its_scale_and_keeps_positions() {
+        use crate::embedding::EmbeddingType;
+        let f32s = chip_schema(8);
+        let i8s = chip_schema_typed(8, EmbeddingType::Int8);
+        assert_eq!(i8s.fields().len(), f32s.fields().len() + 1);
+        assert_eq!(i8s.field(i8s.fields().len() - 1).name(), "embedding_scale");
+        let e = f32s.index_of("embedding").unwrap();
+        assert_eq!(i8s.index_of("embedding").unwrap(), e);
+        assert_eq!(
+            i8s.field(e).data_type(),
+            &embedding_type_of(8, EmbeddingType::Int8)
+        );
+        let f16s = chip_schema_typed(8, EmbeddingType::F16);
+        assert_eq!(f16s.fields().len(), f32s.fields().len());
+        assert_eq!(chip_schema_typed(8, EmbeddingType::F32), f32s);
     }
 }

@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::embedding::EmbeddingType;
 use crate::ids::IdHasher;
 
 /// File name of the job spec at the output root.
@@ -68,6 +69,12 @@ pub struct TilingSpec {
     /// records its value, so a resumed old job keeps its footprints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub footprint_tolerance: Option<f64>,
+    /// `--embedding-type`: how the `embedding` column stores vectors. Left
+    /// out of the spec when f32, so jobs of earlier versions keep their ids;
+    /// not in [`TilingSpec::fingerprint`] (the chips are the same chips), but
+    /// in the job id: one job's files hold one type.
+    #[serde(default, skip_serializing_if = "EmbeddingType::is_f32")]
+    pub embedding_type: EmbeddingType,
 }
 
 impl TilingSpec {
@@ -345,7 +352,7 @@ impl JobSpec {
     }
 
     /// [`JobSpec::job_id_of`], and the STAC selection where there is one.
-    fn id_before_footprints(&self) -> String {
+    fn base_id(&self) -> String {
         let grouping = self.grouping.unwrap_or(GroupingSpec {
             task_files: 0,
             task_bytes: 0,
@@ -372,6 +379,19 @@ impl JobSpec {
         h.opt_str(t.cloud_mask.as_deref())
             .opt_str(t.max_cloud.map(|v| v.to_bits().to_string()).as_deref());
         h.hex128()
+    }
+
+    /// [`JobSpec::base_id`], extended by an embedding type other than the
+    /// default f32: an f32 job keeps the id it had before types existed.
+    fn id_before_footprints(&self) -> String {
+        let base = self.base_id();
+        if self.tiling.embedding_type.is_f32() {
+            return base;
+        }
+        IdHasher::new("rsembed.jobid.embedding.v1")
+            .str(&base)
+            .str(self.tiling.embedding_type.as_str())
+            .hex128()
     }
 
     /// [`JobSpec::id_before_footprints`], and the footprint tolerance where
@@ -496,6 +516,11 @@ impl JobSpec {
             "--footprint-tolerance",
             tolerance(a.footprint_tolerance),
             tolerance(b.footprint_tolerance),
+        );
+        diff(
+            "--embedding-type",
+            a.embedding_type.to_string(),
+            b.embedding_type.to_string(),
         );
         let none = StacSearch::default();
         let (a, b) = (
@@ -669,6 +694,7 @@ mod tests {
             cloud_mask: None,
             max_cloud: None,
             footprint_tolerance: Some(DEFAULT_FOOTPRINT_TOLERANCE),
+            embedding_type: EmbeddingType::F32,
         }
     }
 
@@ -793,6 +819,10 @@ mod tests {
                 "--footprint-tolerance",
                 rebuild(&|_, _, _, t, _| t.footprint_tolerance = None),
             ),
+            (
+                "--embedding-type",
+                rebuild(&|_, _, _, t, _| t.embedding_type = EmbeddingType::Int8),
+            ),
         ];
         for (flag, other) in cases {
             assert_ne!(other.job_id, base.job_id, "{flag} must change the job id");
@@ -852,6 +882,36 @@ mod tests {
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].what, "the task grouping");
         assert!(d[0].to_string().contains("older rsembed"), "{}", d[0]);
+    }
+
+    #[test]
+    fn f32_jobs_keep_their_ids_and_other_types_are_recorded() {
+        let base = spec();
+        // An f32 spec is written as before: no field, so an older job.json
+        // reads back as f32 and keeps its id.
+        let json = serde_json::to_value(&base).unwrap();
+        assert!(json["tiling"].get("embedding_type").is_none());
+        let back: JobSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back.job_id, base.job_id);
+        assert_eq!(back.id(), base.job_id);
+        let mut t = tiling();
+        t.embedding_type = EmbeddingType::F16;
+        // The chips are the same chips: chip ids do not change.
+        assert_eq!(t.fingerprint(), tiling().fingerprint());
+        let f16 = JobSpec::new(
+            base.input.clone(),
+            base.output.clone(),
+            model(),
+            t,
+            grouping(),
+            base.created_at.clone(),
+        );
+        let json = serde_json::to_value(&f16).unwrap();
+        assert_eq!(json["tiling"]["embedding_type"], "f16");
+        let back: JobSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back.tiling.embedding_type, EmbeddingType::F16);
+        assert_eq!(back.id(), f16.job_id);
+        assert_ne!(f16.job_id, base.job_id);
     }
 
     #[test]

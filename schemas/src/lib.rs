@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod chip;
+pub mod embedding;
 pub mod ids;
 pub mod job;
 pub mod meta;

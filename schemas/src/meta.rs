@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::embedding::{EmbeddingType, Quantization};
 use crate::job::{ModelRef, TilingSpec};
 
 /// Key of the GeoParquet metadata entry.
@@ -63,6 +64,10 @@ pub struct FileMeta {
     pub tiling: TilingSpec,
     /// Software that wrote the file.
     pub software_version: String,
+    /// How `embedding` stores the vectors and how to get float32 back; absent
+    /// for float32 (and in files written before other types existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<Quantization>,
 }
 
 impl FileMeta {
@@ -79,7 +84,21 @@ impl FileMeta {
             embed_dim: model.embed_dim,
             tiling: tiling.clone(),
             software_version: crate::SOFTWARE_VERSION.to_owned(),
+            quantization: tiling.embedding_type.quantization(),
         }
+    }
+
+    /// The stored type of the embeddings of a file with this metadata.
+    pub fn embedding_type(&self) -> EmbeddingType {
+        self.tiling.embedding_type
+    }
+
+    /// This metadata for a file whose embeddings are stored as `ty` (a
+    /// compaction that converts them).
+    pub fn with_embedding_type(mut self, ty: EmbeddingType) -> FileMeta {
+        self.tiling.embedding_type = ty;
+        self.quantization = ty.quantization();
+        self
     }
 }
 

@@ -142,6 +142,7 @@ mod tests {
                 cloud_mask: None,
                 max_cloud: None,
                 footprint_tolerance: Some(crate::job::DEFAULT_FOOTPRINT_TOLERANCE),
+                embedding_type: Default::default(),
             },
             task: Task::new("job", vec![]),
         };

@@ -53,6 +53,7 @@ fn tiling() -> TilingSpec {
         cloud_mask: None,
         max_cloud: None,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
+        embedding_type: Default::default(),
     }
 }
 

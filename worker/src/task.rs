@@ -301,7 +301,11 @@ impl TaskRunner {
                     .await?,
             )
         };
-        let b = chip_batch(&rows, job.file_meta.embed_dim)?;
+        let b = chip_batch(
+            &rows,
+            job.file_meta.embed_dim,
+            job.file_meta.embedding_type(),
+        )?;
         let empty_inputs = empty_inputs(task, &rows, &failures);
         let mut kv = chip_file_metadata(&meta, extent(&rows))?;
         kv.extend(crate::sink::parquet::empty_inputs_entry(&empty_inputs)?);

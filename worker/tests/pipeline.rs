@@ -122,8 +122,10 @@ fn runner(out: &Path, backend: Slow, batch_size: usize) -> (TaskRunner, JobConte
                 cloud_mask: None,
                 max_cloud: None,
                 footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
+                embedding_type: Default::default(),
             },
             software_version: "test".into(),
+            quantization: None,
         },
     };
     let runner = TaskRunner {

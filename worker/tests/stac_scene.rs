@@ -197,6 +197,7 @@ fn runner(out: &Path, scale: ScaleSpec, max_cloud: Option<f32>) -> (TaskRunner, 
         cloud_mask: max_cloud.map(|_| "scl".into()),
         max_cloud,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
+        embedding_type: Default::default(),
     };
     let stores = StoreCache::default();
     let job = JobContext {

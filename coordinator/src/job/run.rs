@@ -75,6 +75,7 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
         cloud_mask: t.cloud_mask.clone(),
         max_cloud: t.max_cloud,
         footprint_tolerance: Some(footprint_tolerance(t)?),
+        embedding_type: t.embedding_type,
     })
 }
 

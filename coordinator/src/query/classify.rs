@@ -217,7 +217,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         args.concurrency.unwrap_or_else(default_concurrency),
         Vec::<RecordBatch>::new,
         move |acc: &mut Vec<RecordBatch>, g: GroupRef, _offset, batch: &RecordBatch| {
-            let rows = embeddings(batch, dim, &uris[g.part])?;
+            let rows = embeddings(batch, dim, &uris[g.part])?.unit_rows(dim);
             let ids = batch
                 .column_by_name(col::CHIP_ID)
                 .and_then(|c| c.as_any().downcast_ref::<StringArray>())
@@ -226,7 +226,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
                 label_batch(
                     &fold_schema,
                     ids,
-                    rows,
+                    &rows,
                     dim,
                     &label_rows,
                     &fold_labels,

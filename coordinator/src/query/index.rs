@@ -14,8 +14,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use arrow_array::{Array, FixedSizeListArray, Float32Array, RecordBatch};
-use arrow_schema::DataType;
+use arrow_array::{Array, FixedSizeListArray, Float16Array, Float32Array, Int8Array, RecordBatch};
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -24,12 +23,14 @@ use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStream};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData};
 use parquet::file::statistics::Statistics;
-use rsembed_schemas::chip::col;
+use rsembed_schemas::chip::{col, embedding_type_from};
+use rsembed_schemas::embedding::{dequantize_int8, EmbeddingType, SCALE_COLUMN};
 use rsembed_schemas::job::{Manifest, MANIFEST_FILE};
 use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
 use rsembed_worker::store::{Location, StoreCache};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::query::scan::{dot, normalize};
 use crate::query::Error as QueryError;
 
 /// Footers read at once when an index opens.
@@ -228,12 +229,17 @@ impl Index {
             read: self.read.clone(),
         };
         let schema = part.meta.schema();
+        // An int8 embedding is read with its scale, wherever it is read.
+        let scale = (columns.contains(&col::EMBEDDING) && part.has_column(SCALE_COLUMN))
+            .then_some(SCALE_COLUMN);
         let roots: Vec<usize> = columns
             .iter()
+            .copied()
+            .chain(scale)
             .map(|c| {
                 schema.index_of(c).map_err(|_| QueryError::MissingColumn {
                     uri: part.uri.clone(),
-                    column: (*c).to_owned(),
+                    column: c.to_owned(),
                 })
             })
             .collect::<Result<_, QueryError>>()?;
@@ -269,24 +275,36 @@ impl Part {
         self.meta.metadata().row_group(g).num_rows().max(0) as usize
     }
 
-    /// D of the `embedding` column, FixedSizeList<Float32, D>.
+    /// D of the `embedding` column.
     pub(crate) fn embed_dim(&self) -> Result<usize> {
+        Ok(self.embedding_type()?.1)
+    }
+
+    /// The stored type of the `embedding` column and D: FixedSizeList of
+    /// Float32, Float16 or Int8 (with a Float32 `embedding_scale`).
+    pub(crate) fn embedding_type(&self) -> Result<(EmbeddingType, usize)> {
         let schema = self.meta.schema();
         let f = schema.field_with_name(col::EMBEDDING).map_err(|_| {
             QueryError::dataset(&self.uri, "no `embedding` column: not an rsembed chip file")
         })?;
-        match f.data_type() {
-            DataType::FixedSizeList(item, d)
-                if *item.data_type() == DataType::Float32 && *d > 0 =>
-            {
-                Ok(*d as usize)
-            }
-            t => Err(QueryError::dataset(
+        let Some((ty, d)) = embedding_type_from(f.data_type()) else {
+            return Err(QueryError::dataset(
                 &self.uri,
-                format!("`embedding` is {t}, not FixedSizeList<Float32, D>"),
+                format!(
+                    "`embedding` is {}, not a FixedSizeList of Float32, Float16 or Int8",
+                    f.data_type()
+                ),
             )
-            .into()),
+            .into());
+        };
+        if ty == EmbeddingType::Int8 && !self.has_column(SCALE_COLUMN) {
+            return Err(QueryError::dataset(
+                &self.uri,
+                format!("int8 `embedding` without its `{SCALE_COLUMN}` column"),
+            )
+            .into());
         }
+        Ok((ty, d))
     }
 }
 
@@ -558,10 +576,84 @@ impl BboxColumns {
     }
 }
 
-/// The embeddings of a batch as one contiguous row-major slice of
-/// `rows × dim` floats, or an error naming the file when the column is not
-/// FixedSizeList<Float32, dim> or has nulls.
-pub(crate) fn embeddings<'a>(batch: &'a RecordBatch, dim: usize, uri: &str) -> Result<&'a [f32]> {
+/// The embeddings of a batch, as stored: `rows × dim` values, row-major.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Embeddings<'a> {
+    /// Float32 rows, unit length.
+    F32(&'a [f32]),
+    /// Float16 rows.
+    F16(&'a [half::f16]),
+    /// Int8 rows and each row's scale: value = e · scale.
+    Int8 {
+        /// The quantised values.
+        values: &'a [i8],
+        /// One scale per row.
+        scales: &'a [f32],
+    },
+}
+
+impl<'a> Embeddings<'a> {
+    /// Rows `start..start + len`.
+    pub(crate) fn slice(self, start: usize, len: usize, dim: usize) -> Embeddings<'a> {
+        let r = start * dim..(start + len) * dim;
+        match self {
+            Embeddings::F32(v) => Embeddings::F32(&v[r]),
+            Embeddings::F16(v) => Embeddings::F16(&v[r]),
+            Embeddings::Int8 { values, scales } => Embeddings::Int8 {
+                values: &values[r],
+                scales: &scales[start..start + len],
+            },
+        }
+    }
+
+    /// Every row as unit float32 values: the column itself for f32, a
+    /// decoded copy otherwise (int8's scale cancels in the normalisation).
+    pub(crate) fn unit_rows(self, dim: usize) -> std::borrow::Cow<'a, [f32]> {
+        let mut out = match self {
+            Embeddings::F32(rows) => return std::borrow::Cow::Borrowed(rows),
+            Embeddings::F16(rows) => {
+                let mut out = vec![0f32; rows.len()];
+                half::slice::HalfFloatSliceExt::convert_to_f32_slice(rows, &mut out);
+                out
+            }
+            Embeddings::Int8 { values, .. } => values.iter().map(|v| f32::from(*v)).collect(),
+        };
+        for row in out.chunks_exact_mut(dim) {
+            let n = dot(row, row);
+            if n > 0.0 {
+                let inv = 1.0 / n.sqrt();
+                row.iter_mut().for_each(|x| *x *= inv);
+            }
+        }
+        std::borrow::Cow::Owned(out)
+    }
+
+    /// Row `i` as float32 values (dequantised), unit length.
+    pub(crate) fn row(&self, i: usize, dim: usize) -> Vec<f32> {
+        let r = i * dim..(i + 1) * dim;
+        let mut v: Vec<f32> = match *self {
+            Embeddings::F32(rows) => return rows[r].to_vec(),
+            Embeddings::F16(rows) => rows[r].iter().map(|x| x.to_f32()).collect(),
+            Embeddings::Int8 { values, scales } => {
+                let mut v = vec![0f32; dim];
+                dequantize_int8(&values[r], scales[i], &mut v);
+                v
+            }
+        };
+        // A zero row stays zero: its cosine with anything is 0.
+        let _ = normalize(&mut v);
+        v
+    }
+}
+
+/// The embeddings of a batch, or an error naming the file when the column
+/// is not a FixedSizeList of `dim` Float32, Float16 or Int8 (with its
+/// `embedding_scale`), or has nulls.
+pub(crate) fn embeddings<'a>(
+    batch: &'a RecordBatch,
+    dim: usize,
+    uri: &str,
+) -> Result<Embeddings<'a>> {
     let c = batch
         .column_by_name(col::EMBEDDING)
         .ok_or_else(|| QueryError::MissingColumn {
@@ -579,15 +671,36 @@ pub(crate) fn embeddings<'a>(batch: &'a RecordBatch, dim: usize, uri: &str) -> R
         )
         .into());
     }
-    let values = list
-        .values()
-        .as_any()
-        .downcast_ref::<Float32Array>()
-        .ok_or_else(|| QueryError::column(uri, "embedding values", "float32"))?;
-    let start = list.offset() * dim;
-    let all = values.values();
-    all.get(start..start + list.len() * dim)
-        .ok_or_else(|| QueryError::dataset(uri, "embedding values are short").into())
+    let (start, n) = (list.offset() * dim, list.len() * dim);
+    let short = || -> Error { QueryError::dataset(uri, "embedding values are short").into() };
+    let values = list.values().as_any();
+    if let Some(v) = values.downcast_ref::<Float32Array>() {
+        return Ok(Embeddings::F32(
+            v.values().get(start..start + n).ok_or_else(short)?,
+        ));
+    }
+    if let Some(v) = values.downcast_ref::<Float16Array>() {
+        return Ok(Embeddings::F16(
+            v.values().get(start..start + n).ok_or_else(short)?,
+        ));
+    }
+    if let Some(v) = values.downcast_ref::<Int8Array>() {
+        let scales = batch
+            .column_by_name(SCALE_COLUMN)
+            .ok_or_else(|| QueryError::MissingColumn {
+                uri: uri.to_owned(),
+                column: SCALE_COLUMN.to_owned(),
+            })?
+            .as_any()
+            .downcast_ref::<Float32Array>()
+            .filter(|a| a.null_count() == 0)
+            .ok_or_else(|| QueryError::column(uri, SCALE_COLUMN, "float32 without nulls"))?;
+        return Ok(Embeddings::Int8 {
+            values: v.values().get(start..start + n).ok_or_else(short)?,
+            scales: scales.values(),
+        });
+    }
+    Err(QueryError::column(uri, "embedding values", "float32, float16 or int8").into())
 }
 
 /// Per row of `batch`: whether its bbox intersects `b` (false for a null bbox).

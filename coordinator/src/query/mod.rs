@@ -10,8 +10,10 @@ pub mod classify;
 pub mod compact;
 mod error;
 pub(crate) mod filter;
+pub(crate) mod html;
 pub(crate) mod index;
 pub(crate) mod scan;
 pub mod search;
+pub(crate) mod thumbs;
 
 pub(crate) use error::Error;

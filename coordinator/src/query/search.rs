@@ -39,16 +39,28 @@ use serde_json::{json, Value};
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
 use crate::query::filter::{Filters, Missing, Verdict};
-use crate::query::index::{embeddings, GroupRef, Index, Pruning};
+use crate::query::index::{embeddings, Embeddings, GroupRef, Index, Pruning};
 use crate::query::scan::{
-    default_concurrency, dots, normalize, scan_groups, selection_of, Hit, TopK,
+    default_concurrency, dots, dots_i8, inv_norms_i8, normalize, scan_groups, selection_of, Hit,
+    TopK,
 };
+
+mod batch;
+
+/// Rows scored against every query before the next rows: 256 rows of D =
+/// 768 float32 are 768 KiB, which stays in L2 while a batch of queries
+/// passes over it.
+const SCORE_BLOCK_ROWS: usize = 256;
 use crate::query::Error as QueryError;
 
 /// One result, with what the output shows of its chip.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub(crate) struct SearchResult {
-    /// 1 for the best.
+    /// The query's line number in `--vectors` or `--queries` (1-based, as
+    /// an editor counts); absent for a single query.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) query: Option<usize>,
+    /// 1 for the best (of its query).
     pub(crate) rank: usize,
     /// `sigmoid(exp(logit_scale)·cos + logit_bias)`; absent without a model.
     pub(crate) score: Option<f64>,
@@ -92,6 +104,10 @@ pub(crate) struct SearchResult {
     /// Footprint as GeoJSON geometry.
     #[serde(skip)]
     pub(crate) geometry: Option<Value>,
+    /// The tiling that cut the chip (its file's `rsembed` metadata), for
+    /// reading it again (`--html`).
+    #[serde(skip)]
+    pub(crate) tiling: Option<rsembed_schemas::job::TilingSpec>,
 }
 
 /// What the scan did, for the closing line on stderr.
@@ -117,7 +133,16 @@ pub(crate) struct SearchStats {
 /// statistics line either.
 pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
     let (results, stats) = search(&args).await?;
-    match print_results(&args, &results, out).and_then(|()| out.flush()) {
+    let printed = print_results(&args, &results, out).and_then(|()| out.flush());
+    if let Some(path) = &args.html {
+        let missing = crate::query::html::write(&args, &results, path).await?;
+        eprintln!(
+            "rsembed search: wrote {} ({} hits, {missing} without a picture)",
+            path.display(),
+            results.len()
+        );
+    }
+    match printed {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
         Err(e) => return Err(Error::Worker(rsembed_worker::Error::Io(e))),
@@ -201,9 +226,19 @@ fn print_results(
                 ),
             }
         };
+        // The query's line first in a batch, so that each query's rows read together.
+        let batch = results.iter().any(|r| r.query.is_some());
+        let query_cell = |r: Option<&SearchResult>| -> String {
+            match r {
+                _ if !batch => String::new(),
+                None => format!("{:>5}  ", "query"),
+                Some(r) => format!("{:>5}  ", r.query.unwrap_or(0)),
+            }
+        };
         writeln!(
             out,
-            "{:>4}  {:>9}  {:>8}  {:<32}  {:<24}  {:<22}  {}source_uri",
+            "{}{:>4}  {:>9}  {:>8}  {:<32}  {:<24}  {:<22}  {}source_uri",
+            query_cell(None),
             "rank",
             "score",
             "cosine",
@@ -221,7 +256,8 @@ fn print_results(
             let window = format!("{},{} {}×{}", r.x, r.y, r.width, r.height);
             writeln!(
                 out,
-                "{:>4}  {:>9}  {:>8.5}  {:<32}  {:<24}  {:<22}  {}{}",
+                "{}{:>4}  {:>9}  {:>8.5}  {:<32}  {:<24}  {:<22}  {}{}",
+                query_cell(Some(r)),
                 r.rank,
                 score,
                 r.cosine,
@@ -241,10 +277,13 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     let t0 = Instant::now();
     let sources = usize::from(!args.texts.is_empty())
         + usize::from(args.like.is_some())
-        + usize::from(args.vector.is_some());
+        + usize::from(args.vector.is_some())
+        + usize::from(args.vectors.is_some())
+        + usize::from(args.queries.is_some());
     if sources != 1 {
         return Err(Error::Usage(
-            "rsembed search: give the query as texts, or --like CHIP_ID, or --vector FILE (one of them)"
+            "rsembed search: give the query as texts, or --like CHIP_ID, or --vector FILE, \
+             or many as --vectors FILE or --queries FILE (one of them)"
                 .into(),
         ));
     }
@@ -255,20 +294,35 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         check_model(&index, m)?;
     }
     let dim = index.embed_dim;
-    let (query, exclude) = if !args.texts.is_empty() {
-        let Some(m) = &model else {
-            return Err(Error::Usage(
-                "rsembed search: a text query needs --model (the model the index was embedded with)"
-                    .into(),
-            ));
-        };
-        (text_query(m, args, &args.texts)?, None)
+    let need_model = |what: &str| -> Result<&ModelDir> {
+        model.as_ref().ok_or_else(|| {
+            Error::Usage(format!(
+                "rsembed search: {what} needs --model (the model the index was embedded with)"
+            ))
+        })
+    };
+    // (line number, unit vector) per query; the line is None for one query.
+    let (queries, exclude): (Vec<(Option<usize>, Vec<f32>)>, _) = if !args.texts.is_empty() {
+        let m = need_model("a text query")?;
+        (vec![(None, text_query(m, args, &args.texts)?)], None)
     } else if let Some(id) = &args.like {
         let (g, row, v) = find_chip(&index, id).await?;
-        (v, Some((g, row)))
+        (vec![(None, v)], Some((g, row)))
+    } else if let Some(path) = &args.vector {
+        (vec![(None, vector_query(path, dim)?)], None)
+    } else if let Some(path) = &args.vectors {
+        (batch::vectors(path, dim)?, None)
     } else {
-        let path = args.vector.as_ref().expect("one query source");
-        (vector_query(path, dim)?, None)
+        let path = args.queries.as_ref().expect("one query source");
+        let m = need_model("--queries")?;
+        let (lines, texts): (Vec<usize>, Vec<String>) = batch::texts(path)?.into_iter().unzip();
+        let rows = crate::text::embed(m, &args.engine, &texts)?;
+        let mut qs = Vec::with_capacity(rows.len());
+        for (line, mut v) in lines.into_iter().zip(rows) {
+            normalize(&mut v)?;
+            qs.push((Some(line), v));
+        }
+        (qs, None)
     };
 
     let filters = Filters {
@@ -286,58 +340,101 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     let (mut columns, optional) = filters.columns();
     columns.push(col::EMBEDDING);
     let k = args.top_k;
-    let query = Arc::new(query);
+    let nq = queries.len();
+    let vectors: Arc<Vec<Vec<f32>>> = Arc::new(queries.iter().map(|(_, v)| v.clone()).collect());
     let scored = Arc::new(AtomicU64::new(0));
     let counter = scored.clone();
     let uris: Arc<Vec<String>> = Arc::new(index.parts.iter().map(|p| p.uri.clone()).collect());
-    type Acc = (TopK, Vec<f32>, Missing);
+    type Acc = (Vec<TopK>, Vec<f32>, Vec<f32>, Missing);
     let mut scan = Box::pin(scan_groups(
         index.clone(),
         groups,
         columns,
         optional,
         concurrency,
-        move || (TopK::new(k), Vec::<f32>::new(), Missing::default()),
-        move |(top, cos, missing): &mut Acc, g: GroupRef, offset, batch: &RecordBatch| {
+        move || {
+            (
+                vec![TopK::new(k); nq],
+                Vec::<f32>::new(),
+                Vec::<f32>::new(),
+                Missing::default(),
+            )
+        },
+        move |(tops, cos, norms, missing): &mut Acc, g: GroupRef, offset, batch: &RecordBatch| {
             let rows = embeddings(batch, dim, &uris[g.part])?;
             let n = batch.num_rows();
-            cos.resize(n, 0.0);
-            dots(rows, dim, &query, cos);
             let mask = filters
                 .any()
                 .then(|| filters.mask(batch, &uris[g.part], missing))
                 .transpose()?;
-            let mut kept = 0u64;
-            for (i, &c) in cos.iter().enumerate() {
-                if mask.as_ref().is_some_and(|m| !m[i]) {
-                    continue;
+            // Blocks of rows small enough to stay in cache while every
+            // query is scored against them: one pass over the data for all.
+            for start in (0..n).step_by(SCORE_BLOCK_ROWS) {
+                let len = SCORE_BLOCK_ROWS.min(n - start);
+                let block = rows.slice(start, len, dim);
+                // int8 is scored as it is stored (1 byte a value, the scale
+                // cancelled by the norm); f16 is widened once per block.
+                let (int8, floats) = match block {
+                    Embeddings::Int8 { values, .. } => {
+                        inv_norms_i8(values, dim, norms);
+                        (Some(values), None)
+                    }
+                    other => (None, Some(other.unit_rows(dim))),
+                };
+                cos.resize(len, 0.0);
+                for (q, top) in vectors.iter().zip(tops.iter_mut()) {
+                    match (int8, &floats) {
+                        (Some(values), _) => dots_i8(values, dim, q, norms, cos),
+                        (_, Some(f)) => dots(f, dim, q, cos),
+                        (None, None) => unreachable!("one of the two is set"),
+                    }
+                    for (i, &c) in cos.iter().enumerate() {
+                        let row = offset + start + i;
+                        if c < top.threshold()
+                            || mask.as_ref().is_some_and(|m| !m[start + i])
+                            || exclude == Some((g, row))
+                        {
+                            continue;
+                        }
+                        top.push(Hit {
+                            group: g,
+                            row,
+                            cosine: c,
+                        });
+                    }
                 }
-                kept += 1;
-                let row = offset + i;
-                if c < top.threshold() || exclude == Some((g, row)) {
-                    continue;
-                }
-                top.push(Hit {
-                    group: g,
-                    row,
-                    cosine: c,
-                });
             }
-            counter.fetch_add(kept, Ordering::Relaxed);
+            let kept = mask
+                .as_ref()
+                .map_or(n, |m| m.iter().filter(|&&keep| keep).count());
+            counter.fetch_add(kept as u64, Ordering::Relaxed);
             Ok(())
         },
     ));
-    let mut top = TopK::new(k);
+    let mut tops = vec![TopK::new(k); nq];
     while let Some(r) = scan.next().await {
-        let (_, (t, _, m)) = r?;
-        top.merge(t);
+        let (_, (t, _, _, m)) = r?;
+        for (top, t) in tops.iter_mut().zip(t) {
+            top.merge(t);
+        }
         missing.add(m);
     }
-    let hits = top.into_sorted();
     let scale_bias = model
         .as_ref()
         .map(|m| (m.manifest.logit_scale, m.manifest.logit_bias));
-    let results = details(&index, &hits, scale_bias).await?;
+    let per_query: Vec<Vec<Hit>> = tops.into_iter().map(TopK::into_sorted).collect();
+    let all: Vec<Hit> = per_query.iter().flatten().copied().collect();
+    let mut found = details(&index, &all, scale_bias).await?.into_iter();
+    let mut results = Vec::with_capacity(all.len());
+    for ((line, _), hits) in queries.iter().zip(&per_query) {
+        for (rank, r) in found.by_ref().take(hits.len()).enumerate() {
+            results.push(SearchResult {
+                query: *line,
+                rank: rank + 1,
+                ..r
+            });
+        }
+    }
     let stats = SearchStats {
         pruning,
         rows_scored: scored.load(Ordering::Relaxed),
@@ -543,7 +640,7 @@ async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec
             source,
         })?;
     let mut v =
-        embeddings(&batch, index.embed_dim, &index.parts[g.part].uri)?[..index.embed_dim].to_vec();
+        embeddings(&batch, index.embed_dim, &index.parts[g.part].uri)?.row(0, index.embed_dim);
     normalize(&mut v)?;
     Ok((g, row, v))
 }
@@ -635,6 +732,7 @@ async fn details(
                 rows.insert(
                     (g, row),
                     SearchResult {
+                        query: None,
                         rank: 0,
                         score: None,
                         cosine: 0.0,
@@ -659,6 +757,7 @@ async fn details(
                             .is_valid(i)
                             .then(|| wkb_to_geojson(geom.value(i)))
                             .flatten(),
+                        tiling: part.file_meta.as_ref().map(|m| m.tiling.clone()),
                     },
                 );
             }
@@ -667,7 +766,8 @@ async fn details(
     hits.iter()
         .enumerate()
         .map(|(rank, h)| {
-            let mut r = rows.remove(&(h.group, h.row)).ok_or_else(|| {
+            // Cloned, not taken: in a batch, queries share rows.
+            let mut r = rows.get(&(h.group, h.row)).cloned().ok_or_else(|| {
                 QueryError::dataset(
                     &index.parts[h.group.part].uri,
                     format!(

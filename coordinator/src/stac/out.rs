@@ -26,6 +26,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutPayload};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use rsembed_schemas::chip::col;
+use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::job::{JobSpec, Manifest, ManifestFile, StacSearch};
 use rsembed_worker::store::Location;
 use serde_json::{json, Map};
@@ -538,6 +539,18 @@ pub(crate) fn collection(
     f.insert("emb:type".into(), "chip".into());
     f.insert("emb:dimensions".into(), m.embed_dim.into());
     f.insert("data_type".into(), data_type.into());
+    // How to get float32 values back from f16 or int8 files: the same
+    // record as their `rsembed` metadata's `quantization`.
+    if let Some(q) = data_type
+        .parse::<EmbeddingType>()
+        .ok()
+        .and_then(|t| t.quantization())
+    {
+        f.insert(
+            "emb:quantization".into(),
+            serde_json::to_value(q).map_err(|e| Error::Output(e.to_string()))?,
+        );
+    }
     let t = &spec.tiling;
     f.insert(
         "emb:chip_layout".into(),

@@ -40,6 +40,7 @@ fn spec(search: Option<StacSearch>) -> JobSpec {
             cloud_mask: None,
             max_cloud: None,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
+            embedding_type: Default::default(),
         },
         GroupingSpec {
             task_files: 1,
@@ -425,12 +426,18 @@ async fn write_reads_both_schema_versions_through_the_store_and_drops_stale_item
             ),
         ],
         8,
+        Default::default(),
     )
     .unwrap();
     // Schema 2 with every STAC column null and no footprint.
-    let b = chip_batch(&[chip(None, (None, None))], 8).unwrap();
+    let b = chip_batch(&[chip(None, (None, None))], 8, Default::default()).unwrap();
     // Schema 1: the columns before the STAC ones.
-    let c = chip_batch(&[chip(Some([-5.0, -5.0, -4.0, -4.0]), (None, None))], 8).unwrap();
+    let c = chip_batch(
+        &[chip(Some([-5.0, -5.0, -4.0, -4.0]), (None, None))],
+        8,
+        Default::default(),
+    )
+    .unwrap();
     let c = c.project(&(0..14).collect::<Vec<_>>()).unwrap();
     assert!(c.schema().index_of(col::DATETIME).is_err());
     let files = vec![

@@ -138,6 +138,7 @@ pub fn write_job(root: &Path, files: &[FileSpec]) {
             cloud_mask: None,
             max_cloud: None,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
+            embedding_type: Default::default(),
         };
         let model = ModelRef {
             // The committed test model's name and dimension, so `classify` takes it.
@@ -170,7 +171,7 @@ pub fn write_job(root: &Path, files: &[FileSpec]) {
         let mut manifest_files = Vec::new();
         for (f, s) in files.iter().enumerate() {
             let rows = rows_of(f, s);
-            let mut batch = chip_batch(&rows, DIM).unwrap();
+            let mut batch = chip_batch(&rows, DIM, Default::default()).unwrap();
             let mut meta = FileMeta::of_job(&spec.job_id, &model, &tiling);
             meta.task_id = s.name.to_owned();
             if let Kind::V1 = s.kind {

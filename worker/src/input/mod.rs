@@ -27,8 +27,11 @@ use crate::task::{JobContext, TaskRunner};
 pub use rsembed_raster::kind::InputKind;
 
 mod archive;
+pub mod chip;
 mod image;
 mod scene;
+
+pub use chip::{ChipError, ChipReader};
 
 /// What the input stage sends on: a chip ready for the model, or an error row.
 pub(crate) type Item = std::result::Result<Prepared, ErrorRow>;

@@ -41,6 +41,29 @@ pub(crate) struct SceneContext {
 
 type OpenError = (ErrorStage, Box<dyn std::error::Error + Send + Sync>);
 
+/// What opening a scene needs: the part of [`SceneContext`] that a single
+/// chip's reader ([`crate::input::chip`]) shares with the task's, so both
+/// open a scene the same way.
+pub(crate) struct Opener<'a> {
+    pub stores: &'a StoreCache,
+    pub counters: &'a Counters,
+    pub tiling: &'a TilingSpec,
+    pub scale: ScaleSpec,
+    pub limits: &'a TiffLimits,
+}
+
+impl SceneContext {
+    fn opener(&self) -> Opener<'_> {
+        Opener {
+            stores: &self.stores,
+            counters: &self.counters,
+            tiling: &self.tiling,
+            scale: self.scale,
+            limits: &self.limits,
+        }
+    }
+}
+
 /// The `--scale auto` stretches of every task this process runs, as the
 /// metrics are: tasks of one scene (a sharded scene is many tasks) read its
 /// sample once per process instead of once per task. Only a memo of a pure
@@ -53,7 +76,7 @@ fn stretches() -> &'static StretchCache {
 /// The key of a scene's stretch: every file's URI, version and size (as the
 /// store gave it when the task did not), and the bands read. A file that
 /// changed has another version, so another key.
-fn stretch_key(ctx: &SceneContext, input: &TaskInput, sizes: &[u64]) -> String {
+fn stretch_key(ctx: &Opener<'_>, input: &TaskInput, sizes: &[u64]) -> String {
     let mut key = format!("bands={:?}", ctx.tiling.bands);
     let version = |v: &Option<String>| v.as_deref().unwrap_or("").to_owned();
     key += &format!(
@@ -73,7 +96,7 @@ fn stretch_key(ctx: &SceneContext, input: &TaskInput, sizes: &[u64]) -> String {
     key
 }
 
-fn memo(ctx: &SceneContext, input: &TaskInput, sizes: &[u64]) -> Option<StretchMemo<'static>> {
+fn memo(ctx: &Opener<'_>, input: &TaskInput, sizes: &[u64]) -> Option<StretchMemo<'static>> {
     Some(StretchMemo {
         cache: stretches(),
         key: stretch_key(ctx, input, sizes),
@@ -84,7 +107,7 @@ fn memo(ctx: &SceneContext, input: &TaskInput, sizes: &[u64]) -> Option<StretchM
 /// store's answer to a HEAD when `size` is 0 (a STAC asset without
 /// `file:size`). A store failure is the input's fetch error.
 async fn reader(
-    ctx: &SceneContext,
+    ctx: &Opener<'_>,
     uri: &str,
     size: u64,
 ) -> Result<(Arc<dyn rsembed_raster::tiff::RangeRead>, u64), OpenError> {
@@ -109,11 +132,11 @@ async fn reader(
     Ok((Arc::new(r), size))
 }
 
-async fn open_single(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, OpenError> {
+pub(crate) async fn open_single(ctx: &Opener<'_>, input: &TaskInput) -> Result<Scene, OpenError> {
     let (reader, _) = reader(ctx, &input.uri, input.size).await?;
     Scene::open(
         reader,
-        &ctx.tiling,
+        ctx.tiling,
         ctx.scale,
         ctx.limits.clone(),
         &input.uri,
@@ -125,7 +148,7 @@ async fn open_single(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, Ope
 
 /// A scene of several files: `--band-files`, or a STAC item's assets with
 /// what its item says about them.
-async fn open_parts(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, OpenError> {
+pub(crate) async fn open_parts(ctx: &Opener<'_>, input: &TaskInput) -> Result<Scene, OpenError> {
     let want = ctx.tiling.band_files.clone().unwrap_or_default();
     let missing: Vec<&String> = want
         .iter()
@@ -163,7 +186,7 @@ async fn open_parts(ctx: &SceneContext, input: &TaskInput) -> Result<Scene, Open
     };
     Scene::open_parts(
         parts,
-        &ctx.tiling,
+        ctx.tiling,
         ctx.scale,
         ctx.limits.clone(),
         &input.uri,
@@ -190,9 +213,9 @@ pub(crate) async fn produce_scene(
         return;
     }
     let opened = if input.parts.is_empty() && input.item.is_none() {
-        open_single(&ctx, &input).await
+        open_single(&ctx.opener(), &input).await
     } else {
-        open_parts(&ctx, &input).await
+        open_parts(&ctx.opener(), &input).await
     };
     match opened {
         Ok(scene) => emit_chips(&ctx, &scene, &input, tx).await,

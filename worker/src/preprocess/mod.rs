@@ -2,6 +2,8 @@
 
 pub mod resize;
 
+use std::borrow::Cow;
+
 use rsembed_raster::image::Rgb8;
 use rsembed_schemas::model::PreprocessorConfig;
 
@@ -100,32 +102,8 @@ impl Preprocessor {
             self.len(),
             "output slice has the wrong length: this is a bug"
         );
-        if img.width == 0 || img.height == 0 {
-            return Err(PreprocessError::Empty);
-        }
-        let same = img.width == self.width && img.height == self.height;
-        let resized;
-        let pixels = if same {
-            &img.data
-        } else if self.do_resize {
-            resized = resize::resize_u8(
-                &img.data,
-                img.width as usize,
-                img.height as usize,
-                3,
-                self.width as usize,
-                self.height as usize,
-                self.filter,
-            );
-            &resized
-        } else {
-            return Err(PreprocessError::WrongSize {
-                got_w: img.width,
-                got_h: img.height,
-                want_w: self.width,
-                want_h: self.height,
-            });
-        };
+        let sized = self.resized(img)?;
+        let pixels = &sized.data;
         let plane = self.width as usize * self.height as usize;
         let (r, rest) = out.split_at_mut(plane);
         let (g, b) = rest.split_at_mut(plane);
@@ -135,6 +113,40 @@ impl Preprocessor {
             b[i] = self.lut[2][px[2] as usize];
         }
         Ok(())
+    }
+
+    /// The 8-bit image that rescaling and normalization see: `img` resized
+    /// to the model's input size as the config says (borrowed when it is
+    /// that size already). Pictures of chips (`search --html`) are this
+    /// image, so they show exactly the pixels the model was given.
+    pub fn resized<'a>(&self, img: &'a Rgb8) -> Result<Cow<'a, Rgb8>, PreprocessError> {
+        if img.width == 0 || img.height == 0 {
+            return Err(PreprocessError::Empty);
+        }
+        if img.width == self.width && img.height == self.height {
+            return Ok(Cow::Borrowed(img));
+        }
+        if !self.do_resize {
+            return Err(PreprocessError::WrongSize {
+                got_w: img.width,
+                got_h: img.height,
+                want_w: self.width,
+                want_h: self.height,
+            });
+        }
+        Ok(Cow::Owned(Rgb8 {
+            width: self.width,
+            height: self.height,
+            data: resize::resize_u8(
+                &img.data,
+                img.width as usize,
+                img.height as usize,
+                3,
+                self.width as usize,
+                self.height as usize,
+                self.filter,
+            ),
+        }))
     }
 
     /// One image as a fresh CHW float32 vector.

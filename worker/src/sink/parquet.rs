@@ -10,7 +10,8 @@ use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
-use rsembed_schemas::chip::col as chip_col;
+use rsembed_schemas::chip::{col as chip_col, embedding_type_from};
+use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::meta::{geo_metadata, FileMeta, GEO_KEY, RSEMBED_KEY};
 
 use crate::error::Result;
@@ -32,6 +33,19 @@ pub const CHIP_ROW_GROUP_ROWS: usize = 8192;
 /// dictionary attempt either, which always fails on them and costs a copy of
 /// every page.
 pub fn chip_writer_properties(kv: Vec<KeyValue>) -> Result<WriterProperties> {
+    chip_writer_properties_for(kv, EmbeddingType::F32)
+}
+
+/// [`chip_writer_properties`] for embeddings stored as `ty`.
+///
+/// int8 elements are dictionary-encoded: Parquet stores INT8 as INT32, 4 bytes
+/// a value plain, but a dictionary of at most 255 values makes each an 8-bit
+/// index, 1 byte, still uncompressed (zstd would save another 9 % at the cost
+/// that made f32 uncompressed; docs/benchmarks.md). f16 is plain like f32.
+pub fn chip_writer_properties_for(
+    kv: Vec<KeyValue>,
+    ty: EmbeddingType,
+) -> Result<WriterProperties> {
     let embedding = ColumnPath::new(vec![
         chip_col::EMBEDDING.to_owned(),
         "list".to_owned(),
@@ -44,7 +58,7 @@ pub fn chip_writer_properties(kv: Vec<KeyValue>) -> Result<WriterProperties> {
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_column_statistics_enabled(embedding.clone(), EnabledStatistics::None)
         .set_column_compression(embedding.clone(), Compression::UNCOMPRESSED)
-        .set_column_dictionary_enabled(embedding.clone(), false)
+        .set_column_dictionary_enabled(embedding.clone(), ty == EmbeddingType::Int8)
         .set_column_encoding(embedding, Encoding::PLAIN)
         .set_column_statistics_enabled(geometry.clone(), EnabledStatistics::None)
         .set_column_dictionary_enabled(geometry, false)
@@ -52,9 +66,16 @@ pub fn chip_writer_properties(kv: Vec<KeyValue>) -> Result<WriterProperties> {
         .build())
 }
 
-/// Encodes one record batch of chip rows as a chip file.
+/// Encodes one record batch of chip rows as a chip file (the writer
+/// settings of its embedding type).
 pub fn encode_chips(batch: &RecordBatch, kv: Vec<KeyValue>) -> Result<Vec<u8>> {
-    encode_with(batch, chip_writer_properties(kv)?)
+    let ty = batch
+        .schema()
+        .field_with_name(chip_col::EMBEDDING)
+        .ok()
+        .and_then(|f| embedding_type_from(f.data_type()))
+        .map_or(EmbeddingType::F32, |(t, _)| t);
+    encode_with(batch, chip_writer_properties_for(kv, ty)?)
 }
 
 /// Encodes one record batch as a Parquet file with the given key-value metadata.

@@ -3,12 +3,15 @@
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    BinaryBuilder, FixedSizeListBuilder, Float32Builder, Float64Builder, Int32Builder,
-    StringBuilder, StructBuilder, TimestampMicrosecondBuilder,
+    BinaryBuilder, Float32Builder, Float64Builder, Int32Builder, StringBuilder, StructBuilder,
+    TimestampMicrosecondBuilder,
 };
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::{Array, ArrayRef, RecordBatch};
 use rsembed_raster::geo::Footprint;
-use rsembed_schemas::chip::{bbox_fields, chip_schema, error_schema, ErrorStage};
+use rsembed_schemas::chip::{
+    bbox_fields, chip_schema_typed, embedding_type_of, error_schema, ErrorStage,
+};
+use rsembed_schemas::embedding::{quantize_int8, EmbeddingType};
 use rsembed_schemas::ids::Window;
 
 use crate::error::Result;
@@ -90,8 +93,9 @@ pub struct ErrorRow {
     pub cause: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
-/// Builds a record batch of chip rows; every embedding must have `embed_dim` floats.
-pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
+/// Builds a record batch of chip rows, embeddings stored as `ty`; every
+/// embedding must have `embed_dim` floats.
+pub fn chip_batch(rows: &[ChipRow], embed_dim: usize, ty: EmbeddingType) -> Result<RecordBatch> {
     let n = rows.len();
     let mut chip_id = StringBuilder::with_capacity(n, n * 32);
     let mut uri = StringBuilder::new();
@@ -106,14 +110,7 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
     let mut bbox = StructBuilder::from_fields(bbox_fields(), n);
     let mut lon = Float64Builder::with_capacity(n);
     let mut lat = Float64Builder::with_capacity(n);
-    let dim = i32::try_from(embed_dim).expect("embedding dimension fits in i32");
-    let mut emb =
-        FixedSizeListBuilder::with_capacity(Float32Builder::with_capacity(n * embed_dim), dim, n)
-            .with_field(Arc::new(arrow_schema::Field::new(
-                "item",
-                arrow_schema::DataType::Float32,
-                false,
-            )));
+    let mut emb = EmbeddingBuilder::new(ty, embed_dim, n);
     let mut item_id = StringBuilder::new();
     let mut collection = StringBuilder::new();
     let mut datetime = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
@@ -164,10 +161,10 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
                 lat.append_null();
             }
         }
-        emb.values().append_slice(&r.embedding);
-        emb.append(true);
+        emb.append(&r.embedding);
     }
-    let cols: Vec<ArrayRef> = vec![
+    let (embedding, scale) = emb.finish();
+    let mut cols: Vec<ArrayRef> = vec![
         Arc::new(chip_id.finish()),
         Arc::new(uri.finish()),
         Arc::new(version.finish()),
@@ -181,14 +178,104 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize) -> Result<RecordBatch> {
         Arc::new(bbox.finish()),
         Arc::new(lon.finish()),
         Arc::new(lat.finish()),
-        Arc::new(emb.finish()),
+        embedding,
         Arc::new(item_id.finish()),
         Arc::new(collection.finish()),
         Arc::new(datetime.finish()),
         Arc::new(cloud.finish()),
         Arc::new(end_datetime.finish()),
     ];
-    Ok(RecordBatch::try_new(chip_schema(embed_dim), cols)?)
+    cols.extend(scale);
+    Ok(RecordBatch::try_new(
+        chip_schema_typed(embed_dim, ty),
+        cols,
+    )?)
+}
+
+/// Builds an `embedding` column of one stored type from float32 vectors
+/// (and, for int8, the `embedding_scale` column).
+pub struct EmbeddingBuilder {
+    ty: EmbeddingType,
+    dim: usize,
+    f32s: Vec<f32>,
+    f16s: Vec<half::f16>,
+    i8s: Vec<i8>,
+    scales: Vec<f32>,
+    rows: usize,
+}
+
+impl EmbeddingBuilder {
+    /// A builder for about `rows` vectors of `dim`.
+    pub fn new(ty: EmbeddingType, dim: usize, rows: usize) -> EmbeddingBuilder {
+        let cap = |t: EmbeddingType| if ty == t { rows * dim } else { 0 };
+        EmbeddingBuilder {
+            ty,
+            dim,
+            f32s: Vec::with_capacity(cap(EmbeddingType::F32)),
+            f16s: Vec::with_capacity(cap(EmbeddingType::F16)),
+            i8s: Vec::with_capacity(cap(EmbeddingType::Int8)),
+            scales: Vec::new(),
+            rows: 0,
+        }
+    }
+
+    /// Appends one vector of `dim` floats.
+    pub fn append(&mut self, v: &[f32]) {
+        assert_eq!(
+            v.len(),
+            self.dim,
+            "embedding of the wrong size: this is a bug"
+        );
+        match self.ty {
+            EmbeddingType::F32 => self.f32s.extend_from_slice(v),
+            EmbeddingType::F16 => self.f16s.extend(v.iter().map(|x| half::f16::from_f32(*x))),
+            EmbeddingType::Int8 => {
+                let start = self.i8s.len();
+                self.i8s.resize(start + self.dim, 0);
+                let s = quantize_int8(v, &mut self.i8s[start..]);
+                self.scales.push(s);
+            }
+        }
+        self.rows += 1;
+    }
+
+    /// Appends one int8 vector and its scale as they are (no requantisation).
+    pub fn append_int8(&mut self, e: &[i8], scale: f32) {
+        assert_eq!(
+            self.ty,
+            EmbeddingType::Int8,
+            "append_int8 on another type: this is a bug"
+        );
+        assert_eq!(
+            e.len(),
+            self.dim,
+            "embedding of the wrong size: this is a bug"
+        );
+        self.i8s.extend_from_slice(e);
+        self.scales.push(scale);
+        self.rows += 1;
+    }
+
+    /// The `embedding` column, and the `embedding_scale` column for int8.
+    pub fn finish(self) -> (ArrayRef, Option<ArrayRef>) {
+        use arrow_array::{FixedSizeListArray, Float16Array, Float32Array, Int8Array};
+        let dim = i32::try_from(self.dim).expect("embedding dimension fits in i32");
+        let (values, scale): (ArrayRef, Option<ArrayRef>) = match self.ty {
+            EmbeddingType::F32 => (Arc::new(Float32Array::from(self.f32s)), None),
+            EmbeddingType::F16 => (Arc::new(Float16Array::from(self.f16s)), None),
+            EmbeddingType::Int8 => (
+                Arc::new(Int8Array::from(self.i8s)),
+                Some(Arc::new(Float32Array::from(self.scales)) as ArrayRef),
+            ),
+        };
+        let item = match embedding_type_of(self.dim, self.ty) {
+            arrow_schema::DataType::FixedSizeList(item, _) => item,
+            _ => unreachable!("embedding_type_of is a fixed-size list"),
+        };
+        let list = FixedSizeListArray::new(item, dim, values, None);
+        debug_assert_eq!(list.len(), self.rows);
+        (Arc::new(list), scale)
+    }
 }
 
 /// Builds a record batch of error rows.
@@ -252,7 +339,7 @@ mod tests {
 
     #[test]
     fn builds_batch_with_nulls_for_plain_images() {
-        let b = chip_batch(&[row(1, false), row(2, true)], 4).unwrap();
+        let b = chip_batch(&[row(1, false), row(2, true)], 4, EmbeddingType::F32).unwrap();
         assert_eq!(b.num_rows(), 2);
         assert!(b.column_by_name("geometry").unwrap().is_null(0));
         assert!(!b.column_by_name("geometry").unwrap().is_null(1));
@@ -266,7 +353,10 @@ mod tests {
 
     #[test]
     fn empty_batches_are_valid() {
-        assert_eq!(chip_batch(&[], 4).unwrap().num_rows(), 0);
+        assert_eq!(
+            chip_batch(&[], 4, EmbeddingType::F32).unwrap().num_rows(),
+            0
+        );
         assert_eq!(error_batch(&[]).unwrap().num_rows(), 0);
     }
 }

@@ -28,7 +28,7 @@
 //!    descriptors.
 //! 3. **Sort and write.** Bucket by bucket: its spill is read back (about one
 //!    output file of rows), sorted by key, and written as a chip file with the
-//!    job's writer settings ([`chip_writer_properties`]; row groups of
+//!    job's writer settings ([`chip_writer_properties_for`]; row groups of
 //!    `--row-group-rows`, 8192 like job files) and `geo` + `rsembed`
 //!    metadata (the source's [`FileMeta`], with `task_id` = the part's name),
 //!    streamed to the store through an atomic upload (one put, or a multipart
@@ -89,10 +89,11 @@ use arrow_schema::SchemaRef;
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use rsembed_schemas::chip::col;
+use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::job::{Manifest, ManifestFile, MANIFEST_FILE};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::SOFTWARE_VERSION;
-use rsembed_worker::sink::parquet::{chip_file_metadata, chip_writer_properties};
+use rsembed_worker::sink::parquet::{chip_file_metadata, chip_writer_properties_for};
 use rsembed_worker::store::{Location, StoreCache};
 use sha2::{Digest, Sha256};
 
@@ -219,6 +220,9 @@ struct CompactedManifest<'a> {
     /// The chip schema version of the compacted files (the newest of the
     /// source's: its `job.json` records the job, not this).
     schema_version: u32,
+    /// How the compacted files store embeddings (`--embedding-type`, else
+    /// as the source did); their `rsembed` metadata gives the dequantisation.
+    embedding_type: EmbeddingType,
     compacted_from: CompactedFrom,
 }
 
@@ -265,8 +269,10 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         .manifest
         .clone()
         .expect("an index read from a folder with manifest.json has it: this is a bug");
-    let (file_meta, schema_version) = check_source(&index, &manifest)?;
-    let schema = chip_schema_of(index.embed_dim, schema_version);
+    let (file_meta, schema_version, source_type) = check_source(&index, &manifest)?;
+    let embedding_type = args.embedding_type.unwrap_or(source_type);
+    let file_meta = file_meta.with_embedding_type(embedding_type);
+    let schema = chip_schema_of(index.embed_dim, schema_version, embedding_type);
     let progress = Progress::new(!args.json, manifest.rows);
 
     // Pass 1: keys, count, digest, splits.
@@ -287,7 +293,14 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     if let Some(id) = keys.duplicate {
         return Err(duplicate(&src, id).into());
     }
-    let bytes_per_row = bytes_in.div_ceil(manifest.rows.max(1)).max(1);
+    // Converted embeddings change the bytes per row by their element size
+    // (and int8's 4-byte scale): files of int8 from f32 hold 4× the rows.
+    let stored = |t: EmbeddingType| {
+        (index.embed_dim * t.element_bytes()) as u64 + 4 * u64::from(t == EmbeddingType::Int8)
+    };
+    let bytes_per_row = (bytes_in.div_ceil(manifest.rows.max(1)) + stored(embedding_type))
+        .saturating_sub(stored(source_type))
+        .max(1);
     let rows_per_file = (args.target_size / bytes_per_row).max(1);
     let files = usize::try_from(manifest.rows.div_ceil(rows_per_file).max(1)).unwrap_or(usize::MAX);
     if files > MAX_FILES {
@@ -376,6 +389,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     let doc = CompactedManifest {
         manifest: &new,
         schema_version,
+        embedding_type,
         compacted_from: CompactedFrom {
             url: src.url.to_string(),
             manifest_sha256: hex::encode(Sha256::digest(&manifest_bytes)),
@@ -517,7 +531,7 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
         meta.schema_version = schema_version;
         meta.software_version = SOFTWARE_VERSION.to_owned();
         let kv = chip_file_metadata(&meta, sorted.extent)?;
-        let props = chip_writer_properties(kv)?
+        let props = chip_writer_properties_for(kv, meta.embedding_type())?
             .into_builder()
             .set_max_row_group_row_count(Some(row_group_rows))
             .build();

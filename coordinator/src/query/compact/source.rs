@@ -5,17 +5,19 @@
 use std::sync::Arc;
 
 use arrow_array::{make_array, new_null_array, Array, ArrayRef, RecordBatch, RecordBatchOptions};
-use arrow_schema::{ArrowError, DataType, Fields, Schema, SchemaRef};
+use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
-use rsembed_schemas::chip::chip_schema;
+use rsembed_schemas::chip::{chip_schema, col, embedding_type_from, with_embedding_type};
+use rsembed_schemas::embedding::{EmbeddingType, SCALE_COLUMN};
 use rsembed_schemas::job::{Manifest, JOB_FILE, MANIFEST_FILE};
 use rsembed_schemas::meta::FileMeta;
+use rsembed_worker::sink::rows::EmbeddingBuilder;
 use rsembed_worker::store::Location;
 use sha2::{Digest, Sha256};
 
 use crate::error::Result;
-use crate::query::index::Index;
+use crate::query::index::{embeddings, Index};
 use crate::query::Error as QueryError;
 
 pub(super) fn check_paths(src: &Location, out: &Location) -> Result<()> {
@@ -91,20 +93,84 @@ pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()
 /// appended five.
 pub(crate) const V1_COLUMNS: usize = 14;
 
-/// The chip schema of `version` (1 or the current one) for dimension `dim`.
-pub(crate) fn chip_schema_of(dim: usize, version: u32) -> SchemaRef {
+/// The chip schema of `version` (1 or the current one) for dimension `dim`,
+/// embeddings stored as `ty`.
+pub(crate) fn chip_schema_of(dim: usize, version: u32, ty: EmbeddingType) -> SchemaRef {
     let v2 = chip_schema(dim);
-    if version >= rsembed_schemas::SCHEMA_VERSION {
-        return v2;
-    }
-    Arc::new(Schema::new(v2.fields()[..V1_COLUMNS].to_vec()))
+    let base = if version >= rsembed_schemas::SCHEMA_VERSION {
+        v2
+    } else {
+        Arc::new(Schema::new(v2.fields()[..V1_COLUMNS].to_vec()))
+    };
+    with_embedding_type(&base, dim, ty)
 }
 
-/// The chip schema version whose columns `fields` are; `None` for neither.
-pub(crate) fn schema_version_of(fields: &Fields, dim: usize) -> Option<u32> {
+/// The chip schema version and embedding type whose columns `fields` are;
+/// `None` for none of them.
+pub(crate) fn schema_version_of(fields: &Fields, dim: usize) -> Option<(u32, EmbeddingType)> {
     [rsembed_schemas::SCHEMA_VERSION, 1]
         .into_iter()
-        .find(|&v| same_fields(fields, chip_schema_of(dim, v).fields()))
+        .flat_map(|v| EmbeddingType::ALL.map(|t| (v, t)))
+        .find(|&(v, t)| same_fields(fields, chip_schema_of(dim, v, t).fields()))
+}
+
+/// `batch` with its embeddings stored as `schema` says (converted from
+/// whatever type they have; as they are when the types agree, so int8 is
+/// never quantised twice). Float32 results are unit length, like a job's.
+pub(super) fn convert_embeddings(
+    batch: RecordBatch,
+    schema: &SchemaRef,
+    uri: &str,
+) -> Result<RecordBatch> {
+    let stored = |s: &Schema| {
+        s.field_with_name(col::EMBEDDING)
+            .ok()
+            .and_then(|f| embedding_type_from(f.data_type()))
+    };
+    let (Some((to, dim)), Some((from, _))) = (stored(schema), stored(&batch.schema())) else {
+        // Not an embedding conform knows: it says so.
+        return Ok(batch);
+    };
+    if from == to {
+        return Ok(batch);
+    }
+    let e = embeddings(&batch, dim, uri)?;
+    let mut b = EmbeddingBuilder::new(to, dim, batch.num_rows());
+    for i in 0..batch.num_rows() {
+        b.append(&e.row(i, dim));
+    }
+    let (embedding, scale) = b.finish();
+    let src = batch.schema();
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (f, c) in src.fields().iter().zip(batch.columns()) {
+        match f.name().as_str() {
+            SCALE_COLUMN => {}
+            col::EMBEDDING => {
+                fields.push(Arc::new(
+                    f.as_ref()
+                        .clone()
+                        .with_data_type(embedding.data_type().clone()),
+                ));
+                columns.push(embedding.clone());
+            }
+            _ => {
+                fields.push(f.clone());
+                columns.push(c.clone());
+            }
+        }
+    }
+    if let Some(s) = scale {
+        fields.push(Arc::new(Field::new(SCALE_COLUMN, DataType::Float32, false)));
+        columns.push(s);
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|source| {
+        QueryError::Rows {
+            uri: uri.to_owned(),
+            source,
+        }
+        .into()
+    })
 }
 
 /// The source's files agree with its manifest and each other; returns the
@@ -112,8 +178,11 @@ pub(crate) fn schema_version_of(fields: &Fields, dim: usize) -> Option<u32> {
 /// version: what the compacted files are written as (a source of version 1
 /// files stays version 1; one that holds a version 2 file is version 2,
 /// with nulls in the new columns for the older files' rows).
-pub(super) fn check_source(index: &Index, manifest: &Manifest) -> Result<(FileMeta, u32)> {
-    let mut meta: Option<(&FileMeta, u32)> = None;
+pub(super) fn check_source(
+    index: &Index,
+    manifest: &Manifest,
+) -> Result<(FileMeta, u32, EmbeddingType)> {
+    let mut meta: Option<(&FileMeta, u32, EmbeddingType)> = None;
     for (part, entry) in index.parts.iter().zip(&manifest.files) {
         if part.rows() != entry.rows {
             return Err(QueryError::dataset(
@@ -126,7 +195,8 @@ pub(super) fn check_source(index: &Index, manifest: &Manifest) -> Result<(FileMe
             )
             .into());
         }
-        let Some(version) = schema_version_of(part.meta.schema().fields(), index.embed_dim) else {
+        let Some((version, ty)) = schema_version_of(part.meta.schema().fields(), index.embed_dim)
+        else {
             return Err(QueryError::dataset(
                 &part.uri,
                 format!(
@@ -150,12 +220,12 @@ pub(super) fn check_source(index: &Index, manifest: &Manifest) -> Result<(FileMe
             )
             .into());
         }
-        if meta.is_none_or(|(_, v)| v < version) {
-            meta = Some((m, version));
+        if meta.is_none_or(|(_, v, _)| v < version) {
+            meta = Some((m, version, ty));
         }
     }
-    let (m, version) = meta.expect("an opened index has a part: this is a bug");
-    Ok((m.clone(), version))
+    let (m, version, ty) = meta.expect("an opened index has a part: this is a bug");
+    Ok((m.clone(), version, ty))
 }
 
 /// Whether two lists of fields are the same logical columns: names, types and

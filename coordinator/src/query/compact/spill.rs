@@ -16,7 +16,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use rsembed_worker::sink::parquet::CHIP_ROW_GROUP_ROWS;
 
 use super::keys::{batch_keys, bucket_of, Key};
-use super::source::conform;
+use super::source::{conform, convert_embeddings};
 use super::{SPILL_BUFFER_BYTES, SPILL_FRAME_BYTES};
 use crate::error::Result;
 use crate::query::Error as QueryError;
@@ -69,6 +69,7 @@ impl Spill {
 
     /// Sends each row of `batch` to its bucket.
     pub(super) fn route(&mut self, batch: RecordBatch, splits: &[Key], uri: &str) -> Result<()> {
+        let batch = convert_embeddings(batch, &self.schema, uri)?;
         let batch = conform(&batch, &self.schema).map_err(|source| QueryError::Rows {
             uri: uri.to_owned(),
             source,

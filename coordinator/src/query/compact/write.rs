@@ -246,7 +246,7 @@ mod tests {
                 }
             })
             .collect();
-        chip_batch(&rows, dim).unwrap()
+        chip_batch(&rows, dim, Default::default()).unwrap()
     }
 
     #[test]
