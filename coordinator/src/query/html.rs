@@ -156,8 +156,17 @@ pub(crate) fn render(info: &PageInfo, results: &[SearchResult], thumbs: &[Thumb]
     h
 }
 
+/// A hit's label: its rank, and in a batch (`--vectors`, `--queries`) its
+/// query's line too, since every query has a rank 1.
+fn label(r: &SearchResult) -> String {
+    match r.query {
+        Some(q) => format!("{q}-{}", r.rank),
+        None => r.rank.to_string(),
+    }
+}
+
 fn card(r: &SearchResult, thumb: Option<&Thumb>) -> String {
-    let mut h = format!("<figure class=\"hit\" id=\"hit-{}\">", r.rank);
+    let mut h = format!("<figure class=\"hit\" id=\"hit-{}\">", label(r));
     match thumb {
         Some(Thumb::Png {
             data_uri,
@@ -222,7 +231,8 @@ fn card(r: &SearchResult, thumb: Option<&Thumb>) -> String {
     rows.push(("chip_id", esc(&r.chip_id)));
     let _ = write!(
         h,
-        "<figcaption><span class=\"rank\">#{}</span><table>",
+        "<figcaption><span class=\"rank\">{}#{}</span><table>",
+        r.query.map_or(String::new(), |q| format!("query {q} ")),
         r.rank
     );
     for (k, v) in rows {
@@ -290,13 +300,13 @@ const MAP_W: f64 = 900.0;
 /// The SVG overview of every footprint, with a graticule and rank labels.
 pub(crate) fn overview(results: &[SearchResult]) -> String {
     // Rank, outer rings and centre, of the hits that have any.
-    type Shape = (usize, Vec<Ring>, Option<(f64, f64)>);
+    type Shape = (String, Vec<Ring>, Option<(f64, f64)>);
     let shapes: Vec<Shape> = results
         .iter()
         .map(|r| {
             let rs = r.geometry.as_ref().map(rings).unwrap_or_default();
             let centre = r.centre_lon.zip(r.centre_lat);
-            (r.rank, rs, centre)
+            (label(r), rs, centre)
         })
         .filter(|(_, rs, c)| !rs.is_empty() || c.is_some())
         .collect();
@@ -413,6 +423,7 @@ mod tests {
     fn hit(rank: usize, uri: &str, lon: f64, lat: f64) -> SearchResult {
         let d = 0.01;
         SearchResult {
+            query: None,
             rank,
             score: Some(0.5),
             cosine: 0.25,
