@@ -450,6 +450,31 @@ mod tests {
     }
 
     #[test]
+    fn list_keys_sort_by_list_then_hilbert_with_missing_centres_last() {
+        let paris = hilbert_key(Some(2.35), Some(48.85));
+        let nyc = hilbert_key(Some(-74.0), Some(40.7));
+        let mut keys = [
+            list_key(1, NO_CENTRE),
+            list_key(1, paris),
+            list_key(0, NO_CENTRE),
+            list_key(1, nyc),
+            list_key(0, paris),
+            list_key(65_535, 0),
+        ];
+        keys.sort_unstable();
+        let lists: Vec<u32> = keys.iter().map(|k| key_list(*k)).collect();
+        assert_eq!(lists, vec![0, 0, 1, 1, 1, 65_535]);
+        assert_eq!(keys[1], list_key(0, NO_CENTRE));
+        assert_eq!(keys[4], list_key(1, NO_CENTRE));
+        assert_eq!(
+            keys[2],
+            list_key(1, nyc.min(paris)),
+            "Hilbert order within a list"
+        );
+        assert_eq!(keys[3], list_key(1, nyc.max(paris)));
+    }
+
+    #[test]
     fn duplicates_are_found_adjacent_or_apart() {
         assert_eq!(find_duplicate(&[(1, 5), (2, 6), (3, 7)]), None);
         assert_eq!(find_duplicate(&[(1, 5), (1, 5), (3, 7)]), Some(5));
