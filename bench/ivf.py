@@ -55,12 +55,14 @@ import numpy as np, pyarrow.parquet as pq, pyarrow.dataset as ds, faiss
 faiss.omp_set_num_threads(cfg['threads'])
 t0 = time.perf_counter()
 d = ds.dataset(cfg['chips'], format='parquet')
-ids, chunks = [], []
+# Filled in place: a concatenation would hold the embeddings twice.
+x = np.empty((d.count_rows(), cfg['dim']), dtype=np.float32)
+ids, n = [], 0
 for b in d.to_batches(columns=['chip_id', 'embedding'], batch_size=65536):
     ids.extend(b.column(0).to_pylist())
-    chunks.append(b.column(1).values.to_numpy(zero_copy_only=False).reshape(-1, cfg['dim']))
-x = np.ascontiguousarray(np.concatenate(chunks).astype(np.float32))
-del chunks
+    v = b.column(1).values.to_numpy(zero_copy_only=False).reshape(-1, cfg['dim'])
+    x[n:n + len(v)] = v
+    n += len(v)
 t1 = time.perf_counter()
 q = faiss.IndexFlatIP(cfg['dim'])
 index = faiss.IndexIVFFlat(q, cfg['dim'], cfg['lists'], faiss.METRIC_INNER_PRODUCT)
@@ -69,9 +71,10 @@ rng = np.random.default_rng(0)
 sample = x[rng.choice(len(x), size=min(cfg['sample'], len(x)), replace=False)]
 index.train(sample)
 index.add(x)
+del x, sample
 t2 = time.perf_counter()
 queries = np.array(json.load(open(cfg['queries'])), dtype=np.float32)
-out = {'load_s': t1 - t0, 'build_s': t2 - t1, 'rows': len(x), 'sweep': []}
+out = {'load_s': t1 - t0, 'build_s': t2 - t1, 'rows': n, 'sweep': []}
 for p in cfg['nprobe']:
     index.nprobe = p
     times, hits = [], []
