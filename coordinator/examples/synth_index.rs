@@ -17,6 +17,13 @@
 //! (default `OUTPUT/query.json`), so a top-K has known winners and a tail of
 //! background chips. Output is deterministic for a given seed and arguments;
 //! one JSON summary line goes to stdout.
+//!
+//! `--clusters C --spread S` makes clustered embeddings instead (the IVF
+//! benchmark's data, `bench/ivf.py`, as `bench/quant.py` defines it): C
+//! random unit centres, each row `normalise(centre + N(0, S²/D))` of a
+//! random centre; `--queries Q` then writes `OUTPUT/queries.json`, Q query
+//! vectors, each a random row perturbed by the same noise. Rows are made
+//! file by file, so memory does not grow with `--rows`.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -75,6 +82,15 @@ struct Args {
     /// Files generated at once.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Clustered embeddings around this many random unit centres (0: uniform on the sphere).
+    #[arg(long, default_value_t = 0)]
+    clusters: usize,
+    /// Noise of a clustered row: N(0, spread²/D) per dimension before normalising.
+    #[arg(long, default_value_t = 0.2)]
+    spread: f64,
+    /// With --clusters: query vectors near random rows, written to OUTPUT/queries.json.
+    #[arg(long, default_value_t = 0)]
+    queries: usize,
 }
 
 /// SplitMix64: small, seedable, good enough for synthetic data.
@@ -145,11 +161,31 @@ struct Job {
     query: Vec<f32>,
     /// (file, row within the file, cosine) of each planted chip.
     planted: Vec<(usize, usize, f64)>,
+    /// `--clusters` centres, each `dim` floats.
+    centres: Vec<Vec<f32>>,
+    /// (file, row within the file, query index) of the rows queries perturb.
+    query_rows: Vec<(usize, usize, usize)>,
+}
+
+impl Rng {
+    /// A standard normal draw (Box–Muller, one of the pair).
+    fn gauss(&mut self) -> f64 {
+        let (u1, u2) = (1.0 - self.unit(), self.unit());
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+
+    /// `normalise(v + N(0, spread²/D))`.
+    fn perturb(&mut self, v: &[f32], spread: f64) -> Vec<f32> {
+        let s = spread / (v.len() as f64).sqrt();
+        let w: Vec<f64> = v.iter().map(|x| f64::from(*x) + s * self.gauss()).collect();
+        let n = w.iter().map(|x| x * x).sum::<f64>().sqrt();
+        w.iter().map(|x| (x / n) as f32).collect()
+    }
 }
 
 /// Rows of file `f`: `--scenes-per-file` scenes, each's chips tiled row by
-/// row from its north-west corner.
-fn scene_rows(job: &Job, f: usize) -> Vec<ChipRow> {
+/// row from its north-west corner; and the queries made from its rows.
+fn scene_rows(job: &Job, f: usize) -> (Vec<ChipRow>, Vec<(usize, Vec<f32>)>) {
     let a = &job.args;
     let n = a.rows_per_file.min(a.rows - f * a.rows_per_file);
     let k = a.scenes_per_file.max(1);
@@ -172,7 +208,8 @@ fn scene_rows(job: &Job, f: usize) -> Vec<ChipRow> {
         .collect();
     let tiling_fp = job.tiling.fingerprint();
     let mut emb = Rng::new(a.seed, 2 * f as u64 + 2);
-    (0..n)
+    let mut queries = Vec::new();
+    let rows = (0..n)
         .map(|i| {
             let (west, north, uri, version) = &scenes[i / per];
             let (west, north, uri, version) = (*west, *north, uri.clone(), version.clone());
@@ -189,8 +226,16 @@ fn scene_rows(job: &Job, f: usize) -> Vec<ChipRow> {
             };
             let embedding = match job.planted.iter().find(|p| p.0 == f && p.1 == i) {
                 Some(&(_, _, cos)) => at_cosine(&job.query, cos, &mut emb),
+                None if !job.centres.is_empty() => {
+                    let c = &job.centres[(emb.next() % job.centres.len() as u64) as usize];
+                    emb.perturb(c, a.spread)
+                }
                 None => emb.sphere(a.dim),
             };
+            for &(_, _, q) in job.query_rows.iter().filter(|r| r.0 == f && r.1 == i) {
+                let mut noise = Rng::new(a.seed, u64::MAX - q as u64);
+                queries.push((q, noise.perturb(&embedding, a.spread)));
+            }
             ChipRow {
                 chip_id: chip_id(&uri, Some(&version), window, &tiling_fp),
                 source_uri: uri.clone(),
@@ -207,7 +252,8 @@ fn scene_rows(job: &Job, f: usize) -> Vec<ChipRow> {
                 stac: Default::default(),
             }
         })
-        .collect()
+        .collect();
+    (rows, queries)
 }
 
 /// A planted chip as the summary shows it: id, cosine with the query, centre.
@@ -220,11 +266,13 @@ struct File {
     rows: u64,
     /// Its planted chips, by their index in [`Job::planted`].
     planted: Vec<(usize, Planted)>,
+    /// Queries made from its rows, by query index.
+    queries: Vec<(usize, Vec<f32>)>,
 }
 
 /// Chip file `f`, encoded as a worker encodes a task's output.
 fn encode_file(job: &Job, f: usize) -> anyhow::Result<File> {
-    let rows = scene_rows(job, f);
+    let (rows, queries) = scene_rows(job, f);
     let task_id = IdHasher::new("rsembed.synth.task")
         .str(&job.meta.job_id)
         .i64(f as i64)
@@ -254,6 +302,7 @@ fn encode_file(job: &Job, f: usize) -> anyhow::Result<File> {
         bytes,
         rows: rows.len() as u64,
         planted,
+        queries,
     })
 }
 
@@ -331,7 +380,23 @@ async fn main() -> anyhow::Result<()> {
     });
     std::fs::write(&query_path, serde_json::to_vec(&query)?)?;
     let threads = args.threads.max(1);
+    let mut centre_rng = Rng::new(args.seed, u64::MAX / 2);
+    let centres: Vec<Vec<f32>> = (0..args.clusters)
+        .map(|_| centre_rng.sphere(args.dim))
+        .collect();
+    let query_rows: Vec<(usize, usize, usize)> = if args.clusters > 0 {
+        (0..args.queries)
+            .map(|q| {
+                let row = (centre_rng.next() % args.rows as u64) as usize;
+                (row / args.rows_per_file, row % args.rows_per_file, q)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let job = Arc::new(Job {
+        centres,
+        query_rows,
         meta: FileMeta::of_job(&job_id, &model, &tiling),
         args,
         tiling,
@@ -347,12 +412,16 @@ async fn main() -> anyhow::Result<()> {
         .buffered(threads);
     let mut manifest_files: Vec<ManifestFile> = Vec::with_capacity(files);
     let mut planted: Vec<Option<Planted>> = vec![None; job.planted.len()];
+    let mut queries: Vec<Option<Vec<f32>>> = vec![None; job.query_rows.len()];
     while let Some(r) = written.next().await {
         let file = r??;
         let path = format!("chips/{}.parquet", file.task_id);
         manifest_files.push(put(&out, &path, file.bytes, file.rows).await?);
         for (j, p) in file.planted {
             planted[j] = Some(p);
+        }
+        for (q, v) in file.queries {
+            queries[q] = Some(v);
         }
     }
     let rows: u64 = manifest_files.iter().map(|f| f.rows).sum();
@@ -374,6 +443,10 @@ async fn main() -> anyhow::Result<()> {
         software_version: rsembed_schemas::SOFTWARE_VERSION.to_owned(),
     };
     put_json(&out, MANIFEST_FILE, &manifest).await?;
+    if !queries.is_empty() {
+        let queries: Vec<Vec<f32>> = queries.into_iter().flatten().collect();
+        put_json(&out, "queries.json", &queries).await?;
+    }
     // Two plantings on one row leave the later one unwritten: not listed.
     let planted: Vec<_> = planted
         .into_iter()

@@ -590,6 +590,13 @@ pub struct SearchArgs {
     /// Row groups scored at once. Default: twice the number of cores.
     #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
     pub(crate) concurrency: Option<usize>,
+    /// On a dataset compacted with `--lists`: score only the rows of the P
+    /// lists whose centroids are nearest the query, or `all` for an exact
+    /// search. Default: one list in 16, at least 8 (recall@10 ≥ 0.95 on
+    /// clustered data, docs/benchmarks.md). A number is refused on a dataset
+    /// without lists.
+    #[arg(long, env = "RSEMBED_NPROBE", value_name = "P|all", value_parser = crate::query::ivf::parse_nprobe)]
+    pub(crate) nprobe: Option<crate::query::ivf::NProbe>,
     /// Inference for the text graph.
     #[command(flatten)]
     pub(crate) engine: TextEngineArgs,
@@ -664,6 +671,23 @@ pub struct CompactArgs {
     /// f16 quantises; the reverse only changes the type, not the precision.
     #[arg(long, env = "RSEMBED_EMBEDDING_TYPE")]
     pub(crate) embedding_type: Option<EmbeddingType>,
+    /// An IVF layout of N lists (at most 65536): spherical k-means on a
+    /// sample of the embeddings, every row's nearest list in a `list`
+    /// column, files sorted by list then Hilbert key, no row group holding
+    /// two lists, and `centroids.parquet`; `search --nprobe` then reads the
+    /// nearest lists only. About √rows is usual (1000 for a million chips).
+    /// Default: no lists.
+    #[arg(long, env = "RSEMBED_LISTS", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub(crate) lists: Option<u32>,
+    /// Rows k-means trains on, picked by a hash of the chip id (the same
+    /// rows whatever the file order). Default: 64 per list, at most the
+    /// dataset and at most 256 MiB of embeddings (87 381 rows at D = 768).
+    #[arg(long, env = "RSEMBED_SAMPLE", requires = "lists", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) sample: Option<u64>,
+    /// Seed of the k-means initialisation: the same seed, flags and source
+    /// give byte-identical files. Default: 0.
+    #[arg(long, env = "RSEMBED_SEED", requires = "lists")]
+    pub(crate) seed: Option<u64>,
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,

@@ -110,11 +110,16 @@ def main():
     work = tempfile.mkdtemp(prefix="rsembed-docs-")
     shutil.copy(args.query, os.path.join(work, "q.json"))
     os.chdir(work)
+    ivf_sections = {sec for sec, _, _, code, _ in found if "centroids.parquet" in code}
     failed, section, con, ns = [], None, None, None
     for sec, sub, lang, code, line in found:
         if sec != section:
             section, con, ns = sec, duckdb.connect(), {"__name__": "__docs__"}
         name = f"{docs}:{line} [{sec} / {sub or '-'}] {lang}"
+        if sec in ivf_sections and not os.path.exists(os.path.join(dataset, "centroids.parquet")):
+            # The IVF section needs a dataset compacted with --lists: tests/ivf.rs runs it.
+            print(f"skip {name}: the dataset has no centroids.parquet")
+            continue
         code = substitute(code, dataset, dim, chip, os.path.abspath(args.dataset_int8))
         try:
             if lang == "sql":

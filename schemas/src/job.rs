@@ -678,6 +678,33 @@ pub struct Manifest {
     pub software_version: String,
 }
 
+/// `centroids.parquet` of a dataset compacted with `rsembed compact --lists N`.
+pub const CENTROIDS_FILE: &str = "centroids.parquet";
+
+/// The IVF layout of a compacted dataset, recorded as `ivf` in its
+/// `manifest.json`: every row's nearest list (by dot product with the list
+/// centroids, which are unit vectors) is its `list` column, the files are
+/// sorted by list and no row group holds two lists.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IvfLayout {
+    /// `centroids.parquet`: `list` Int32, `centroid` FixedSizeList<Float32, D>,
+    /// `rows` Int64, one row per list in list order; `rows` of the entry
+    /// counts the lists.
+    pub centroids: ManifestFile,
+    /// Lists.
+    pub lists: u32,
+    /// Lists that got no row.
+    pub empty_lists: u32,
+    /// How rows and centroids are compared: `dot` (the embeddings are unit vectors).
+    pub metric: String,
+    /// The k-means seed.
+    pub seed: u64,
+    /// Rows the k-means ran on.
+    pub sample: u64,
+    /// Lloyd iterations run.
+    pub iterations: u32,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

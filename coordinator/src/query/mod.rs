@@ -4,7 +4,8 @@
 //! prunes row groups by their `bbox` statistics; `scan` reads the selected
 //! row groups in parallel and scores them; [`search`] and [`classify`] are the
 //! two commands over that scan; [`compact`] rewrites a job's per-task files
-//! into large Hilbert-sorted parts.
+//! into large Hilbert-sorted parts, and with `--lists` into an IVF layout
+//! ([`ivf`]) whose nearest lists a search reads alone.
 
 pub mod classify;
 pub mod compact;
@@ -12,6 +13,7 @@ mod error;
 pub(crate) mod filter;
 pub(crate) mod html;
 pub(crate) mod index;
+pub mod ivf;
 pub(crate) mod scan;
 pub mod search;
 pub(crate) mod thumbs;

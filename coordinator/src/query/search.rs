@@ -18,6 +18,10 @@
 //!   gigabyte of ONNX on every query.
 //! - `--datetime` and `--max-cloud` exclude chips that lack the property
 //!   (`query/filter.rs`) and say how many on stderr.
+//! - On a dataset compacted with `--lists`, the query ranks the centroids and
+//!   only the row groups whose `list` statistics name one of the `--nprobe`
+//!   best lists are read (`query/ivf.rs`), on top of the filters' pruning;
+//!   the closing line counts them as any pruned group.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -40,6 +44,7 @@ use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
 use crate::query::filter::{Filters, Missing, Verdict};
 use crate::query::index::{embeddings, Embeddings, GroupRef, Index, Pruning};
+use crate::query::ivf::{Probe, Probed};
 use crate::query::scan::{
     default_concurrency, dots, dots_i8, inv_norms_i8, normalize, scan_groups, selection_of, Hit,
     TopK,
@@ -336,7 +341,14 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         max_cloud: args.max_cloud,
     };
     let concurrency = args.concurrency.unwrap_or_else(default_concurrency);
-    let (groups, pruning, mut missing) = select_groups(&index, &filters, concurrency).await?;
+    let probe = Probe::open(&index, args.nprobe).await?;
+    // A batch reads the lists any of its queries probes, and scores every
+    // query against all of them: each query sees at least its own lists.
+    let probed = probe
+        .as_ref()
+        .map(|p| p.probe_many(queries.iter().map(|(_, v)| v.as_slice())));
+    let (groups, pruning, mut missing) =
+        select_groups(&index, &filters, concurrency, probed.as_ref()).await?;
     let (mut columns, optional) = filters.columns();
     columns.push(col::EMBEDDING);
     let k = args.top_k;
@@ -439,25 +451,30 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         pruning,
         rows_scored: scored.load(Ordering::Relaxed),
         missing,
-        bytes_read: index.bytes_read(),
+        bytes_read: index.bytes_read() + probe.map_or(0, |p| p.bytes_read),
         seconds: t0.elapsed().as_secs_f64(),
     };
     Ok((results, stats))
 }
 
 /// The row groups to score: those the statistics of `--bbox`, `--datetime`
-/// and `--max-cloud` keep; with what pruning did and the chips excluded for
-/// lacking a property. Groups where no row can match but the count of those
-/// chips needs the rows are read here, filter columns only.
+/// and `--max-cloud` keep, and of an IVF dataset's probed lists; with what
+/// pruning did and the chips excluded for lacking a property. Groups where
+/// no row can match but the count of those chips needs the rows are read
+/// here, filter columns only.
 async fn select_groups(
     index: &Arc<Index>,
     filters: &Filters,
     concurrency: usize,
+    probed: Option<&Probed>,
 ) -> Result<(Vec<GroupRef>, Pruning, Missing)> {
     let (kept, mut pruning) = index.row_groups(filters.bbox);
     let mut missing = Missing::default();
     let (mut read, mut count) = (Vec::new(), Vec::new());
     for g in kept {
+        if probed.is_some_and(|p| !p.may_hold(&index.parts[g.part], g.part, g.row_group)) {
+            continue;
+        }
         match filters.judge(&index.parts[g.part], g.row_group) {
             Verdict::Skip(m) => missing.add(m),
             Verdict::Count => count.push(g),

@@ -74,8 +74,31 @@ pub fn parse_chip_id(s: &str) -> Option<u128> {
         .flatten()
 }
 
-/// The sort keys of a batch's rows (it needs `chip_id` and the centres).
+/// The first half of the sort key of a row of list `list` (`compact
+/// --lists`): the list in the top 16 bits, then the top 48 bits of the
+/// Hilbert index (order 24 per axis: cells of 2.4 m at the equator, finer
+/// than any chip, and chip ids break ties). Rows without a centre stay last
+/// within their list.
+pub(crate) fn list_key(list: u32, hilbert: u64) -> u64 {
+    debug_assert!(list < crate::query::ivf::MAX_LISTS);
+    (u64::from(list) << 48) | (hilbert >> 16)
+}
+
+/// The list of a key made by [`list_key`].
+pub(crate) fn key_list(key: u64) -> u32 {
+    (key >> 48) as u32
+}
+
+/// The sort keys of a batch's rows (it needs `chip_id` and the centres; a
+/// batch with a `list` column gets [`list_key`]s).
 pub(super) fn batch_keys(batch: &RecordBatch, uri: &str) -> Result<Vec<Key>> {
+    let lists = match batch.column_by_name(crate::query::ivf::LIST) {
+        None => None,
+        Some(c) => Some(
+            c.as_primitive_opt::<arrow_array::types::Int32Type>()
+                .ok_or_else(|| QueryError::column(uri, crate::query::ivf::LIST, "Int32"))?,
+        ),
+    };
     let ids = batch
         .column_by_name(col::CHIP_ID)
         .and_then(|c| c.as_string_opt::<i32>())
@@ -106,6 +129,7 @@ pub(super) fn batch_keys(batch: &RecordBatch, uri: &str) -> Result<Vec<Key>> {
                 lon.is_valid(i).then(|| lon.value(i)),
                 lat.is_valid(i).then(|| lat.value(i)),
             );
+            let key = lists.map_or(key, |l| list_key(l.value(i) as u32, key));
             Ok((key, id))
         })
         .collect()
@@ -423,6 +447,31 @@ mod tests {
         assert_eq!(bucket_of(&[(1, 2), (5, 0)], (1, 1)), 0);
         assert_eq!(bucket_of(&[(1, 2), (5, 0)], (1, 2)), 1);
         assert_eq!(bucket_of(&[(1, 2), (5, 0)], (NO_CENTRE, 0)), 2);
+    }
+
+    #[test]
+    fn list_keys_sort_by_list_then_hilbert_with_missing_centres_last() {
+        let paris = hilbert_key(Some(2.35), Some(48.85));
+        let nyc = hilbert_key(Some(-74.0), Some(40.7));
+        let mut keys = [
+            list_key(1, NO_CENTRE),
+            list_key(1, paris),
+            list_key(0, NO_CENTRE),
+            list_key(1, nyc),
+            list_key(0, paris),
+            list_key(65_535, 0),
+        ];
+        keys.sort_unstable();
+        let lists: Vec<u32> = keys.iter().map(|k| key_list(*k)).collect();
+        assert_eq!(lists, vec![0, 0, 1, 1, 1, 65_535]);
+        assert_eq!(keys[1], list_key(0, NO_CENTRE));
+        assert_eq!(keys[4], list_key(1, NO_CENTRE));
+        assert_eq!(
+            keys[2],
+            list_key(1, nyc.min(paris)),
+            "Hilbert order within a list"
+        );
+        assert_eq!(keys[3], list_key(1, nyc.max(paris)));
     }
 
     #[test]

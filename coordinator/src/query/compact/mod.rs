@@ -34,6 +34,13 @@
 //!    streamed to the store through an atomic upload (one put, or a multipart
 //!    upload that appears whole), hashed on the way. The spill is then deleted.
 //!
+//! **Lists.** With `--lists N`, a sample pass and k-means run between passes
+//! 1 and 2 (`lists.rs`): each row gets its nearest list in a `list` column
+//! in pass 2, the key becomes (list, Hilbert index, chip id), the split
+//! sample is the k-means sample with its lists, and pass 3 cuts a row group
+//! where the list changes; `centroids.parquet` is written before the
+//! manifest, which records it as `ivf`.
+//!
 //! **Memory bound.** Pass 1: the key sample, at most 2 × `SAMPLE_ROWS` × 32 B
 //! = 16 MiB, plus a few row groups of three small columns. Pass 2:
 //! `ROUTE_CONCURRENCY` source row groups (8192 rows each in rsembed files)
@@ -90,7 +97,7 @@ use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use rsembed_schemas::chip::col;
 use rsembed_schemas::embedding::EmbeddingType;
-use rsembed_schemas::job::{Manifest, ManifestFile, MANIFEST_FILE};
+use rsembed_schemas::job::{IvfLayout, Manifest, ManifestFile, MANIFEST_FILE};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::SOFTWARE_VERSION;
 use rsembed_worker::sink::parquet::{chip_file_metadata, chip_writer_properties_for};
@@ -105,11 +112,13 @@ use crate::query::index::Index;
 use crate::query::Error as QueryError;
 
 use keys::{read_keys, split_keys};
+use lists::Lists;
 use source::{check_paths, check_source, chip_schema_of, copy_rest, duplicate, prepare_output};
 use spill::{spill_err, Spill};
 use write::{sort_bucket, write_part};
 
 mod keys;
+mod lists;
 mod source;
 mod spill;
 mod write;
@@ -188,6 +197,9 @@ pub struct CompactSummary {
     pub(crate) spill_bytes: u64,
     /// Wall time.
     pub(crate) seconds: f64,
+    /// `--lists`: the IVF layout written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) ivf: Option<IvfLayout>,
 }
 
 impl CompactSummary {
@@ -207,6 +219,12 @@ impl CompactSummary {
         s += &format!("  row groups  {}\n", self.row_groups);
         s += &format!("  read        {}\n", human_bytes(self.bytes_read));
         s += &format!("  spilled     {}\n", human_bytes(self.spill_bytes));
+        if let Some(l) = &self.ivf {
+            s += &format!(
+                "  lists       {} ({} empty; k-means on {} rows, {} iterations)\n",
+                l.lists, l.empty_lists, l.sample, l.iterations
+            );
+        }
         s += &format!("  time        {:.1} s\n", self.seconds);
         s
     }
@@ -224,6 +242,9 @@ struct CompactedManifest<'a> {
     /// as the source did); their `rsembed` metadata gives the dequantisation.
     embedding_type: EmbeddingType,
     compacted_from: CompactedFrom,
+    /// `--lists`: `centroids.parquet` and how it was made.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ivf: Option<IvfLayout>,
 }
 
 /// The source of a compaction, as recorded in its manifest.
@@ -247,7 +268,8 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     let out = stores.location(&args.output)?;
     tracing::info!(
         index = %src.url, output = %out.url, target_size = args.target_size,
-        spill_dir = ?args.spill_dir, overwrite = args.overwrite, "compact"
+        spill_dir = ?args.spill_dir, overwrite = args.overwrite, lists = ?args.lists,
+        sample = ?args.sample, seed = ?args.seed, "compact"
     );
     check_paths(&src, &out)?;
     let manifest_bytes = match src.store.get(&src.child(MANIFEST_FILE)).await {
@@ -314,7 +336,19 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         )
         .into());
     }
-    let splits = Arc::new(split_keys(&keys.sample, files));
+    let (lists, schema, splits) = match args.lists {
+        None => (None, schema, split_keys(&keys.sample, files)),
+        Some(n) => {
+            let seed = args.seed.unwrap_or(crate::query::ivf::DEFAULT_SEED);
+            let (l, sample) = lists::train(&index, n, args.sample, seed, &progress).await?;
+            (
+                Some(l),
+                lists::with_list(&schema),
+                split_keys(&sample, files),
+            )
+        }
+    };
+    let splits = Arc::new(splits);
     prepare_output(&out, args.overwrite).await?;
     out.probe_local_write("chips/part-00000.parquet")
         .map_err(|e| QueryError::Write {
@@ -348,6 +382,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         row_group_rows: args.row_group_rows as usize,
         spill: dir.path().to_path_buf(),
         progress: progress.clone(),
+        lists,
     };
     let handle = tokio::runtime::Handle::current();
     let done = tokio::task::spawn_blocking(move || handle.block_on(spill_and_write(job)))
@@ -362,6 +397,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         digest: written,
         row_groups,
         spill_bytes,
+        lists,
     } = done;
 
     let rows_out: u64 = parts.iter().map(|f| f.rows).sum();
@@ -378,6 +414,10 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     }
 
     copy_rest(&src, &out, &manifest).await?;
+    let ivf = match &lists {
+        Some(l) => Some(l.write(&out).await?),
+        None => None,
+    };
     let bytes_out = parts.iter().map(|f| f.bytes).sum();
     let files = parts.len();
     let new = Manifest {
@@ -396,6 +436,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
             files: index.parts.len(),
             target_size: args.target_size,
         },
+        ivf: ivf.clone(),
     };
     put_json(&out, MANIFEST_FILE, &doc).await?;
     progress.finish();
@@ -411,6 +452,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         row_groups,
         spill_bytes,
         seconds: started.elapsed().as_secs_f64(),
+        ivf,
     })
 }
 
@@ -426,6 +468,8 @@ struct Rewrite {
     row_group_rows: usize,
     spill: PathBuf,
     progress: Progress,
+    /// `--lists`: labels each row in pass 2.
+    lists: Option<Lists>,
 }
 
 /// What passes 2 and 3 did.
@@ -434,6 +478,7 @@ struct Rewritten {
     digest: IdDigest,
     row_groups: usize,
     spill_bytes: u64,
+    lists: Option<Lists>,
 }
 
 /// Passes 2 and 3: route every row into its bucket's spill, then sort and
@@ -458,6 +503,7 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
         row_group_rows,
         spill,
         progress,
+        mut lists,
     } = job;
 
     // Pass 2: route every row to its bucket's spill.
@@ -490,6 +536,10 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
         let uri = &index.parts[g.part].uri;
         for b in batches {
             progress.inc(b.num_rows() as u64);
+            let b = match &mut lists {
+                Some(l) => l.label(b, uri)?,
+                None => b,
+            };
             spill.route(b, &splits, uri)?;
         }
     }
@@ -546,6 +596,7 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
         digest,
         row_groups,
         spill_bytes: spill.bytes,
+        lists,
     })
 }
 

@@ -10,7 +10,7 @@ use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_schemas::chip::{chip_schema, col, embedding_type_from, with_embedding_type};
 use rsembed_schemas::embedding::{EmbeddingType, SCALE_COLUMN};
-use rsembed_schemas::job::{Manifest, JOB_FILE, MANIFEST_FILE};
+use rsembed_schemas::job::{Manifest, CENTROIDS_FILE, JOB_FILE, MANIFEST_FILE};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_worker::sink::rows::EmbeddingBuilder;
 use rsembed_worker::store::Location;
@@ -48,7 +48,7 @@ pub(super) fn check_paths(src: &Location, out: &Location) -> Result<()> {
 /// the manifest first, so no reader ever sees its old file list with new files.
 pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()> {
     let mut found = Vec::new();
-    for f in [MANIFEST_FILE, JOB_FILE] {
+    for f in [MANIFEST_FILE, JOB_FILE, CENTROIDS_FILE] {
         match out.store.head(&out.child(f)).await {
             Ok(_) => found.push(f.to_owned()),
             Err(object_store::Error::NotFound { .. }) => {}
@@ -77,9 +77,13 @@ pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()
         .into());
     }
     tracing::warn!(output = %out.url, "--overwrite: deleting the dataset there");
-    for p in [out.child(MANIFEST_FILE), out.child(JOB_FILE)]
-        .into_iter()
-        .chain(listed)
+    for p in [
+        out.child(MANIFEST_FILE),
+        out.child(JOB_FILE),
+        out.child(CENTROIDS_FILE),
+    ]
+    .into_iter()
+    .chain(listed)
     {
         match out.store.delete(&p).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
@@ -195,8 +199,8 @@ pub(super) fn check_source(
             )
             .into());
         }
-        let Some((version, ty)) = schema_version_of(part.meta.schema().fields(), index.embed_dim)
-        else {
+        let fields = super::lists::without_list(part.meta.schema().fields());
+        let Some((version, ty)) = schema_version_of(&fields, index.embed_dim) else {
             return Err(QueryError::dataset(
                 &part.uri,
                 format!(

@@ -22,7 +22,7 @@ use rsembed_worker::store::Location;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-use super::keys::{batch_keys, find_duplicate, IdDigest, Key};
+use super::keys::{batch_keys, find_duplicate, key_list, IdDigest, Key};
 use super::{UPLOAD_CONCURRENCY, WRITE_BATCH_ROWS};
 use crate::error::Result;
 use crate::query::Error as QueryError;
@@ -38,6 +38,9 @@ pub(super) struct Sorted {
     pub(super) extent: Option<[f64; 4]>,
     pub(super) first: Option<Key>,
     pub(super) last: Option<Key>,
+    /// Positions in `order` where a row group must start: where the list
+    /// changes, in a file with a `list` column (none otherwise).
+    pub(super) breaks: Vec<usize>,
 }
 
 pub(super) fn sort_bucket(batches: Vec<RecordBatch>, uri: &str) -> Result<Sorted> {
@@ -83,7 +86,18 @@ pub(super) fn sort_bucket(batches: Vec<RecordBatch>, uri: &str) -> Result<Sorted
             });
         }
     }
+    let breaks = if batches
+        .iter()
+        .any(|b| b.column_by_name(crate::query::ivf::LIST).is_some())
+    {
+        (1..keys.len())
+            .filter(|&i| key_list(keys[i].0) != key_list(keys[i - 1].0))
+            .collect()
+    } else {
+        Vec::new()
+    };
     Ok(Sorted {
+        breaks,
         order: rows.iter().map(|r| (r.1 as usize, r.2 as usize)).collect(),
         batches,
         digest,
@@ -169,10 +183,18 @@ pub(super) async fn write_part(
     })?;
     let refs: Vec<&RecordBatch> = sorted.batches.iter().collect();
     let written: std::result::Result<_, ParquetError> = async {
-        for chunk in sorted.order.chunks(WRITE_BATCH_ROWS) {
-            let rows = interleave_record_batch(&refs, chunk)?;
-            let rows = RecordBatch::try_new(schema.clone(), rows.columns().to_vec())?;
-            w.write(&rows).await?;
+        let mut start = 0;
+        for end in sorted.breaks.iter().copied().chain([sorted.order.len()]) {
+            for chunk in sorted.order[start..end].chunks(WRITE_BATCH_ROWS) {
+                let rows = interleave_record_batch(&refs, chunk)?;
+                let rows = RecordBatch::try_new(schema.clone(), rows.columns().to_vec())?;
+                w.write(&rows).await?;
+            }
+            if end < sorted.order.len() {
+                // A new list starts a new row group, so its statistics name one list.
+                w.flush().await?;
+            }
+            start = end;
         }
         w.finish().await
     }
