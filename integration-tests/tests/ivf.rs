@@ -92,6 +92,7 @@ fn write_job(root: &Path, embeddings: &[Vec<f32>], files: usize) {
             cloud_mask: None,
             max_cloud: None,
             embedding_type: Default::default(),
+            footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         };
         let model = ModelRef {
             name: "synthetic-clusters".into(),
