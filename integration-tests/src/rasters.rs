@@ -20,7 +20,8 @@ pub struct Scene16 {
     pub nodata: Option<((u32, u32), (u32, u32))>,
 }
 
-fn gdal_translate(args: &[String], src: &Path, dst: &Path) {
+/// `gdal_translate -q <args> <src> <dst>`, failing the test when GDAL does.
+pub fn gdal_translate<S: AsRef<std::ffi::OsStr>>(args: &[S], src: &Path, dst: &Path) {
     let st = Command::new("gdal_translate")
         .arg("-q")
         .args(args)

@@ -2,8 +2,8 @@
 //! pass, each answered exactly as the same query alone, with its line number.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
+use rsembed_integration_tests::rasters::gdal_translate;
 use rsembed_integration_tests::*;
 use serde_json::Value;
 
@@ -18,14 +18,21 @@ const TEXTS: [&str; 4] = [
 fn dataset(dir: &Path) -> PathBuf {
     let input = dir.join("in");
     std::fs::create_dir_all(&input).unwrap();
-    let st = Command::new("gdal_translate")
-        .args(["-q", "-of", "GTiff", "-a_srs", "EPSG:32618", "-a_ullr"])
-        .args(["500000", "4000256", "500256", "4000000"])
-        .arg(fixture_images().join("aerial_256.png"))
-        .arg(input.join("aerial.tif"))
-        .status()
-        .expect("gdal_translate runs (scripts/setup-test-env.sh installs gdal-bin)");
-    assert!(st.success());
+    gdal_translate(
+        &[
+            "-of",
+            "GTiff",
+            "-a_srs",
+            "EPSG:32618",
+            "-a_ullr",
+            "500000",
+            "4000256",
+            "500256",
+            "4000000",
+        ],
+        &fixture_images().join("aerial_256.png"),
+        &input.join("aerial.tif"),
+    );
     let out = dir.join("out");
     let o = run(run_cmd(&input, &out, &tiny_model()).args(["--chip-size", "32"]));
     assert_eq!(o.status.code(), Some(0));

@@ -5,9 +5,10 @@
 //! precisions.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
 use rsembed_integration_tests::cluster::make_images;
+use rsembed_integration_tests::rasters::gdal_translate;
 use rsembed_integration_tests::{duckdb, run, run_cmd, tiny_model};
 use rsembed_schemas::job::JobSpec;
 use serde_json::Value;
@@ -20,19 +21,21 @@ fn make_scenes(dir: &Path, n: usize) {
     std::fs::create_dir_all(dir).unwrap();
     for (i, png) in make_images(&pngs, n).into_iter().enumerate() {
         let x0 = 200_000 + 48_000 * i;
-        let st = Command::new("gdal_translate")
-            .args(["-q", "-of", "GTiff", "-a_srs", "EPSG:32618", "-a_ullr"])
-            .args([
+        gdal_translate(
+            &[
+                "-of".to_owned(),
+                "GTiff".into(),
+                "-a_srs".into(),
+                "EPSG:32618".into(),
+                "-a_ullr".into(),
                 x0.to_string(),
                 "4040000".into(),
                 (x0 + 48_000).to_string(),
                 "4000000".into(),
-            ])
-            .arg(&png)
-            .arg(dir.join(format!("scene_{i}.tif")))
-            .status()
-            .expect("gdal_translate runs (scripts/setup-test-env.sh installs gdal-bin)");
-        assert!(st.success());
+            ],
+            &png,
+            &dir.join(format!("scene_{i}.tif")),
+        );
     }
     std::fs::remove_dir_all(pngs).unwrap();
 }

@@ -17,49 +17,42 @@ use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine;
-use rsembed_integration_tests::rasters::{make_geotiff16, Scene16};
+use rsembed_integration_tests::rasters::{gdal_translate, make_geotiff16, Scene16};
 use rsembed_integration_tests::*;
 
 /// The member whose name tries to run a script in the page.
 const HOSTILE: &str =
     "<script>document.title='pwned'</script><img src=x onerror=\"document.title='pwned'\">.png";
 
-fn gdal(args: &[&str]) {
-    let st = Command::new("gdal_translate")
-        .arg("-q")
-        .args(args)
-        .status()
-        .expect("gdal_translate runs (scripts/setup-test-env.sh installs gdal-bin)");
-    assert!(st.success(), "gdal_translate {args:?}");
-}
-
 /// An 8-bit RGB GeoTIFF of 600×300, LZW: three chip columns and two rows of
 /// 256, the last of each padded; beside `make_geotiff16`'s scene (EPSG:32633),
 /// so the overview shows both.
 fn make_scene8(dst: &Path) {
     let src = fixture_images().join("aerial_256.png");
-    gdal(&[
-        "-of",
-        "GTiff",
-        "-co",
-        "TILED=YES",
-        "-co",
-        "COMPRESS=LZW",
-        "-outsize",
-        "600",
-        "300",
-        "-r",
-        "cubic",
-        "-a_srs",
-        "EPSG:32633",
-        "-a_ullr",
-        "403500",
-        "5000000",
-        "409500",
-        "4997000",
-        src.to_str().unwrap(),
-        dst.to_str().unwrap(),
-    ]);
+    gdal_translate(
+        &[
+            "-of",
+            "GTiff",
+            "-co",
+            "TILED=YES",
+            "-co",
+            "COMPRESS=LZW",
+            "-outsize",
+            "600",
+            "300",
+            "-r",
+            "cubic",
+            "-a_srs",
+            "EPSG:32633",
+            "-a_ullr",
+            "403500",
+            "5000000",
+            "409500",
+            "4997000",
+        ],
+        &src,
+        dst,
+    );
 }
 
 fn make_tar(dst: &Path, members: &[(&str, PathBuf)]) {
@@ -253,17 +246,11 @@ fn search_html_page_shows_every_hit_as_the_model_saw_it() {
         .expect("the bottom-right chip of scene8.tif");
     let got = decode_data_uri(card_img(edge).unwrap());
     let reference = tmp.path().join("ref.png");
-    gdal(&[
-        "-of",
-        "PNG",
-        "-srcwin",
-        "512",
-        "256",
-        "256",
-        "256",
-        data.join("scene8.tif").to_str().unwrap(),
-        reference.to_str().unwrap(),
-    ]);
+    gdal_translate(
+        &["-of", "PNG", "-srcwin", "512", "256", "256", "256"],
+        &data.join("scene8.tif"),
+        &reference,
+    );
     let want = image::open(&reference).unwrap().to_rgb8();
     assert_eq!(got.dimensions(), (256, 256));
     assert!(
@@ -529,17 +516,11 @@ fn assert_windows_of(visual: &Path, cards: &[&str], tmp: &Path) {
             .unwrap();
         let (x, y) = window.split_once(',').unwrap();
         let reference = tmp.join(format!("ref_{x}_{y}.png"));
-        gdal(&[
-            "-of",
-            "PNG",
-            "-srcwin",
-            x,
-            y,
-            "256",
-            "256",
-            visual.to_str().unwrap(),
-            reference.to_str().unwrap(),
-        ]);
+        gdal_translate(
+            &["-of", "PNG", "-srcwin", x, y, "256", "256"],
+            visual,
+            &reference,
+        );
         let want = image::open(&reference).unwrap().to_rgb8();
         let got = decode_data_uri(img);
         assert!(

@@ -48,6 +48,30 @@ fn member_error(uri: String, stage: ErrorStage, error: String) -> Item {
     })
 }
 
+/// A blocking reader of an archive's bytes as they stream in (counted in
+/// `counters.bytes_read`), for [`walk`] on a blocking thread, and the tar
+/// limits of a task's decode limits: how a task and `search --html` read an
+/// archive alike.
+pub(crate) fn tar_reader(
+    got: object_store::GetResult,
+    counters: &Counters,
+    limits: &DecodeLimits,
+) -> (impl std::io::Read + Send + 'static, TarLimits) {
+    let counted = counters.bytes_read.clone();
+    let stream = got
+        .into_stream()
+        .inspect_ok(move |b| {
+            counted.fetch_add(b.len() as u64, Ordering::Relaxed);
+        })
+        .map_err(std::io::Error::other);
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let limits = TarLimits {
+        max_member_bytes: limits.max_alloc,
+        ..TarLimits::default()
+    };
+    (reader, limits)
+}
+
 /// Streams one archive into `tx`: a chip per image member, an error row per
 /// rejected or undecodable member, and one for the archive if it breaks off.
 pub(crate) async fn produce_archive(
@@ -73,18 +97,7 @@ pub(crate) async fn produce_archive(
             return;
         }
     };
-    let counted = ctx.counters.bytes_read.clone();
-    let stream = got
-        .into_stream()
-        .inspect_ok(move |b| {
-            counted.fetch_add(b.len() as u64, Ordering::Relaxed);
-        })
-        .map_err(std::io::Error::other);
-    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
-    let limits = TarLimits {
-        max_member_bytes: ctx.limits.max_alloc,
-        ..TarLimits::default()
-    };
+    let (reader, limits) = tar_reader(got, &ctx.counters, &ctx.limits);
     let archive = input.clone();
     let ctx2 = ctx.clone();
     let tx2 = tx.clone();

@@ -14,12 +14,13 @@ use object_store::ObjectStoreExt;
 use rsembed_raster::image::{decode_rgb8, is_tiff_content, DecodeLimits, Rgb8};
 use rsembed_raster::scale::ScaleSpec;
 use rsembed_raster::scene::{MemRange, Scene};
-use rsembed_raster::tar::{member_uri, walk, Entry, TarLimits};
+use rsembed_raster::tar::{member_uri, walk, Entry};
 use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::ids::Window;
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::TaskInput;
 
+use crate::input::archive::tar_reader;
 use crate::input::scene::{open_parts, open_single, Opener};
 use crate::input::InputKind;
 use crate::store::StoreCache;
@@ -159,21 +160,9 @@ impl ChipReader {
         input: &TaskInput,
         window: Window,
     ) -> Result<Rgb8, ChipError> {
-        use futures::TryStreamExt;
         let loc = self.stores.location(archive).map_err(source)?;
         let got = loc.store.get(&loc.prefix).await.map_err(source)?;
-        let counted = self.counters.bytes_read.clone();
-        let stream = got
-            .into_stream()
-            .inspect_ok(move |b| {
-                counted.fetch_add(b.len() as u64, Ordering::Relaxed);
-            })
-            .map_err(std::io::Error::other);
-        let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
-        let limits = TarLimits {
-            max_member_bytes: self.decode_limits.max_alloc,
-            ..TarLimits::default()
-        };
+        let (reader, limits) = tar_reader(got, &self.counters, &self.decode_limits);
         let (archive, want) = (archive.to_owned(), input.uri.clone());
         let found = tokio::task::spawn_blocking(move || {
             let mut found = None;

@@ -239,23 +239,6 @@ impl EmbeddingBuilder {
         self.rows += 1;
     }
 
-    /// Appends one int8 vector and its scale as they are (no requantisation).
-    pub fn append_int8(&mut self, e: &[i8], scale: f32) {
-        assert_eq!(
-            self.ty,
-            EmbeddingType::Int8,
-            "append_int8 on another type: this is a bug"
-        );
-        assert_eq!(
-            e.len(),
-            self.dim,
-            "embedding of the wrong size: this is a bug"
-        );
-        self.i8s.extend_from_slice(e);
-        self.scales.push(scale);
-        self.rows += 1;
-    }
-
     /// The `embedding` column, and the `embedding_scale` column for int8.
     pub fn finish(self) -> (ArrayRef, Option<ArrayRef>) {
         use arrow_array::{FixedSizeListArray, Float16Array, Float32Array, Int8Array};
