@@ -23,12 +23,11 @@ import argparse
 import json
 import random
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from search import STATS, measured, med, rounds  # noqa: E402
+from search import med, rounds, search_json, synth  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,15 +36,6 @@ def unit(rng: random.Random, d: int) -> list[float]:
     v = [rng.gauss(0.0, 1.0) for _ in range(d)]
     n = sum(x * x for x in v) ** 0.5
     return [x / n for x in v]
-
-
-def search(rsembed: str, index: Path, args: list[str]) -> dict:
-    r = measured([rsembed, "search", "--index", str(index), "--json"] + args)
-    if r["rc"] != 0:
-        raise SystemExit(f"search failed: {r['stderr']}")
-    m = STATS.search(r["stderr"])
-    hits = [json.loads(line) for line in r["stdout"].splitlines() if line.strip()]
-    return {"wall": r["wall"], "inner": float(m[6]), "rss_mib": r["rss_mib"], "hits": hits}
 
 
 def main() -> None:
@@ -59,18 +49,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--work", default="/tmp/rsembed-bench-batch")
     ap.add_argument("--rsembed", default=str(ROOT / "target/release/rsembed"))
+    ap.set_defaults(regen=True, synth_bin=None)
     args = ap.parse_args()
 
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     index = work / "index"
-    cmd = ["cargo", "run", "--quiet", "--release", "-p", "rsembed-coordinator",
-           "--example", "synth_index", "--", "--output", str(index), "--rows", str(args.rows),
-           "--dim", str(args.dim), "--rows-per-file", str(args.rows_per_file),
-           "--seed", str(args.seed)]
-    print("+", " ".join(cmd), file=sys.stderr)
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    synth(args, args.rows, index)
 
     rng = random.Random(args.seed)
     batches = [int(b) for b in args.batches.split(",")]
@@ -84,9 +70,9 @@ def main() -> None:
         files[q] = f
 
     k = ["--top-k", str(args.top_k)]
-    sides = {"single": lambda: search(args.rsembed, index, ["--vector", str(single)] + k)}
+    sides = {"single": lambda: search_json(args.rsembed, index, ["--vector", str(single)] + k)}
     for q in batches:
-        sides[f"batch{q}"] = lambda q=q: search(args.rsembed, index, ["--vectors", str(files[q])] + k)
+        sides[f"batch{q}"] = lambda q=q: search_json(args.rsembed, index, ["--vectors", str(files[q])] + k)
     runs = rounds(args.reps, sides)
 
     one = runs["single"][0]["hits"]

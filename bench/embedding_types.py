@@ -26,14 +26,13 @@ import argparse
 import json
 import random
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import duckdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from search import STATS, measured, med, rounds  # noqa: E402
+from search import measured, med, rounds, search_json, synth  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TYPES = ["f32", "f16", "int8"]
@@ -52,13 +51,8 @@ def bytes_per_row(ds: Path) -> dict:
 
 
 def search(rsembed: str, ds: Path, args: list[str]) -> dict:
-    r = measured([rsembed, "search", "--index", str(ds), "--json"] + args)
-    if r["rc"] != 0:
-        raise SystemExit(f"search failed: {r['stderr']}")
-    m = STATS.search(r["stderr"])
-    hits = [json.loads(line) for line in r["stdout"].splitlines() if line.strip()]
-    return {"wall": r["wall"], "rss_mib": r["rss_mib"], "inner": float(m[6]),
-            "mib": float(m[5]), "ids": [h["chip_id"] for h in hits]}
+    r = search_json(rsembed, ds, args)
+    return {**r, "ids": [h["chip_id"] for h in r["hits"]]}
 
 
 def main() -> None:
@@ -72,18 +66,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--work", default="/tmp/rsembed-bench-types")
     ap.add_argument("--rsembed", default=str(ROOT / "target/release/rsembed"))
+    ap.set_defaults(regen=True, synth_bin=None)
     args = ap.parse_args()
 
     work = Path(args.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     src = work / "src"
-    cmd = ["cargo", "run", "--quiet", "--release", "-p", "rsembed-coordinator",
-           "--example", "synth_index", "--", "--output", str(src), "--rows", str(args.rows),
-           "--dim", str(args.dim), "--rows-per-file", str(args.rows_per_file),
-           "--seed", str(args.seed)]
-    print("+", " ".join(cmd), file=sys.stderr)
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
+    synth(args, args.rows, src)
     query = str(src / "query.json")
 
     out, sets = {}, {}

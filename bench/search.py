@@ -146,6 +146,20 @@ def ours(args, index: Path, query: str, bbox=None, tunables=False) -> dict:
     }
 
 
+def search_json(rsembed: str, index: Path, extra: list[str]) -> dict:
+    """`rsembed search --index INDEX --json EXTRA` in a fresh process: wall
+    seconds, peak RSS, the closing line's seconds and MiB, and the hits."""
+    r = measured([rsembed, "search", "--index", str(index), "--json"] + extra)
+    if r["rc"] != 0:
+        raise SystemExit(f"search failed: {r['stderr']}")
+    m = STATS.search(r["stderr"])
+    if not m:
+        raise SystemExit(f"no statistics line in: {r['stderr']}")
+    hits = [json.loads(line) for line in r["stdout"].splitlines() if line.strip()]
+    return {"wall": r["wall"], "rss_mib": r["rss_mib"], "inner": float(m[6]),
+            "mib": float(m[5]), "hits": hits}
+
+
 def duck_sql(variant: str, glob: str, dim: int, k: int, bbox=None) -> str:
     expr = {
         "array": f"array_cosine_similarity(embedding::FLOAT[{dim}], $q::FLOAT[{dim}])",
