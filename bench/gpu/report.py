@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     d = args.results
     names = ["build_info", "sweep_fp32", "sweep_fp16", "torch_fp16", "torch_fp32", "oom", "shrink",
-             "e2e_small", "e2e_large", "e2e_params"]
+             "e2e_small", "e2e_large", "e2e_auto_small", "e2e_auto_large",
+             "e2e_tiny_small", "e2e_tiny_large", "e2e_params"]
     r = {n: load(d, n + ".json") for n in names}
     steps = []
     if os.path.isfile(os.path.join(d, "steps.tsv")):
@@ -215,23 +216,36 @@ def main(argv=None) -> int:
 
     add("## End to end: `rsembed run --fp16` on JPEG scenes")
     add("")
-    es, el, ep = r["e2e_small"], r["e2e_large"], r["e2e_params"] or {}
+    ep = r["e2e_params"] or {}
     e2e = None
-    if es and el and "chips_embedded" in es and "chips_embedded" in el:
+    for mode, es, el in (("fixed", r["e2e_small"], r["e2e_large"]), ("auto", r["e2e_auto_small"], r["e2e_auto_large"]),
+                         ("tiny", r["e2e_tiny_small"], r["e2e_tiny_large"])):
+        if not (es and el and "chips_embedded" in es and "chips_embedded" in el):
+            add(f"{mode}: not run")
+            add("")
+            continue
         dc, dt = el["chips_embedded"] - es["chips_embedded"], el["seconds"] - es["seconds"]
         rate = dc / dt if dt > 0 else None
         raw = s16.get(ep.get("batch_size"), {}).get("images_per_s")
-        e2e = {"chips_per_s_marginal": rate, "raw_images_per_s_at_batch": raw,
-               "efficiency": rate / raw if rate and raw else None}
-        add(f"Two runs, {es['chips_embedded']} and {el['chips_embedded']} chips ({ep.get('scene_size')}x"
-            f"{ep.get('scene_size')} JPEGs, one chip each), fixed `--batch-size {ep.get('batch_size')}` (the fp16 probe's "
-            f"choice): {es['seconds']:.1f} s and {el['seconds']:.1f} s wall, failed inputs "
-            f"{es['failed_inputs']} + {el['failed_inputs']}. The difference cancels start-up (model hashing, "
-            f"session open): **{num(rate)} chips/s** marginal, against {num(raw)} images/s of the raw fp16 "
-            f"session at that bucket: efficiency **{num(e2e['efficiency'], '{:.2f}')}**.")
-    else:
-        add("not run")
-    add("")
+        one = {"chips_per_s_marginal": rate, "raw_images_per_s_at_batch": raw,
+               "efficiency": rate / raw if rate and raw else None,
+               "engine_busy_small": es.get("engine_busy"), "engine_busy_large": el.get("engine_busy"),
+               "engine_seconds_large": el.get("engine_seconds")}
+        if mode == "fixed":
+            e2e = {**(e2e or {}), **one}
+        else:
+            e2e = {**(e2e or {}), mode: one}
+        flag = {"fixed": f"fixed `--batch-size {ep.get('batch_size')}` (the fp16 probe's choice)",
+                "auto": f"`--batch-size auto --max-batch {ep.get('batch_size')}`",
+                "tiny": f"the committed tiny model (readers and writers alone), fixed `--batch-size {ep.get('batch_size')}`"}[mode]
+        add(f"{mode}: two runs, {es['chips_embedded']} and {el['chips_embedded']} chips ({ep.get('scene_size')}x"
+            f"{ep.get('scene_size')} JPEGs, one chip each), {flag}: {es['seconds']:.1f} s and {el['seconds']:.1f} s "
+            f"wall, failed inputs {es['failed_inputs']} + {el['failed_inputs']}; engine busy "
+            f"{num(es.get('engine_busy'), '{:.2f}')} and {num(el.get('engine_busy'), '{:.2f}')} "
+            f"({num(el.get('engine_seconds'), '{:.1f}')} s running batches in the large run). The difference cancels "
+            f"start-up (model hashing, session open, probe): **{num(rate)} chips/s** marginal, against {num(raw)} "
+            f"images/s of the raw fp16 session at that bucket: efficiency **{num(one['efficiency'], '{:.2f}')}**.")
+        add("")
 
     text = "\n".join(L) + "\n"
     with open(args.out, "w") as f:

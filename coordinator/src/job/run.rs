@@ -357,6 +357,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
 
     // Every task is done: drop the session now, so ORT writes its profile and
     // frees its memory before the process exits.
+    let (engine_busy, engine_up) = runner.engine.busy();
     runner.engine.shutdown().await;
     // Files of tasks an earlier plan had and this one has not (the input
     // changed) would hold some chips twice: they go before the manifest.
@@ -417,6 +418,12 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         },
         bytes_read: counters.bytes_read.load(Ordering::Relaxed),
         seconds: elapsed.as_secs_f64(),
+        engine_seconds: engine_busy.as_secs_f64(),
+        engine_busy: if engine_up.is_zero() {
+            0.0
+        } else {
+            (engine_busy.as_secs_f64() / engine_up.as_secs_f64()).min(1.0)
+        },
         embed_dim: model_ref.embed_dim,
     })
 }

@@ -43,6 +43,12 @@ pub struct Summary {
     pub(crate) bytes_read: u64,
     /// Wall time.
     pub(crate) seconds: f64,
+    /// Time the engine spent running batches: the model, the host↔device
+    /// copies and any padding (the warm-up probe is not counted).
+    pub(crate) engine_seconds: f64,
+    /// `engine_seconds` over the time from the model being ready to the last
+    /// batch: below 1, the device waited for the readers or the writers.
+    pub(crate) engine_busy: f64,
     /// Embedding dimension.
     pub(crate) embed_dim: usize,
 }
@@ -122,6 +128,13 @@ impl Summary {
             s += &format!("  replaced        job {old} (--overwrite)\n");
         }
         s += &format!("  chips/s         {:.1}\n", self.chips_per_second());
+        if self.chips_embedded > 0 {
+            s += &format!(
+                "  engine          busy {:.0} % ({:.1} s running batches)\n",
+                self.engine_busy * 100.0,
+                self.engine_seconds
+            );
+        }
         s += &format!("  read            {}\n", human_bytes(self.bytes_read));
         s += &format!("  output          {}\n", self.output);
         if self.chips == 0 {

@@ -553,7 +553,7 @@ fn over_budget(m: DeviceMemory, budget: f64) -> bool {
 
 /// Images `range` of `batch`, padded with zero images to `size`; the batch
 /// itself when that is all of it.
-fn piece(batch: &PixelBatch, range: Range<usize>, size: usize) -> Cow<'_, PixelBatch> {
+pub(crate) fn piece(batch: &PixelBatch, range: Range<usize>, size: usize) -> Cow<'_, PixelBatch> {
     if range.start == 0 && range.end == batch.n && size == batch.n {
         return Cow::Borrowed(batch);
     }

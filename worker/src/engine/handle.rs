@@ -6,9 +6,9 @@
 //! preferred batch, device memory (one NVML query, on CUDA) and the adaptive
 //! statistics.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
@@ -33,6 +33,10 @@ pub struct EngineHandle {
     max_batch: Option<usize>,
     /// The backend's preferred batch after its latest request; 0 is none.
     preferred: Arc<AtomicUsize>,
+    /// Nanoseconds the thread spent answering requests.
+    busy_ns: Arc<AtomicU64>,
+    /// When the backend was ready (after its warm-up probe).
+    ready_at: Instant,
 }
 
 impl EngineHandle {
@@ -48,6 +52,8 @@ impl EngineHandle {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Option<usize>>>();
         let preferred = Arc::new(AtomicUsize::new(0));
         let publish = preferred.clone();
+        let busy_ns = Arc::new(AtomicU64::new(0));
+        let busy = busy_ns.clone();
         std::thread::Builder::new()
             .name(name.to_owned())
             .spawn(move || {
@@ -75,7 +81,9 @@ impl EngineHandle {
                     let _enter = span.enter();
                     let started = Instant::now();
                     let out = backend.embed(&batch);
-                    let seconds = started.elapsed().as_secs_f64();
+                    let took = started.elapsed();
+                    busy.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+                    let seconds = took.as_secs_f64();
                     publish.store(backend.preferred_batch().unwrap_or(0), Ordering::Relaxed);
                     let metrics = crate::metrics::global();
                     metrics.inference_seconds.observe(seconds);
@@ -93,7 +101,19 @@ impl EngineHandle {
             tx,
             max_batch,
             preferred,
+            busy_ns,
+            ready_at: Instant::now(),
         })
+    }
+
+    /// Time the engine thread spent running requests (the model, the
+    /// host↔device copies and padding included), and the time since the
+    /// backend was ready: their ratio is how busy a run kept the device.
+    pub fn busy(&self) -> (Duration, Duration) {
+        (
+            Duration::from_nanos(self.busy_ns.load(Ordering::Relaxed)),
+            self.ready_at.elapsed(),
+        )
     }
 
     /// The backend's batch limit, if it has one.
@@ -191,6 +211,31 @@ mod tests {
         assert_eq!(h.preferred_batch(), Some(6));
         let plain = EngineHandle::spawn("test-engine", 1, || Ok(Echo)).unwrap();
         assert_eq!(plain.preferred_batch(), None);
+    }
+
+    #[tokio::test]
+    async fn counts_the_time_spent_on_requests() {
+        struct Slow;
+        impl Backend for Slow {
+            fn run(&mut self, b: &PixelBatch, h: crate::engine::RunHints) -> Result<Embeddings> {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                Echo.run(b, h)
+            }
+        }
+        let h = EngineHandle::spawn("test-engine", 1, || Ok(Slow)).unwrap();
+        assert_eq!(h.busy().0, Duration::ZERO);
+        let batch = PixelBatch {
+            n: 1,
+            channels: 1,
+            height: 1,
+            width: 1,
+            data: vec![1.0],
+        };
+        h.embed(batch.clone()).await.unwrap();
+        h.embed(batch).await.unwrap();
+        let (busy, since) = h.busy();
+        assert!(busy >= Duration::from_millis(60), "{busy:?}");
+        assert!(since >= busy, "{since:?} < {busy:?}");
     }
 
     #[test]

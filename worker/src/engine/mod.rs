@@ -2,6 +2,7 @@
 
 pub mod adaptive;
 pub mod controller;
+pub mod fixed;
 pub mod flags;
 pub mod handle;
 pub mod nvml;

@@ -3,8 +3,10 @@
 //! sends batches to.
 
 use crate::engine::adaptive::{Adaptive, AdaptiveConfig, ImageShape};
+use crate::engine::fixed::FixedShapes;
 use crate::engine::flags::{BatchPolicy, EngineArgs};
 use crate::engine::handle::EngineHandle;
+use crate::engine::session::Device;
 use crate::engine::vision::OrtVision;
 use crate::error::{Error, Result};
 use crate::metrics;
@@ -19,9 +21,18 @@ pub fn start_engine(model: &ModelDir, args: &EngineArgs) -> Result<(EngineHandle
     let fp16 = args.fp16;
     let engine = match policy {
         BatchPolicy::Fixed(n) => {
-            let h = EngineHandle::spawn("rsembed-engine", 2, move || {
-                OrtVision::open(&model, fp16, &session_cfg)
-            })?;
+            // CUDA pays for every new input shape (see `engine::fixed`).
+            let h = match session_cfg.device {
+                Device::Cuda(_) => EngineHandle::spawn("rsembed-engine", 2, move || {
+                    Ok(FixedShapes::new(
+                        OrtVision::open(&model, fp16, &session_cfg)?,
+                        n,
+                    ))
+                })?,
+                Device::Cpu => EngineHandle::spawn("rsembed-engine", 2, move || {
+                    OrtVision::open(&model, fp16, &session_cfg)
+                })?,
+            };
             metrics::global().batch_size.set(n as i64);
             metrics::global().batch_ceiling.set(n as i64);
             h
