@@ -65,13 +65,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(dispatch(cli.command)) {
+    let code = match rt.block_on(dispatch(cli.command)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", error_chain(&e));
             ExitCode::FAILURE
         }
-    }
+    };
+    tracing::debug!("command done");
+    // Ends here after a CUDA session (see rsembed_worker::exit).
+    let code = rsembed_worker::exit::finish(code);
+    drop(rt);
+    tracing::debug!("async runtime dropped");
+    code
 }
 
 /// The error and its causes, each once: object_store's messages already

@@ -9,6 +9,7 @@ pub mod batch;
 pub mod check;
 pub mod engine;
 pub mod error;
+pub mod exit;
 pub mod http;
 pub mod input;
 pub mod metrics;

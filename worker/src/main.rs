@@ -107,13 +107,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(serve(args)) {
+    let code = match rt.block_on(serve(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
-    }
+    };
+    // Ends here after a CUDA session (see rsembed_worker::exit).
+    let code = rsembed_worker::exit::finish(code);
+    drop(rt);
+    code
 }
 
 /// Every resolved flag (command line, environment, default) on one line, for

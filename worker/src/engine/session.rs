@@ -307,6 +307,9 @@ pub fn open_graph(cfg: &SessionConfig, file: &Path, input: &str, output: &str) -
         tracing::warn!("--gpu-mem-limit applies to the CUDA arena only; ignored on cpu");
     }
     let eps = cfg.execution_providers();
+    if matches!(cfg.device, Device::Cuda(_)) {
+        crate::exit::CUDA_LOADED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if !eps.is_empty() {
         let names: Vec<&str> = eps.iter().map(|e| e.name()).collect();
         b = b.with_execution_providers(&eps).map_err(|e| {
