@@ -101,7 +101,7 @@ def synth(args, rows: int, out: Path) -> dict:
     cmd = [str(args.synth), "--output", str(out), "--rows", str(rows), "--dim", str(args.dim),
            "--rows-per-file", str(args.rows_per_file), "--clusters", str(args.clusters),
            "--spread", str(args.spread), "--queries", str(args.queries), "--planted", "0",
-           "--seed", str(args.seed)]
+           "--seed", str(args.seed), "--embedding-type", args.embedding_type]
     print("+", " ".join(cmd), file=sys.stderr)
     r = measured(cmd)
     if r["rc"] != 0:
@@ -180,6 +180,8 @@ def main() -> None:
     ap.add_argument("--spill-dir")
     ap.add_argument("--regen", action="store_true", help="remake the data and the compactions")
     ap.add_argument("--no-faiss", action="store_true")
+    ap.add_argument("--embedding-type", default="f32", choices=["f32", "f16", "int8"],
+                    help="stored type of the synthetic data (int8: the 10^7-row run on a small disk)")
     ap.add_argument("--rsembed", type=Path, default=ROOT / "target/release/rsembed")
     ap.add_argument("--synth", type=Path, default=ROOT / "target/release/examples/synth_index")
     args = ap.parse_args()
@@ -222,11 +224,15 @@ def main() -> None:
 
     # DuckDB: exact, and the documented probe, on the same files.
     chips = f"{ivf}/chips/*.parquet"
-    exact_sql = (f"SELECT chip_id, list_dot_product(embedding, $q::FLOAT[]) AS s "
+    # int8 rows rank by dot(i, q) / |i|: the per-row scale cancels in the cosine.
+    score = ("list_dot_product(embedding, $q::FLOAT[])" if args.embedding_type != "int8" else
+             "list_dot_product(embedding::FLOAT[], $q::FLOAT[]) / "
+             "sqrt(list_dot_product(embedding::FLOAT[], embedding::FLOAT[]))")
+    exact_sql = (f"SELECT chip_id, {score} AS s "
                  f"FROM read_parquet('{chips}') ORDER BY s DESC LIMIT 10")
     probe_sql = (f"WITH probed AS (SELECT list FROM '{ivf}/centroids.parquet' "
                  f"ORDER BY list_dot_product(centroid, $q::FLOAT[]) DESC LIMIT {default}) "
-                 f"SELECT c.chip_id, list_dot_product(c.embedding, $q::FLOAT[]) AS s "
+                 f"SELECT c.chip_id, {score.replace('embedding', 'c.embedding')} AS s "
                  f"FROM read_parquet('{chips}') c SEMI JOIN probed p ON c.list = p.list "
                  f"ORDER BY s DESC LIMIT 10")
     dq = queries[: args.duck_queries]

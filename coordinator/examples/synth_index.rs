@@ -91,6 +91,10 @@ struct Args {
     /// With --clusters: query vectors near random rows, written to OUTPUT/queries.json.
     #[arg(long, default_value_t = 0)]
     queries: usize,
+    /// Stored type of `embedding`: `f32`, `f16` or `int8`, as `rsembed run --embedding-type`
+    /// writes it (int8: 1/4 of the bytes, for the 10^7-row benchmarks on a small disk).
+    #[arg(long, default_value = "f32")]
+    embedding_type: rsembed_schemas::embedding::EmbeddingType,
 }
 
 /// SplitMix64: small, seedable, good enough for synthetic data.
@@ -281,7 +285,7 @@ fn encode_file(job: &Job, f: usize) -> anyhow::Result<File> {
         task_id: task_id.clone(),
         ..job.meta.clone()
     };
-    let batch = chip_batch(&rows, job.args.dim, Default::default())?;
+    let batch = chip_batch(&rows, job.args.dim, job.args.embedding_type)?;
     let bytes = encode_chips(&batch, chip_file_metadata(&meta, extent(&rows))?)?;
     let planted = job
         .planted
@@ -337,7 +341,7 @@ async fn main() -> anyhow::Result<()> {
         cloud_mask: None,
         max_cloud: None,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
-        embedding_type: Default::default(),
+        embedding_type: args.embedding_type,
     };
     let model = ModelRef {
         name: "synthetic".into(),

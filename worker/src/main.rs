@@ -91,9 +91,10 @@ fn main() -> ExitCode {
     let first = argv.nth(1);
     if first.as_deref() == Some(std::ffi::OsStr::new("check")) {
         init_logs("text");
-        return rsembed_worker::check::main(
+        let code = rsembed_worker::check::main(
             std::iter::once(std::ffi::OsString::from("rsembed-worker check")).chain(argv),
         );
+        return rsembed_worker::exit::finish(code);
     }
     let args = Args::parse();
     init_logs(&args.log_format);
