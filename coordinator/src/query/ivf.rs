@@ -253,7 +253,7 @@ pub struct KMeans {
 
 /// Spherical k-means of the unit rows `sample` (`m × dim`) into `lists`
 /// centroids: k-means++ seeding by `seed` (weights 1 − the best dot product,
-/// half the squared distance; from the 8th on, up to [`SEED_BATCH`] drawn per
+/// half the squared distance; from the 8th on, up to 8 drawn per
 /// pass, as in k-means‖'s oversampling rounds), then Lloyd iterations until no row changes
 /// list or `max_iterations`. A list left empty is given the row farthest
 /// from its centroid, so that no centroid is wasted on the sample.
