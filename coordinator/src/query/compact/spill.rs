@@ -13,6 +13,9 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+use rsembed_schemas::chip::{col, embedding_type_from};
+use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_worker::sink::parquet::CHIP_ROW_GROUP_ROWS;
 
 use super::keys::{batch_keys, bucket_of, Key};
@@ -48,6 +51,31 @@ pub(super) struct Spill {
     pub(super) rows: Vec<u64>,
     /// Bytes written to spill files.
     pub(super) bytes: u64,
+}
+
+/// Spill frames: uncompressed and without dictionaries (read once, soon), but
+/// an int8 `embedding` dictionary-encoded. Parquet has no 8-bit physical
+/// type: plain int8 is stored as INT32, four bytes a value, and a 10⁷-row
+/// int8 compaction spilled 33.8 GB for 7.5 GB of input; with its dictionary
+/// (at most 256 values) a value takes one byte, as in the chip files.
+fn spill_properties(schema: &SchemaRef) -> WriterProperties {
+    let int8 = schema
+        .field_with_name(col::EMBEDDING)
+        .ok()
+        .and_then(|f| embedding_type_from(f.data_type()))
+        .is_some_and(|(t, _)| t == EmbeddingType::Int8);
+    let embedding = ColumnPath::new(vec![
+        col::EMBEDDING.to_owned(),
+        "list".to_owned(),
+        "item".to_owned(),
+    ]);
+    WriterProperties::builder()
+        .set_compression(Compression::UNCOMPRESSED)
+        .set_dictionary_enabled(false)
+        .set_column_dictionary_enabled(embedding, int8)
+        .set_statistics_enabled(EnabledStatistics::None)
+        .set_max_row_group_row_count(None)
+        .build()
 }
 
 impl Spill {
@@ -129,12 +157,7 @@ impl Spill {
         if batches.is_empty() {
             return Ok(());
         }
-        let props = WriterProperties::builder()
-            .set_compression(Compression::UNCOMPRESSED)
-            .set_dictionary_enabled(false)
-            .set_statistics_enabled(EnabledStatistics::None)
-            .set_max_row_group_row_count(None)
-            .build();
+        let props = spill_properties(&self.schema);
         let path = self.path(b);
         let mut w = ArrowWriter::try_new(Vec::new(), self.schema.clone(), Some(props))
             .map_err(|e| frame_err(&path, e))?;
@@ -204,6 +227,44 @@ impl Spill {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_int8_spill_takes_about_a_byte_a_value_and_reads_back_the_same() {
+        use arrow_array::builder::{FixedSizeListBuilder, Int8Builder};
+        use arrow_schema::{DataType, Field, Schema};
+        use std::sync::Arc;
+        let (rows, dim) = (2000, 256);
+        let item = Arc::new(Field::new("item", DataType::Int8, false));
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            col::EMBEDDING,
+            DataType::FixedSizeList(item.clone(), dim as i32),
+            false,
+        )]));
+        assert!(embedding_type_from(schema.field(0).data_type()).is_some());
+        let mut b = FixedSizeListBuilder::new(Int8Builder::new(), dim as i32).with_field(item);
+        let mut x = 1u32;
+        for _ in 0..rows {
+            for _ in 0..dim {
+                x = x.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                b.values().append_value((x >> 24) as i8);
+            }
+            b.append(true);
+        }
+        let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(b.finish())]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut spill = Spill::new(dir.path(), schema, 1);
+        spill.push(0, batch.clone()).unwrap();
+        spill.flush_all().unwrap();
+        let values = (rows * dim) as u64;
+        assert!(
+            spill.bytes < values * 5 / 4,
+            "{} bytes for {values} int8 values",
+            spill.bytes
+        );
+        let back = Spill::read(&spill.path(0)).unwrap();
+        let back = arrow_select::concat::concat_batches(&back[0].schema(), &back).unwrap();
+        assert_eq!(back, batch);
+    }
 
     #[test]
     fn a_frame_longer_than_the_file_is_refused_before_it_is_allocated() {
