@@ -233,7 +233,7 @@ mod tests {
         use arrow_array::builder::{FixedSizeListBuilder, Int8Builder};
         use arrow_schema::{DataType, Field, Schema};
         use std::sync::Arc;
-        let (rows, dim) = (2000, 256);
+        let (rows, dim): (usize, usize) = (2000, 256);
         let item = Arc::new(Field::new("item", DataType::Int8, false));
         let schema = Arc::new(Schema::new(vec![Field::new(
             col::EMBEDDING,
