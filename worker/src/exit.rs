@@ -1,8 +1,9 @@
 //! How a process that used CUDA ends.
 //!
 //! On an H200 `rsembed run` ended with SIGSEGV (exit status 139) after it had
-//! written its last file and its summary, in three runs of three with two tasks
-//! in flight (`bench/gpu`, docs/gpu-memory.md). All the work was kept, but
+//! written its last file and its summary, in four runs of four with two tasks
+//! in flight (`bench/gpu`; docs/decisions.md, "Leaving without teardown after
+//! CUDA"; the cause is not known). All the work was kept, but
 //! a shell, a Kubernetes Job or Argo reads 139 as a failed run and runs it
 //! again. What was left to run was teardown only: the async runtime's
 //! threads and the C++ destructors of ONNX Runtime and of its CUDA provider,

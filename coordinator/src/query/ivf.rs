@@ -290,7 +290,6 @@ pub fn kmeans(sample: &[f32], dim: usize, lists: usize, seed: u64, max_iteration
             .map(|b| (1.0 - f64::from(b.1)).max(0.0))
             .collect();
         let total: f64 = weights.iter().sum();
-        let mut picks = Vec::with_capacity(batch);
         for _ in 0..batch {
             let pick = if total > 0.0 && total.is_finite() {
                 let mut t = rng.unit() * total;
@@ -306,20 +305,16 @@ pub fn kmeans(sample: &[f32], dim: usize, lists: usize, seed: u64, max_iteration
             } else {
                 (rng.next() % m as u64) as usize
             };
-            picks.push(pick);
-        }
-        let first_new = values.len() / dim;
-        for &p in &picks {
-            values.extend_from_slice(row(p));
+            values.extend_from_slice(row(pick));
         }
         let c = Centroids {
             dim,
-            values: values[first_new * dim..].to_vec(),
+            values: values[l * dim..].to_vec(),
         };
         c.nearest(sample, &mut one);
         for (b, o) in best.iter_mut().zip(&one) {
             if o.1 > b.1 {
-                *b = ((first_new as u32) + o.0, o.1);
+                *b = (l as u32 + o.0, o.1);
             }
         }
         l += batch;

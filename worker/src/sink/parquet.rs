@@ -36,6 +36,16 @@ pub fn chip_writer_properties(kv: Vec<KeyValue>) -> Result<WriterProperties> {
     chip_writer_properties_for(kv, EmbeddingType::F32)
 }
 
+/// The Parquet leaf of the `embedding` column (a list of values), for
+/// per-column writer settings.
+pub fn embedding_column_path() -> ColumnPath {
+    ColumnPath::new(vec![
+        chip_col::EMBEDDING.to_owned(),
+        "list".to_owned(),
+        "item".to_owned(),
+    ])
+}
+
 /// [`chip_writer_properties`] for embeddings stored as `ty`.
 ///
 /// int8 elements are dictionary-encoded: Parquet stores INT8 as INT32, 4 bytes
@@ -46,11 +56,7 @@ pub fn chip_writer_properties_for(
     kv: Vec<KeyValue>,
     ty: EmbeddingType,
 ) -> Result<WriterProperties> {
-    let embedding = ColumnPath::new(vec![
-        chip_col::EMBEDDING.to_owned(),
-        "list".to_owned(),
-        "item".to_owned(),
-    ]);
+    let embedding = embedding_column_path();
     let geometry = ColumnPath::new(vec![chip_col::GEOMETRY.to_owned()]);
     Ok(WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))

@@ -13,10 +13,9 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::schema::types::ColumnPath;
 use rsembed_schemas::chip::{col, embedding_type_from};
 use rsembed_schemas::embedding::EmbeddingType;
-use rsembed_worker::sink::parquet::CHIP_ROW_GROUP_ROWS;
+use rsembed_worker::sink::parquet::{embedding_column_path, CHIP_ROW_GROUP_ROWS};
 
 use super::keys::{batch_keys, bucket_of, Key};
 use super::source::{conform, convert_embeddings};
@@ -64,15 +63,10 @@ fn spill_properties(schema: &SchemaRef) -> WriterProperties {
         .ok()
         .and_then(|f| embedding_type_from(f.data_type()))
         .is_some_and(|(t, _)| t == EmbeddingType::Int8);
-    let embedding = ColumnPath::new(vec![
-        col::EMBEDDING.to_owned(),
-        "list".to_owned(),
-        "item".to_owned(),
-    ]);
     WriterProperties::builder()
         .set_compression(Compression::UNCOMPRESSED)
         .set_dictionary_enabled(false)
-        .set_column_dictionary_enabled(embedding, int8)
+        .set_column_dictionary_enabled(embedding_column_path(), int8)
         .set_statistics_enabled(EnabledStatistics::None)
         .set_max_row_group_row_count(None)
         .build()
