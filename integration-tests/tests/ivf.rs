@@ -11,7 +11,7 @@
 //! sphere of dimension `DIM`, the chips scattered over a 20° × 10° area
 //! independently of their cluster.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -279,6 +279,28 @@ fn search(index: &Path, extra: &[&str]) -> (Vec<(String, f64)>, Closing) {
     (hits, closing(&o.stderr))
 }
 
+/// `rsembed search --json` of a batch: each query line's (chip id, cosine)
+/// best first, and the closing line.
+fn batch(index: &Path, extra: &[&str]) -> (BTreeMap<usize, Vec<(String, f64)>>, Closing) {
+    let o = run(rsembed()
+        .args(["search", "--json", "--index"])
+        .arg(index)
+        .args(extra));
+    assert_eq!(o.status.code(), Some(0), "search succeeds");
+    let mut by_query: BTreeMap<usize, Vec<(String, f64)>> = BTreeMap::new();
+    for l in String::from_utf8_lossy(&o.stdout).lines() {
+        let r: Value = serde_json::from_str(l).unwrap();
+        by_query
+            .entry(r["query"].as_u64().unwrap() as usize)
+            .or_default()
+            .push((
+                r["chip_id"].as_str().unwrap().to_owned(),
+                r["cosine"].as_f64().unwrap(),
+            ));
+    }
+    (by_query, closing(&o.stderr))
+}
+
 fn ids(h: &[(String, f64)]) -> Vec<&str> {
     h.iter().map(|x| x.0.as_str()).collect()
 }
@@ -479,6 +501,34 @@ fn lists_are_deterministic_complete_nearest_and_searched_by_probing() {
         "{ivf_mib} MiB against {exact_mib}"
     );
 
+    // A batch answers each query as a search of it alone does: its own
+    // lists, whatever the other queries probe; and reads their union once.
+    let vectors = tmp.path().join("vectors.jsonl");
+    let lines: Vec<String> = qs
+        .iter()
+        .map(|q| std::fs::read_to_string(q).unwrap())
+        .collect();
+    std::fs::write(&vectors, lines.join("\n")).unwrap();
+    let v = vectors.to_str().unwrap();
+    for extra in [
+        &[][..],
+        &["--nprobe", "1"],
+        &["--nprobe", "3", "--top-k", "4"],
+    ] {
+        let (got, union) = batch(&a, &[&["--vectors", v], extra].concat());
+        assert_eq!(got.len(), QUERIES, "every query answers");
+        let mut most = 0;
+        for (i, q) in qs.iter().enumerate() {
+            let (alone, c) = search(&a, &[&["--vector", q.to_str().unwrap()], extra].concat());
+            assert_eq!(got[&(i + 1)], alone, "query {} {extra:?}", i + 1);
+            most = most.max(c.read);
+        }
+        assert!(
+            union.read >= most && union.read <= union.groups,
+            "{union:?}"
+        );
+    }
+
     // --nprobe 1 reads fewer groups than the default; `--bbox` still prunes.
     let q0 = qs[0].to_str().unwrap();
     let (_, def) = search(&a, &["--vector", q0]);
@@ -568,6 +618,11 @@ fn lists_are_deterministic_complete_nearest_and_searched_by_probing() {
     let (all8, _) = search(&lists8, &["--vector", q0, "--nprobe", "all"]);
     let (exact8, _) = search(&flat8, &["--vector", q0]);
     assert_eq!(ids(&all8), ids(&exact8));
+    let (batch8, _) = batch(&lists8, &["--vectors", v]);
+    for (i, q) in qs.iter().enumerate().step_by(7) {
+        let (alone, _) = search(&lists8, &["--vector", q.to_str().unwrap()]);
+        assert_eq!(batch8[&(i + 1)], alone, "int8 query {}", i + 1);
+    }
     let (probed8, p8) = search(&lists8, &["--vector", q0]);
     assert!(p8.read < p8.groups, "{p8:?}");
     assert_eq!(probed8[0].0, exact8[0].0);

@@ -304,7 +304,7 @@ pub(crate) fn overview(results: &[SearchResult]) -> String {
     let shapes: Vec<Shape> = results
         .iter()
         .map(|r| {
-            let rs = r.geometry.as_ref().map(rings).unwrap_or_default();
+            let rs = r.geometry().as_ref().map(rings).unwrap_or_default();
             let centre = r.centre_lon.zip(r.centre_lat);
             (label(r), rs, centre)
         })
@@ -418,7 +418,6 @@ pub(crate) fn overview(results: &[SearchResult]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn hit(rank: usize, uri: &str, lon: f64, lat: f64) -> SearchResult {
         let d = 0.01;
@@ -442,10 +441,13 @@ mod tests {
             datetime: None,
             end_datetime: None,
             cloud_fraction: None,
-            geometry: Some(json!({"type": "Polygon", "coordinates": [[
-                [lon - d, lat - d], [lon + d, lat - d], [lon + d, lat + d],
-                [lon - d, lat + d], [lon - d, lat - d]
-            ]]})),
+            wkb: Some(rsembed_raster::geo::polygon_wkb(&[
+                (lon - d, lat - d),
+                (lon + d, lat - d),
+                (lon + d, lat + d),
+                (lon - d, lat + d),
+                (lon - d, lat - d),
+            ])),
             tiling: None,
         }
     }
@@ -533,7 +535,7 @@ mod tests {
         // Worst first, so the best is drawn last (on top).
         assert!(svg.find(">2</text>").unwrap() < svg.find(">1</text>").unwrap());
         let mut none = hit(1, "a", 0.0, 0.0);
-        none.geometry = None;
+        none.wkb = None;
         none.centre_lon = None;
         assert!(overview(&[none]).contains("no overview"));
     }

@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::query::index::{Index, Part};
-use crate::query::scan::dot;
+use crate::query::scan::dot4;
 use crate::query::Error as QueryError;
 
 /// The column of a row's list, appended after the chip columns.
@@ -127,18 +127,6 @@ impl Centroids {
             }
         });
     }
-
-    /// The lists by dot product with `q`, highest first (ties to the lower list).
-    pub fn rank(&self, q: &[f32]) -> Vec<usize> {
-        let d: Vec<f32> = self
-            .values
-            .chunks_exact(self.dim)
-            .map(|c| dot(c, q))
-            .collect();
-        let mut order: Vec<usize> = (0..d.len()).collect();
-        order.sort_by(|&a, &b| d[b].total_cmp(&d[a]).then(a.cmp(&b)));
-        order
-    }
 }
 
 fn nearest_rows(cents: &[f32], dim: usize, rows: &[f32], out: &mut [(u32, f32)]) {
@@ -181,44 +169,6 @@ fn nearest_generic(cents: &[f32], dim: usize, rows: &[f32], out: &mut [(u32, f32
         block.copy_from_slice(&best[..n]);
         r += n;
     }
-}
-
-/// Four [`dot`]s against one vector, each with `dot`'s lanes and
-/// reduction order, so the results are `dot`'s bit for bit. Four named
-/// accumulators and zipped chunks, not a `[[f32; 16]; 4]` indexed by row:
-/// LLVM kept that one in scalar registers and on the stack (2.2 GMAC/s,
-/// `perf annotate`: `vmulss`/`vaddss`), and vectorises this one.
-#[inline(always)]
-fn dot4(rows: [&[f32]; 4], c: &[f32]) -> [f32; 4] {
-    const W: usize = 16;
-    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; W], [0f32; W], [0f32; W], [0f32; W]);
-    let (cc, rc) = c.as_chunks::<W>();
-    let [r0, r1, r2, r3] = rows.map(|r| r.as_chunks::<W>());
-    for ((((y, x0), x1), x2), x3) in cc.iter().zip(r0.0).zip(r1.0).zip(r2.0).zip(r3.0) {
-        for i in 0..W {
-            a0[i] += x0[i] * y[i];
-            a1[i] += x1[i] * y[i];
-            a2[i] += x2[i] * y[i];
-            a3[i] += x3[i] * y[i];
-        }
-    }
-    let reduce = |a: &[f32; W], tail: &[f32]| {
-        let mut t = 0f32;
-        for (x, y) in tail.iter().zip(rc) {
-            t += x * y;
-        }
-        let mut s = [0f32; 8];
-        for i in 0..8 {
-            s[i] = a[i] + a[i + 8];
-        }
-        ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])) + t
-    };
-    [
-        reduce(&a0, r0.1),
-        reduce(&a1, r1.1),
-        reduce(&a2, r2.1),
-        reduce(&a3, r3.1),
-    ]
 }
 
 /// SplitMix64: the seeded choices of k-means++.
@@ -504,11 +454,17 @@ pub(crate) struct Probe {
     leaves: Vec<Option<usize>>,
 }
 
-/// The lists one query probes.
+/// The lists a batch of queries probes, and which queries probe each.
+///
+/// Each query is scored against exactly the row groups a search of it alone
+/// would read, so its answer does not depend on the rest of its batch.
 #[derive(Debug, Clone)]
 pub(crate) struct Probed {
-    /// By list: probed or not.
-    wanted: Vec<bool>,
+    /// By list: the queries (their indices in the batch, ascending) that
+    /// probe it.
+    by_list: Vec<Vec<u32>>,
+    /// Queries in the batch.
+    queries: usize,
     leaves: Vec<Option<usize>>,
 }
 
@@ -593,58 +549,109 @@ impl Probe {
         }))
     }
 
-    /// The lists to read for unit query `q`.
-    pub(crate) fn probe(&self, q: &[f32]) -> Probed {
-        let mut wanted = vec![false; self.centroids.lists()];
-        let ranked = self.centroids.rank(q).into_iter();
-        for l in ranked.filter(|&l| self.rows[l] > 0).take(self.nprobe) {
-            wanted[l] = true;
+    /// The lists each of the unit `queries` probes: its `nprobe` best
+    /// non-empty lists by dot product with the centroids (ties to the lower
+    /// list), on several threads when there is enough work.
+    pub(crate) fn probe(&self, queries: &[&[f32]]) -> Probed {
+        let lists = self.centroids.lists();
+        let work = queries.len() * self.centroids.values.len();
+        let threads = if work < (1 << 22) {
+            1
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        };
+        // Chunks of 4 queries: the unit of the kernel.
+        let per = queries.len().div_ceil(threads).div_ceil(4).max(1) * 4;
+        let chosen: Vec<Vec<u32>> = std::thread::scope(|s| {
+            let handles: Vec<_> = queries
+                .chunks(per)
+                .map(|chunk| s.spawn(move || self.best_lists(chunk)))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("a probe thread panicked"))
+                .collect()
+        });
+        let mut by_list = vec![Vec::new(); lists];
+        for (qi, ls) in chosen.iter().enumerate() {
+            for &l in ls {
+                by_list[l as usize].push(qi as u32);
+            }
         }
         Probed {
-            wanted,
+            by_list,
+            queries: queries.len(),
             leaves: self.leaves.clone(),
         }
     }
-}
 
-impl Probe {
-    /// [`Probe::probe`] of several queries: the lists any of them probes.
-    pub(crate) fn probe_many<'q>(&self, queries: impl IntoIterator<Item = &'q [f32]>) -> Probed {
-        let mut all = Probed {
-            wanted: vec![false; self.centroids.lists()],
-            leaves: self.leaves.clone(),
-        };
-        for q in queries {
-            for (a, w) in all.wanted.iter_mut().zip(self.probe(q).wanted) {
-                *a |= w;
+    /// [`Probe::probe`]'s choice for each of `queries`, on this thread.
+    fn best_lists(&self, queries: &[&[f32]]) -> Vec<Vec<u32>> {
+        let dim = self.centroids.dim;
+        let lists = self.centroids.lists();
+        let mut scores = vec![[0f32; 4]; lists];
+        let mut out = Vec::with_capacity(queries.len());
+        for chunk in queries.chunks(4) {
+            let q = |k: usize| chunk[k.min(chunk.len() - 1)];
+            let four = [q(0), q(1), q(2), q(3)];
+            for (s, c) in scores
+                .iter_mut()
+                .zip(self.centroids.values.chunks_exact(dim))
+            {
+                *s = dot4(four, c);
+            }
+            for (k, _) in chunk.iter().enumerate() {
+                let better = |a: &u32, b: &u32| {
+                    let (a, b) = (*a as usize, *b as usize);
+                    scores[b][k].total_cmp(&scores[a][k]).then(a.cmp(&b))
+                };
+                let mut ls: Vec<u32> = (0..lists as u32)
+                    .filter(|&l| self.rows[l as usize] > 0)
+                    .collect();
+                if self.nprobe < ls.len() {
+                    ls.select_nth_unstable_by(self.nprobe, better);
+                    ls.truncate(self.nprobe);
+                }
+                ls.sort_unstable();
+                out.push(ls);
             }
         }
-        all
+        out
     }
 }
 
 impl Probed {
-    /// False only when the `list` statistics of row group `rg` of part
-    /// `pi` prove it holds no probed list. A group without them is read.
-    pub(crate) fn may_hold(&self, part: &Part, pi: usize, rg: usize) -> bool {
+    /// The queries that score row group `rg` of part `pi`: those probing a
+    /// list its `list` statistics allow, ascending; every query when it has
+    /// no usable statistics (such a group is read). Empty: skip the group.
+    pub(crate) fn scorers(&self, part: &Part, pi: usize, rg: usize) -> Vec<u32> {
+        let all = || (0..self.queries as u32).collect();
         let Some(leaf) = self.leaves.get(pi).copied().flatten() else {
-            return true;
+            return all();
         };
         let Some(Statistics::Int32(s)) =
             part.meta.metadata().row_group(rg).column(leaf).statistics()
         else {
-            return true;
+            return all();
         };
         let (Some(&lo), Some(&hi)) = (s.min_opt(), s.max_opt()) else {
-            return true;
+            return all();
         };
-        let n = self.wanted.len() as i64;
+        let n = self.by_list.len() as i64;
         let (lo, hi) = (i64::from(lo), i64::from(hi));
         // Statistics naming no list of the centroids prove nothing: read the group.
         if lo > hi || lo < 0 || hi >= n {
-            return true;
+            return all();
         }
-        (lo..=hi).any(|l| self.wanted[l as usize])
+        if lo == hi {
+            return self.by_list[lo as usize].clone();
+        }
+        let mut qs: Vec<u32> = (lo..=hi)
+            .flat_map(|l| self.by_list[l as usize].iter().copied())
+            .collect();
+        qs.sort_unstable();
+        qs.dedup();
+        qs
     }
 }
 
@@ -662,6 +669,7 @@ fn list_leaf(part: &Part) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::query::scan::dot;
 
     fn gen(seed: u64, n: usize, dim: usize, centres: usize, spread: f32) -> Vec<f32> {
         let mut r = Rng(seed);
@@ -737,6 +745,43 @@ mod tests {
         let rows: Vec<f32> = [0.6f32, 0.8].repeat(50);
         let k = kmeans(&rows, 2, 5, 1, 5);
         assert!(k.centroids.values.iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn a_batch_probes_each_query_s_best_non_empty_lists() {
+        let dim = 24;
+        let lists = 300;
+        let cents = Centroids {
+            dim,
+            values: unit(gen(5, lists, dim, lists, 0.0)),
+        };
+        let mut rows = vec![10u64; lists];
+        for l in (0..lists).step_by(7) {
+            rows[l] = 0;
+        }
+        let probe = Probe {
+            centroids: cents.clone(),
+            nprobe: 9,
+            rows: rows.clone(),
+            bytes_read: 0,
+            leaves: vec![],
+        };
+        // Enough queries for the threaded path (work ≥ 2^22), and a ragged last chunk.
+        let qs = unit(gen(6, 1_003, dim, 50, 0.3));
+        let queries: Vec<&[f32]> = qs.chunks_exact(dim).collect();
+        assert!(queries.len() * cents.values.len() >= 1 << 22);
+        let probed = probe.probe(&queries);
+        let mut want = vec![Vec::new(); lists];
+        for (qi, q) in queries.iter().enumerate() {
+            let d: Vec<f32> = cents.values.chunks_exact(dim).map(|c| dot(c, q)).collect();
+            let mut order: Vec<usize> = (0..lists).filter(|&l| rows[l] > 0).collect();
+            order.sort_by(|&a, &b| d[b].total_cmp(&d[a]).then(a.cmp(&b)));
+            for &l in &order[..9] {
+                want[l].push(qi as u32);
+            }
+        }
+        assert_eq!(probed.by_list, want);
+        assert_eq!(probed.queries, queries.len());
     }
 
     #[test]

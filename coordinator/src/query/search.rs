@@ -46,7 +46,7 @@ use crate::query::filter::{Filters, Missing, Verdict};
 use crate::query::index::{embeddings, Embeddings, GroupRef, Index, Pruning};
 use crate::query::ivf::{Probe, Probed};
 use crate::query::scan::{
-    default_concurrency, dots, dots_i8, inv_norms_i8, normalize, scan_groups, selection_of, Hit,
+    default_concurrency, dots4, dots_i8, inv_norms_i8, normalize, scan_groups, selection_of, Hit,
     TopK,
 };
 
@@ -57,6 +57,17 @@ mod batch;
 /// passes over it.
 const SCORE_BLOCK_ROWS: usize = 256;
 use crate::query::Error as QueryError;
+
+/// A row group's share of a search: the top-K of each query that scores it
+/// (in the order of its scorers), and the buffers scoring reuses.
+#[derive(Default)]
+struct Score {
+    tops: Vec<TopK>,
+    cos: Vec<f32>,
+    cos4: Vec<[f32; 4]>,
+    norms: Vec<f32>,
+    missing: Missing,
+}
 
 /// One result, with what the output shows of its chip.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -106,13 +117,22 @@ pub(crate) struct SearchResult {
     /// Share of the chip's valid pixels marked as cloud.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) cloud_fraction: Option<f32>,
-    /// Footprint as GeoJSON geometry.
+    /// Footprint as WKB, as stored: a batch holds up to 10,000 × K
+    /// results, and WKB is a fifth of the memory of a GeoJSON tree
+    /// ([`SearchResult::geometry`] converts it).
     #[serde(skip)]
-    pub(crate) geometry: Option<Value>,
+    pub(crate) wkb: Option<Vec<u8>>,
     /// The tiling that cut the chip (its file's `rsembed` metadata), for
-    /// reading it again (`--html`).
+    /// reading it again (`--html`); one per file, shared by its results.
     #[serde(skip)]
-    pub(crate) tiling: Option<rsembed_schemas::job::TilingSpec>,
+    pub(crate) tiling: Option<Arc<rsembed_schemas::job::TilingSpec>>,
+}
+
+impl SearchResult {
+    /// The footprint as a GeoJSON geometry.
+    pub(crate) fn geometry(&self) -> Option<Value> {
+        self.wkb.as_deref().and_then(wkb_to_geojson)
+    }
 }
 
 /// What the scan did, for the closing line on stderr.
@@ -196,7 +216,7 @@ fn print_results(
             .map(|r| {
                 json!({
                     "type": "Feature",
-                    "geometry": r.geometry,
+                    "geometry": r.geometry(),
                     "properties": serde_json::to_value(r).unwrap_or(Value::Null),
                 })
             })
@@ -341,78 +361,90 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         max_cloud: args.max_cloud,
     };
     let concurrency = args.concurrency.unwrap_or_else(default_concurrency);
+    let nq = queries.len();
     let probe = Probe::open(&index, args.nprobe).await?;
-    // A batch reads the lists any of its queries probes, and scores every
-    // query against all of them: each query sees at least its own lists.
-    let probed = probe
-        .as_ref()
-        .map(|p| p.probe_many(queries.iter().map(|(_, v)| v.as_slice())));
+    let probed = probe.as_ref().map(|p| {
+        let qs: Vec<&[f32]> = queries.iter().map(|(_, v)| v.as_slice()).collect();
+        p.probe(&qs)
+    });
     let (groups, pruning, mut missing) =
-        select_groups(&index, &filters, concurrency, probed.as_ref()).await?;
+        select_groups(&index, &filters, concurrency, nq, probed.as_ref()).await?;
     let (mut columns, optional) = filters.columns();
     columns.push(col::EMBEDDING);
     let k = args.top_k;
-    let nq = queries.len();
     let vectors: Arc<Vec<Vec<f32>>> = Arc::new(queries.iter().map(|(_, v)| v.clone()).collect());
+    // Which queries score each group: a batch on an IVF dataset scores each
+    // query against its own lists only, so a query's answer is the one it
+    // gets alone (and costs what its lists cost, not the batch's union).
+    let scorers: Arc<BTreeMap<GroupRef, Vec<u32>>> = Arc::new(groups.iter().cloned().collect());
+    let groups: Vec<GroupRef> = groups.into_iter().map(|(g, _)| g).collect();
     let scored = Arc::new(AtomicU64::new(0));
     let counter = scored.clone();
     let uris: Arc<Vec<String>> = Arc::new(index.parts.iter().map(|p| p.uri.clone()).collect());
-    type Acc = (Vec<TopK>, Vec<f32>, Vec<f32>, Missing);
+    let plan = scorers.clone();
     let mut scan = Box::pin(scan_groups(
         index.clone(),
         groups,
         columns,
         optional,
         concurrency,
-        move || {
-            (
-                vec![TopK::new(k); nq],
-                Vec::<f32>::new(),
-                Vec::<f32>::new(),
-                Missing::default(),
-            )
-        },
-        move |(tops, cos, norms, missing): &mut Acc, g: GroupRef, offset, batch: &RecordBatch| {
+        Score::default,
+        move |acc: &mut Score, g: GroupRef, offset, batch: &RecordBatch| {
             let rows = embeddings(batch, dim, &uris[g.part])?;
             let n = batch.num_rows();
             let mask = filters
                 .any()
-                .then(|| filters.mask(batch, &uris[g.part], missing))
+                .then(|| filters.mask(batch, &uris[g.part], &mut acc.missing))
                 .transpose()?;
+            let who = &plan[&g];
+            if acc.tops.is_empty() {
+                acc.tops = vec![TopK::new(k); who.len()];
+            }
+            let skip = |i: usize, row: usize| {
+                mask.as_ref().is_some_and(|m| !m[i]) || exclude == Some((g, row))
+            };
             // Blocks of rows small enough to stay in cache while every
             // query is scored against them: one pass over the data for all.
             for start in (0..n).step_by(SCORE_BLOCK_ROWS) {
                 let len = SCORE_BLOCK_ROWS.min(n - start);
                 let block = rows.slice(start, len, dim);
-                // int8 is scored as it is stored (1 byte a value, the scale
-                // cancelled by the norm); f16 is widened once per block.
-                let (int8, floats) = match block {
-                    Embeddings::Int8 { values, .. } => {
-                        inv_norms_i8(values, dim, norms);
-                        (Some(values), None)
-                    }
-                    other => (None, Some(other.unit_rows(dim))),
-                };
-                cos.resize(len, 0.0);
-                for (q, top) in vectors.iter().zip(tops.iter_mut()) {
-                    match (int8, &floats) {
-                        (Some(values), _) => dots_i8(values, dim, q, norms, cos),
-                        (_, Some(f)) => dots(f, dim, q, cos),
-                        (None, None) => unreachable!("one of the two is set"),
-                    }
-                    for (i, &c) in cos.iter().enumerate() {
-                        let row = offset + start + i;
-                        if c < top.threshold()
-                            || mask.as_ref().is_some_and(|m| !m[start + i])
-                            || exclude == Some((g, row))
-                        {
-                            continue;
-                        }
+                let push = |top: &mut TopK, i: usize, c: f32| {
+                    let row = offset + start + i;
+                    if c >= top.threshold() && !skip(start + i, row) {
                         top.push(Hit {
                             group: g,
                             row,
                             cosine: c,
                         });
+                    }
+                };
+                match block {
+                    // int8 is scored as it is stored (1 byte a value, the
+                    // scale cancelled by the norm).
+                    Embeddings::Int8 { values, .. } => {
+                        inv_norms_i8(values, dim, &mut acc.norms);
+                        acc.cos.resize(len, 0.0);
+                        for (&q, top) in who.iter().zip(acc.tops.iter_mut()) {
+                            dots_i8(values, dim, &vectors[q as usize], &acc.norms, &mut acc.cos);
+                            for (i, &c) in acc.cos.iter().enumerate() {
+                                push(top, i, c);
+                            }
+                        }
+                    }
+                    // f16 is widened once per block; four queries share
+                    // each read of a row.
+                    other => {
+                        let f = other.unit_rows(dim);
+                        acc.cos4.resize(len, [0.0; 4]);
+                        for (qs, tops) in who.chunks(4).zip(acc.tops.chunks_mut(4)) {
+                            let q = |j: usize| vectors[qs[j.min(qs.len() - 1)] as usize].as_slice();
+                            dots4(&f, dim, [q(0), q(1), q(2), q(3)], &mut acc.cos4);
+                            for (j, top) in tops.iter_mut().enumerate() {
+                                for (i, c) in acc.cos4.iter().enumerate() {
+                                    push(top, i, c[j]);
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -425,11 +457,11 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     ));
     let mut tops = vec![TopK::new(k); nq];
     while let Some(r) = scan.next().await {
-        let (_, (t, _, _, m)) = r?;
-        for (top, t) in tops.iter_mut().zip(t) {
-            top.merge(t);
+        let (g, acc) = r?;
+        for (&q, t) in scorers[&g].iter().zip(acc.tops) {
+            tops[q as usize].merge(t);
         }
-        missing.add(m);
+        missing.add(acc.missing);
     }
     let scale_bias = model
         .as_ref()
@@ -466,19 +498,24 @@ async fn select_groups(
     index: &Arc<Index>,
     filters: &Filters,
     concurrency: usize,
+    queries: usize,
     probed: Option<&Probed>,
-) -> Result<(Vec<GroupRef>, Pruning, Missing)> {
+) -> Result<(Vec<(GroupRef, Vec<u32>)>, Pruning, Missing)> {
     let (kept, mut pruning) = index.row_groups(filters.bbox);
     let mut missing = Missing::default();
     let (mut read, mut count) = (Vec::new(), Vec::new());
     for g in kept {
-        if probed.is_some_and(|p| !p.may_hold(&index.parts[g.part], g.part, g.row_group)) {
+        let who: Vec<u32> = match probed {
+            Some(p) => p.scorers(&index.parts[g.part], g.part, g.row_group),
+            None => (0..queries as u32).collect(),
+        };
+        if who.is_empty() {
             continue;
         }
         match filters.judge(&index.parts[g.part], g.row_group) {
             Verdict::Skip(m) => missing.add(m),
             Verdict::Count => count.push(g),
-            Verdict::Read => read.push(g),
+            Verdict::Read => read.push((g, who)),
         }
     }
     let rows = |gs: &[GroupRef]| -> u64 {
@@ -487,7 +524,8 @@ async fn select_groups(
             .sum()
     };
     pruning.groups_kept = read.len() + count.len();
-    pruning.rows_kept = rows(&read) + rows(&count);
+    let read_refs: Vec<GroupRef> = read.iter().map(|(g, _)| *g).collect();
+    pruning.rows_kept = rows(&read_refs) + rows(&count);
     if !count.is_empty() {
         let (columns, optional) = filters.columns();
         let uris: Vec<String> = index.parts.iter().map(|p| p.uri.clone()).collect();
@@ -699,6 +737,7 @@ async fn details(
         wanted.dedup();
         let part = &index.parts[g.part];
         let sel = selection_of(&wanted, part.group_rows(g.row_group));
+        let tiling = part.file_meta.as_ref().map(|m| Arc::new(m.tiling.clone()));
         let columns: Vec<&str> = base
             .iter()
             .chain(stac.iter().filter(|c| part.has_column(c)))
@@ -770,21 +809,32 @@ async fn details(
                         cloud_fraction: st
                             .cloud_fraction
                             .and_then(|a| a.is_valid(i).then(|| a.value(i))),
-                        geometry: geom
-                            .is_valid(i)
-                            .then(|| wkb_to_geojson(geom.value(i)))
-                            .flatten(),
-                        tiling: part.file_meta.as_ref().map(|m| m.tiling.clone()),
+                        wkb: geom.is_valid(i).then(|| geom.value(i).to_vec()),
+                        tiling: tiling.clone(),
                     },
                 );
             }
         }
     }
+    // Each row is taken at its last use and cloned before: in a batch,
+    // queries share rows, and a copy of every row would double the peak.
+    let mut uses: BTreeMap<(GroupRef, usize), usize> = BTreeMap::new();
+    for h in hits {
+        *uses.entry((h.group, h.row)).or_default() += 1;
+    }
     hits.iter()
         .enumerate()
         .map(|(rank, h)| {
-            // Cloned, not taken: in a batch, queries share rows.
-            let mut r = rows.get(&(h.group, h.row)).cloned().ok_or_else(|| {
+            let key = (h.group, h.row);
+            let left = uses.get_mut(&key).map(|n| {
+                *n -= 1;
+                *n
+            });
+            let found = match left {
+                Some(0) => rows.remove(&key),
+                _ => rows.get(&key).cloned(),
+            };
+            let mut r = found.ok_or_else(|| {
                 QueryError::dataset(
                     &index.parts[h.group.part].uri,
                     format!(

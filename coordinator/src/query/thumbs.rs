@@ -88,7 +88,8 @@ async fn thumbnail(
         "its chip file has no rsembed metadata, so the tiling that cut the chip is unknown",
     )?;
     let input = input_of(fetcher, r, tiling).await?;
-    let reader = ChipReader::new(stores.clone(), tiling.clone()).map_err(|e| e.to_string())?;
+    let reader =
+        ChipReader::new(stores.clone(), TilingSpec::clone(tiling)).map_err(|e| e.to_string())?;
     let window = Window {
         x: r.x,
         y: r.y,
