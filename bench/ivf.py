@@ -25,6 +25,13 @@ Steps (each command a fresh process; wall time and peak RSS from wait4(2)):
    time, peak RSS, and query time and recall@10 per nprobe, one query at a
    time as `rsembed search` answers them; the nprobe where recall first
    reaches rsembed's default recall is the comparison row.
+7. Batches (`--batch`): the first B queries of a larger draw (`--queries`
+   is its head) as one `rsembed search --vectors` of B lines, and the same B
+   queries as one FAISS `index.search` of B rows, at the nprobe values of
+   `--batch-nprobe`: wall time per query (rsembed: the whole process; FAISS:
+   the search call, its index already built), peak RSS, and recall@10 of the
+   first `--queries` of them against step 3's exact answers (a query in a
+   batch gets the answer it gets alone).
 
 Results go to WORK/ivf-bench.json and a table on stdout. Needs numpy, duckdb,
 pyarrow and faiss-cpu in the interpreter (`pip install faiss-cpu`); --no-faiss
@@ -84,8 +91,37 @@ for p in cfg['nprobe']:
         times.append(time.perf_counter() - s)
         hits.append([ids[i] for i in I[0] if i >= 0])
     out['sweep'].append({'nprobe': p, 'median_s': sorted(times)[len(times) // 2], 'hits': hits})
+out['batches'] = []
+if cfg['batch']:
+    many = np.array(json.load(open(cfg['batch_queries'])), dtype=np.float32)
+    for b in cfg['batch']:
+        for p in cfg['batch_nprobe']:
+            index.nprobe = p
+            s = time.perf_counter()
+            _, I = index.search(many[:b], 10)
+            t = time.perf_counter() - s
+            hits = [[ids[i] for i in row if i >= 0] for row in I[:cfg['head']]]
+            out['batches'].append({'queries': b, 'nprobe': p, 'wall': t, 'hits': hits})
 print(json.dumps(out))
 """
+
+
+SPLIT_CHILD = r"""
+import json, sys
+cfg = json.loads(sys.argv[1])
+drawn = json.load(open(cfg['drawn']))
+need = max([cfg['head']] + cfg['batches'])
+if len(drawn) < need:
+    sys.exit(f"{len(drawn)} queries drawn, {need} needed")
+json.dump(drawn[:cfg['head']], open(f"{cfg['work']}/queries-head.json", 'w'))
+for b in cfg['batches']:
+    with open(f"{cfg['work']}/vectors-{b}.jsonl", 'w') as f:
+        f.writelines(json.dumps(q) + '\n' for q in drawn[:b])
+"""
+
+
+def batches(args) -> list[int]:
+    return [int(b) for b in args.batch.split(",") if b.strip()]
 
 
 def rss_line(r: dict) -> str:
@@ -100,7 +136,8 @@ def synth(args, rows: int, out: Path) -> dict:
     out.mkdir(parents=True)
     cmd = [str(args.synth), "--output", str(out), "--rows", str(rows), "--dim", str(args.dim),
            "--rows-per-file", str(args.rows_per_file), "--clusters", str(args.clusters),
-           "--spread", str(args.spread), "--queries", str(args.queries), "--planted", "0",
+           "--spread", str(args.spread), "--queries", str(max([args.queries] + batches(args))),
+           "--planted", "0",
            "--seed", str(args.seed), "--embedding-type", args.embedding_type]
     print("+", " ".join(cmd), file=sys.stderr)
     r = measured(cmd)
@@ -112,12 +149,12 @@ def synth(args, rows: int, out: Path) -> dict:
     return s
 
 
-def compact(args, src: Path, dst: Path) -> dict:
+def compact(args, src: Path, dst: Path, lists: int | None = None) -> dict:
     done = dst / "compact.json"
     if done.exists() and not args.regen:
         return json.loads(done.read_text())
     cmd = [str(args.rsembed), "compact", "--index", str(src), "--output", str(dst), "--json",
-           "--overwrite", "--lists", str(args.lists), "--seed", "0"]
+           "--overwrite", "--lists", str(lists or args.lists), "--seed", "0"]
     if args.spill_dir:
         cmd += ["--spill-dir", args.spill_dir]
     print("+", " ".join(cmd), file=sys.stderr)
@@ -142,6 +179,22 @@ def search(args, index: Path, query: list[float], nprobe: str, qfile: Path) -> d
     return {"wall": r["wall"], "rss_mib": r["rss_mib"], "ids": hits,
             "scored": int(m[1]), "rows": int(m[2]), "groups_read": int(m[3]),
             "groups": int(m[4]), "mib": float(m[5]), "inner": float(m[6])}
+
+
+def batch_search(args, index: Path, vectors: Path, nprobe: int) -> dict:
+    cmd = [str(args.rsembed), "search", "--index", str(index), "--vectors", str(vectors),
+           "--top-k", "10", "--json", "--nprobe", str(nprobe)]
+    r = measured(cmd)
+    if r["rc"] != 0:
+        raise SystemExit(f"batch search failed: {r['stderr']}")
+    m = STATS.search(r["stderr"])
+    by_query: dict[int, list[str]] = {}
+    for line in r["stdout"].splitlines():
+        if line.strip():
+            hit = json.loads(line)
+            by_query.setdefault(hit["query"], []).append(hit["chip_id"])
+    return {"wall": r["wall"], "rss_mib": r["rss_mib"], "by_query": by_query,
+            "groups_read": int(m[3]), "mib": float(m[5]), "inner": float(m[6])}
 
 
 def recall(got: list[list[str]], exact: list[list[str]]) -> float:
@@ -180,6 +233,10 @@ def main() -> None:
     ap.add_argument("--spill-dir")
     ap.add_argument("--regen", action="store_true", help="remake the data and the compactions")
     ap.add_argument("--no-faiss", action="store_true")
+    ap.add_argument("--batch", default="1000,10000",
+                    help="batch sizes B (queries per process; empty: no batches)")
+    ap.add_argument("--batch-nprobe", default="2,DEFAULT",
+                    help="nprobe values of the batches (DEFAULT: rsembed's default)")
     ap.add_argument("--embedding-type", default="f32", choices=["f32", "f16", "int8"],
                     help="stored type of the synthetic data (int8: the 10^7-row run on a small disk)")
     ap.add_argument("--rsembed", type=Path, default=ROOT / "target/release/rsembed")
@@ -194,7 +251,20 @@ def main() -> None:
     ivf, ivf_small = args.work / "ivf", args.work / "ivf-small"
     res["compact"] = compact(args, big, ivf)
     res["compact_small"] = compact(args, small, ivf_small)
-    queries = json.loads((big / "queries.json").read_text())
+    # The same rows per list as the big dataset, so the same row-group size:
+    # what search's memory depends on, the row count aside.
+    small_lists = max(1, round(args.lists * args.small_rows / args.rows))
+    ivf_small_eq = args.work / f"ivf-small-{small_lists}"
+    res["compact_small_eq"] = compact(args, small, ivf_small_eq, small_lists)
+    # The draw is split in a child process: this one forks every measured
+    # command, and Linux keeps a child's peak RSS from before its exec, so
+    # 10^4 queries held here as Python floats would show in every number.
+    split = subprocess.run([sys.executable, "-c", SPLIT_CHILD, json.dumps({
+        "drawn": str(big / "queries.json"), "head": args.queries, "batches": batches(args),
+        "work": str(args.work)})], capture_output=True, text=True)
+    if split.returncode != 0:
+        raise SystemExit(f"{big}/queries.json: {split.stderr.strip()}: rerun with --regen")
+    queries = json.loads((args.work / "queries-head.json").read_text())
     qfile = args.work / "q.json"
     default = min(args.lists, max(8, math.ceil(args.lists / 16)))
 
@@ -217,9 +287,14 @@ def main() -> None:
     # Row-count independence of search's memory: the default probe and the
     # exact scan on the small dataset, same queries.
     qs = queries[: min(10, len(queries))]
+    small_default = min(small_lists, max(8, math.ceil(small_lists / 16)))
     res["small"] = {
         "default_rss_mib": max(search(args, ivf_small, q, str(default), qfile)["rss_mib"] for q in qs),
         "exact_rss_mib": max(search(args, ivf_small, q, "all", qfile)["rss_mib"] for q in qs),
+        "lists_eq": small_lists,
+        "default_eq_rss_mib": max(search(args, ivf_small_eq, q, str(small_default), qfile)["rss_mib"]
+                                  for q in qs),
+        "exact_eq_rss_mib": max(search(args, ivf_small_eq, q, "all", qfile)["rss_mib"] for q in qs),
     }
 
     # DuckDB: exact, and the documented probe, on the same files.
@@ -250,11 +325,28 @@ def main() -> None:
                   "recall": recall([d["ids"] for d in dp], truth[: len(dq)])},
     }
 
+    batch_nprobe = sorted({default if p == "DEFAULT" else int(p)
+                           for p in args.batch_nprobe.split(",") if p.strip()})
+    res["batches"] = []
+    for b in batches(args):
+        vectors = args.work / f"vectors-{b}.jsonl"
+        for p in batch_nprobe:
+            print(f"batch of {b}, nprobe {p} ...", file=sys.stderr)
+            r = batch_search(args, ivf, vectors, p)
+            head = [r["by_query"].get(i + 1, []) for i in range(len(queries))]
+            res["batches"].append({"queries": b, "nprobe": p, "wall": r["wall"],
+                                   "per_query_s": r["wall"] / b, "rss_mib": r["rss_mib"],
+                                   "inner_s": r["inner"], "mib": r["mib"],
+                                   "groups_read": r["groups_read"],
+                                   "recall": recall(head, truth)})
+
     if not args.no_faiss:
         print("faiss ...", file=sys.stderr)
         cfg = {"chips": f"{ivf}/chips", "dim": args.dim, "lists": args.lists,
                "sample": int(res["compact"]["ivf"]["sample"]), "threads": args.threads,
-               "queries": str(big / "queries.json"),
+               "queries": str(args.work / "queries-head.json"),
+               "batch": batches(args), "batch_nprobe": batch_nprobe, "head": len(queries),
+               "batch_queries": str(big / "queries.json"),
                "nprobe": sorted({int(p) for p in args.nprobe.split(",")} | {default})}
         r = measured([sys.executable, "-c", FAISS_CHILD, json.dumps(cfg)])
         if r["rc"] != 0:
@@ -263,7 +355,11 @@ def main() -> None:
         res["faiss"] = {"load_s": f["load_s"], "build_s": f["build_s"], "rss_mib": r["rss_mib"],
                         "wall": r["wall"],
                         "sweep": [{"nprobe": s["nprobe"], "median_s": s["median_s"],
-                                   "recall": recall(s["hits"], truth)} for s in f["sweep"]]}
+                                   "recall": recall(s["hits"], truth)} for s in f["sweep"]],
+                        "batches": [{"queries": b["queries"], "nprobe": b["nprobe"],
+                                     "wall": b["wall"], "per_query_s": b["wall"] / b["queries"],
+                                     "recall": recall(b["hits"], truth)}
+                                    for b in f["batches"]]}
 
     (args.work / "ivf-bench.json").write_text(json.dumps(res, indent=1))
     report(res, default)
@@ -291,7 +387,11 @@ def report(res: dict, default: int) -> None:
     d = next(r for r in res["sweep"] if r["nprobe"] == default)
     print(f"\npeak RSS of search, {res['synth_small']['rows']:,} -> {s['rows']:,} rows: "
           f"default {sm['default_rss_mib']:.0f} -> {d['rss_mib']:.0f} MiB, "
-          f"exact {sm['exact_rss_mib']:.0f} -> {e['rss_mib']:.0f} MiB")
+          f"exact {sm['exact_rss_mib']:.0f} -> {e['rss_mib']:.0f} MiB (same lists: row groups "
+          f"{res['synth_small']['rows'] // c['ivf']['lists']} -> {s['rows'] // c['ivf']['lists']} rows)")
+    print(f"  at the same rows per list ({sm['lists_eq']} lists at {res['synth_small']['rows']:,} rows): "
+          f"default {sm['default_eq_rss_mib']:.0f} -> {d['rss_mib']:.0f} MiB, "
+          f"exact {sm['exact_eq_rss_mib']:.0f} -> {e['rss_mib']:.0f} MiB")
     dd = res["duckdb"]
     print(f"\nDuckDB exact:            {dd['exact']['median_s']:.2f} s (query {dd['exact']['query_s']:.2f} s), "
           f"RSS {dd['exact']['rss_mib']:.0f} MiB, recall {dd['exact']['recall']:.3f}")
@@ -303,6 +403,16 @@ def report(res: dict, default: int) -> None:
               f"peak RSS {f['rss_mib']:.0f} MiB (in memory)")
         for r in f["sweep"]:
             print(f"  nprobe {r['nprobe']:>4}: recall@10 {r['recall']:.3f}, {r['median_s'] * 1e3:.2f} ms/query")
+    if res.get("batches"):
+        fb = {(b["queries"], b["nprobe"]): b for b in res.get("faiss", {}).get("batches", [])}
+        print(f"\n{'batch':>6} {'nprobe':>6} {'recall':>7} {'ms/query':>9} {'RSS MiB':>8} "
+              f"{'FAISS recall':>12} {'FAISS ms/query':>14} {'ours / FAISS':>12}")
+        for b in res["batches"]:
+            f = fb.get((b["queries"], b["nprobe"]))
+            tail = (f"{f['recall']:>12.3f} {f['per_query_s'] * 1e3:>14.3f} "
+                    f"{b['per_query_s'] / f['per_query_s']:>12.2f}") if f else ""
+            print(f"{b['queries']:>6} {b['nprobe']:>6} {b['recall']:>7.3f} "
+                  f"{b['per_query_s'] * 1e3:>9.3f} {b['rss_mib']:>8.0f} {tail}")
 
 
 if __name__ == "__main__":
