@@ -46,8 +46,8 @@ use crate::query::filter::{Filters, Missing, Verdict};
 use crate::query::index::{embeddings, Embeddings, GroupRef, Index, Pruning};
 use crate::query::ivf::{Probe, Probed};
 use crate::query::scan::{
-    default_concurrency, dots4, dots_i8, inv_norms_i8, normalize, scan_groups, selection_of, Hit,
-    TopK,
+    default_concurrency, dots, dots4, dots4_i8, dots_i8, inv_norms_i8, normalize, scan_groups,
+    selection_of, Hit, TopK,
 };
 
 mod batch;
@@ -404,7 +404,8 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
                 mask.as_ref().is_some_and(|m| !m[i]) || exclude == Some((g, row))
             };
             // Blocks of rows small enough to stay in cache while every
-            // query is scored against them: one pass over the data for all.
+            // query is scored against them: one pass over the data for all,
+            // four queries a read of each row.
             for start in (0..n).step_by(SCORE_BLOCK_ROWS) {
                 let len = SCORE_BLOCK_ROWS.min(n - start);
                 let block = rows.slice(start, len, dim);
@@ -418,32 +419,40 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
                         });
                     }
                 };
-                match block {
-                    // int8 is scored as it is stored (1 byte a value, the
-                    // scale cancelled by the norm).
+                // int8 is scored as it is stored (1 byte a value, the scale
+                // cancelled by the norm); f16 is widened once per block.
+                let (int8, floats) = match block {
                     Embeddings::Int8 { values, .. } => {
                         inv_norms_i8(values, dim, &mut acc.norms);
-                        acc.cos.resize(len, 0.0);
-                        for (&q, top) in who.iter().zip(acc.tops.iter_mut()) {
-                            dots_i8(values, dim, &vectors[q as usize], &acc.norms, &mut acc.cos);
-                            for (i, &c) in acc.cos.iter().enumerate() {
-                                push(top, i, c);
-                            }
-                        }
+                        (Some(values), None)
                     }
-                    // f16 is widened once per block; four queries share
-                    // each read of a row.
-                    other => {
-                        let f = other.unit_rows(dim);
-                        acc.cos4.resize(len, [0.0; 4]);
-                        for (qs, tops) in who.chunks(4).zip(acc.tops.chunks_mut(4)) {
-                            let q = |j: usize| vectors[qs[j.min(qs.len() - 1)] as usize].as_slice();
-                            dots4(&f, dim, [q(0), q(1), q(2), q(3)], &mut acc.cos4);
-                            for (j, top) in tops.iter_mut().enumerate() {
-                                for (i, c) in acc.cos4.iter().enumerate() {
-                                    push(top, i, c[j]);
-                                }
-                            }
+                    other => (None, Some(other.unit_rows(dim))),
+                };
+                for (qs, tops) in who.chunks(4).zip(acc.tops.chunks_mut(4)) {
+                    let q = |j: usize| vectors[qs[j.min(qs.len() - 1)] as usize].as_slice();
+                    if let [top] = tops {
+                        // One query (a single search): no lanes to waste.
+                        acc.cos.resize(len, 0.0);
+                        match (int8, &floats) {
+                            (Some(v), _) => dots_i8(v, dim, q(0), &acc.norms, &mut acc.cos),
+                            (_, Some(f)) => dots(f, dim, q(0), &mut acc.cos),
+                            (None, None) => unreachable!("one of the two is set"),
+                        }
+                        for (i, &c) in acc.cos.iter().enumerate() {
+                            push(top, i, c);
+                        }
+                        continue;
+                    }
+                    acc.cos4.resize(len, [0.0; 4]);
+                    let four = [q(0), q(1), q(2), q(3)];
+                    match (int8, &floats) {
+                        (Some(v), _) => dots4_i8(v, dim, four, &acc.norms, &mut acc.cos4),
+                        (_, Some(f)) => dots4(f, dim, four, &mut acc.cos4),
+                        (None, None) => unreachable!("one of the two is set"),
+                    }
+                    for (j, top) in tops.iter_mut().enumerate() {
+                        for (i, c) in acc.cos4.iter().enumerate() {
+                            push(top, i, c[j]);
                         }
                     }
                 }
