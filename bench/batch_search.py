@@ -23,6 +23,7 @@ import argparse
 import json
 import random
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -38,7 +39,19 @@ def unit(rng: random.Random, d: int) -> list[float]:
     return [x / n for x in v]
 
 
+def write_queries(cfg: dict) -> None:
+    rng = random.Random(cfg["seed"])
+    vectors = [unit(rng, cfg["dim"]) for _ in range(max(cfg["batches"]))]
+    work = Path(cfg["work"])
+    (work / "q0.json").write_text(json.dumps(vectors[0]))
+    for q in cfg["batches"]:
+        (work / f"q{q}.jsonl").write_text("".join(json.dumps(v) + "\n" for v in vectors[:q]))
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--write-queries":
+        write_queries(json.loads(sys.argv[2]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--dim", type=int, default=768)
@@ -58,21 +71,24 @@ def main() -> None:
     index = work / "index"
     synth(args, args.rows, index)
 
-    rng = random.Random(args.seed)
     batches = [int(b) for b in args.batches.split(",")]
-    vectors = [unit(rng, args.dim) for _ in range(max(batches))]
+    # The query files come from a child process, and each run keeps only its
+    # first query's hits: this process forks every measured command, and a
+    # forked child's peak RSS includes this one's (bench/search.py `measured`).
+    subprocess.run([sys.executable, __file__, "--write-queries", json.dumps(
+        {"seed": args.seed, "dim": args.dim, "batches": batches, "work": str(work)})], check=True)
     single = work / "q0.json"
-    single.write_text(json.dumps(vectors[0]))
-    files = {}
-    for q in batches:
-        f = work / f"q{q}.jsonl"
-        f.write_text("".join(json.dumps(v) + "\n" for v in vectors[:q]))
-        files[q] = f
+    files = {q: work / f"q{q}.jsonl" for q in batches}
+
+    def first_only(r: dict) -> dict:
+        r["hits"] = [h for h in r["hits"] if h.get("query", 1) == 1]
+        return r
 
     k = ["--top-k", str(args.top_k)]
     sides = {"single": lambda: search_json(args.rsembed, index, ["--vector", str(single)] + k)}
     for q in batches:
-        sides[f"batch{q}"] = lambda q=q: search_json(args.rsembed, index, ["--vectors", str(files[q])] + k)
+        sides[f"batch{q}"] = lambda q=q: first_only(
+            search_json(args.rsembed, index, ["--vectors", str(files[q])] + k))
     runs = rounds(args.reps, sides)
 
     one = runs["single"][0]["hits"]
