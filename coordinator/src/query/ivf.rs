@@ -107,16 +107,8 @@ impl Centroids {
     /// `out[i]` = the list of row `i` of `rows` (`out.len()` rows of `dim`),
     /// and its dot product; on several threads when there is enough work.
     pub fn nearest(&self, rows: &[f32], out: &mut [(u32, f32)]) {
-        let work = out.len() * self.values.len();
-        let threads = if work < (1 << 22) {
-            1
-        } else {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        };
-        let per = out.len().div_ceil(threads).max(1);
-        // Blocks of 4 rows: the unit of the kernel, so the split never changes results.
-        let per = per.div_ceil(4) * 4;
-        if threads == 1 || per >= out.len() {
+        let per = per_thread(out.len(), out.len() * self.values.len());
+        if per >= out.len() {
             nearest_rows(&self.values, self.dim, rows, out);
             return;
         }
@@ -127,6 +119,19 @@ impl Centroids {
             }
         });
     }
+}
+
+/// Items each thread takes of `items` that cost `work` multiply-adds in
+/// all: every item on one thread below 2^22 (a thread costs more than it
+/// saves there), else an even split over the cores; in blocks of 4, the unit
+/// of [`dot4`], so that a split never changes a result.
+fn per_thread(items: usize, work: usize) -> usize {
+    let threads = if work < (1 << 22) {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    };
+    items.div_ceil(threads).div_ceil(4).max(1) * 4
 }
 
 fn nearest_rows(cents: &[f32], dim: usize, rows: &[f32], out: &mut [(u32, f32)]) {
@@ -462,9 +467,10 @@ pub(crate) struct Probe {
 pub(crate) struct Probed {
     /// By list: the queries (their indices in the batch, ascending) that
     /// probe it.
-    by_list: Vec<Vec<u32>>,
-    /// Queries in the batch.
-    queries: usize,
+    by_list: Vec<Arc<[u32]>>,
+    /// Every query of the batch, for groups the statistics say nothing of;
+    /// shared, not one copy a group.
+    all: Arc<[u32]>,
     leaves: Vec<Option<usize>>,
 }
 
@@ -554,14 +560,7 @@ impl Probe {
     /// list), on several threads when there is enough work.
     pub(crate) fn probe(&self, queries: &[&[f32]]) -> Probed {
         let lists = self.centroids.lists();
-        let work = queries.len() * self.centroids.values.len();
-        let threads = if work < (1 << 22) {
-            1
-        } else {
-            std::thread::available_parallelism().map_or(1, |n| n.get())
-        };
-        // Chunks of 4 queries: the unit of the kernel.
-        let per = queries.len().div_ceil(threads).div_ceil(4).max(1) * 4;
+        let per = per_thread(queries.len(), queries.len() * self.centroids.values.len());
         let chosen: Vec<Vec<u32>> = std::thread::scope(|s| {
             let handles: Vec<_> = queries
                 .chunks(per)
@@ -579,8 +578,8 @@ impl Probe {
             }
         }
         Probed {
-            by_list,
-            queries: queries.len(),
+            by_list: by_list.into_iter().map(Arc::from).collect(),
+            all: (0..queries.len() as u32).collect(),
             leaves: self.leaves.clone(),
         }
     }
@@ -624,8 +623,8 @@ impl Probed {
     /// The queries that score row group `rg` of part `pi`: those probing a
     /// list its `list` statistics allow, ascending; every query when it has
     /// no usable statistics (such a group is read). Empty: skip the group.
-    pub(crate) fn scorers(&self, part: &Part, pi: usize, rg: usize) -> Vec<u32> {
-        let all = || (0..self.queries as u32).collect();
+    pub(crate) fn scorers(&self, part: &Part, pi: usize, rg: usize) -> Arc<[u32]> {
+        let all = || self.all.clone();
         let Some(leaf) = self.leaves.get(pi).copied().flatten() else {
             return all();
         };
@@ -651,7 +650,7 @@ impl Probed {
             .collect();
         qs.sort_unstable();
         qs.dedup();
-        qs
+        qs.into()
     }
 }
 
@@ -780,8 +779,9 @@ mod tests {
                 want[l].push(qi as u32);
             }
         }
-        assert_eq!(probed.by_list, want);
-        assert_eq!(probed.queries, queries.len());
+        let got: Vec<Vec<u32>> = probed.by_list.iter().map(|q| q.to_vec()).collect();
+        assert_eq!(got, want);
+        assert_eq!(probed.all.len(), queries.len());
     }
 
     #[test]

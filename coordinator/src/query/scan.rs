@@ -185,11 +185,7 @@ fn dot_i8(a: &[i8], b: &[f32]) -> f32 {
     for (x, y) in ra.iter().zip(rb) {
         tail += f32::from(*x) * y;
     }
-    let mut s = [0f32; 8];
-    for i in 0..8 {
-        s[i] = acc[i] + acc[i + 8];
-    }
-    ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])) + tail
+    reduce_lanes(&acc, tail)
 }
 
 /// `out[i][j] = (rows[i] · qs[j]) · inv_norms[i]`: [`dots_i8`] of four
@@ -254,11 +250,7 @@ fn dot4_i8(row: &[i8], qs: [&[f32]; 4]) -> [f32; 4] {
         for (x, y) in rr.iter().zip(tail) {
             t += f32::from(*x) * y;
         }
-        let mut s = [0f32; 8];
-        for i in 0..8 {
-            s[i] = a[i] + a[i + 8];
-        }
-        ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])) + t
+        reduce_lanes(a, t)
     };
     [
         reduce(&a0, q0.1),
@@ -298,6 +290,14 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     for (x, y) in ra.iter().zip(rb) {
         tail += x * y;
     }
+    reduce_lanes(&acc, tail)
+}
+
+/// The sum of a kernel's sixteen lanes and its tail, in one fixed order:
+/// every kernel here ends with it, which is what makes the four-at-once
+/// kernels equal the one-at-a-time ones bit for bit.
+#[inline(always)]
+fn reduce_lanes(acc: &[f32; 16], tail: f32) -> f32 {
     let mut s = [0f32; 8];
     for i in 0..8 {
         s[i] = acc[i] + acc[i + 8];
@@ -329,11 +329,7 @@ pub(crate) fn dot4(rows: [&[f32]; 4], c: &[f32]) -> [f32; 4] {
         for (x, y) in tail.iter().zip(rc) {
             t += x * y;
         }
-        let mut s = [0f32; 8];
-        for i in 0..8 {
-            s[i] = a[i] + a[i + 8];
-        }
-        ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7])) + t
+        reduce_lanes(a, t)
     };
     [
         reduce(&a0, r0.1),

@@ -376,7 +376,7 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     // Which queries score each group: a batch on an IVF dataset scores each
     // query against its own lists only, so a query's answer is the one it
     // gets alone (and costs what its lists cost, not the batch's union).
-    let scorers: Arc<BTreeMap<GroupRef, Vec<u32>>> = Arc::new(groups.iter().cloned().collect());
+    let scorers: Arc<BTreeMap<GroupRef, Arc<[u32]>>> = Arc::new(groups.iter().cloned().collect());
     let groups: Vec<GroupRef> = groups.into_iter().map(|(g, _)| g).collect();
     let scored = Arc::new(AtomicU64::new(0));
     let counter = scored.clone();
@@ -509,14 +509,15 @@ async fn select_groups(
     concurrency: usize,
     queries: usize,
     probed: Option<&Probed>,
-) -> Result<(Vec<(GroupRef, Vec<u32>)>, Pruning, Missing)> {
+) -> Result<(Vec<(GroupRef, Arc<[u32]>)>, Pruning, Missing)> {
     let (kept, mut pruning) = index.row_groups(filters.bbox);
+    let all: Arc<[u32]> = (0..queries as u32).collect();
     let mut missing = Missing::default();
     let (mut read, mut count) = (Vec::new(), Vec::new());
     for g in kept {
-        let who: Vec<u32> = match probed {
+        let who = match probed {
             Some(p) => p.scorers(&index.parts[g.part], g.part, g.row_group),
-            None => (0..queries as u32).collect(),
+            None => all.clone(),
         };
         if who.is_empty() {
             continue;
@@ -527,14 +528,13 @@ async fn select_groups(
             Verdict::Read => read.push((g, who)),
         }
     }
-    let rows = |gs: &[GroupRef]| -> u64 {
-        gs.iter()
-            .map(|g| index.parts[g.part].group_rows(g.row_group) as u64)
-            .sum()
-    };
     pruning.groups_kept = read.len() + count.len();
-    let read_refs: Vec<GroupRef> = read.iter().map(|(g, _)| *g).collect();
-    pruning.rows_kept = rows(&read_refs) + rows(&count);
+    pruning.rows_kept = read
+        .iter()
+        .map(|(g, _)| g)
+        .chain(&count)
+        .map(|g| index.parts[g.part].group_rows(g.row_group) as u64)
+        .sum();
     if !count.is_empty() {
         let (columns, optional) = filters.columns();
         let uris: Vec<String> = index.parts.iter().map(|p| p.uri.clone()).collect();
