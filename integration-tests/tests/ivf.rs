@@ -713,3 +713,74 @@ fn more_lists_than_rows_are_refused_and_lists_may_stay_empty() {
     let (all, _) = search(&ivf, &["--vector", q, "--top-k", "300"]);
     assert_eq!(all.len(), 300, "the default probes all 5 lists");
 }
+
+/// An index of more row groups than the footers it holds
+/// (`FOOTER_BUDGET_GROUPS`, 512) reads footers again as it reads their
+/// parts, and answers as the source does: exact, probed, batched, boxed and
+/// `--like`.
+#[test]
+fn an_index_beyond_the_footer_budget_answers_the_same() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("job");
+    let data = clustered(11, 4000, CENTRES, 0.8);
+    write_job(&src, &data, FILES);
+    let qs = queries(tmp.path(), &data, 6);
+    let many = tmp.path().join("many");
+    compact_ok(
+        &src,
+        &many,
+        &[
+            "--lists",
+            "16",
+            "--row-group-rows",
+            "4",
+            "--target-size",
+            "256KB",
+        ],
+    );
+    let q0 = qs[0].to_str().unwrap();
+    let (_, c) = search(&many, &["--vector", q0, "--nprobe", "all"]);
+    assert!(c.groups >= 1000, "{c:?}: beyond the budget of 512 groups");
+
+    // Footers are read again (and say so at debug level).
+    let o = run(rsembed()
+        .env("RSEMBED_LOG", "rsembed_coordinator=debug")
+        .args(["search", "--json", "--nprobe", "all", "--index"])
+        .arg(&many)
+        .args(["--vector", q0]));
+    assert_eq!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("footer read again"), "{err}");
+
+    for q in &qs {
+        let q = q.to_str().unwrap();
+        let (exact, _) = search(&src, &["--vector", q, "--top-k", "20"]);
+        let (all, c) = search(&many, &["--vector", q, "--top-k", "20", "--nprobe", "all"]);
+        assert_eq!(ids(&exact), ids(&all));
+        assert_eq!(c.scored, 4000);
+    }
+    let vectors = tmp.path().join("vectors.jsonl");
+    let lines: Vec<String> = qs
+        .iter()
+        .map(|q| std::fs::read_to_string(q).unwrap())
+        .collect();
+    std::fs::write(&vectors, lines.join("\n")).unwrap();
+    let (got, _) = batch(&many, &["--vectors", vectors.to_str().unwrap()]);
+    for (i, q) in qs.iter().enumerate() {
+        let (alone, c) = search(&many, &["--vector", q.to_str().unwrap()]);
+        assert!(c.read < c.groups, "{c:?}");
+        assert_eq!(got[&(i + 1)], alone, "query {}", i + 1);
+    }
+    let bbox = ["--bbox", "0,40,5,42.5"];
+    let (in_box, boxed) = search(
+        &many,
+        &[&["--vector", q0, "--nprobe", "all"], &bbox[..]].concat(),
+    );
+    let (want, _) = search(&src, &[&["--vector", q0], &bbox[..]].concat());
+    assert_eq!(ids(&in_box), ids(&want));
+    assert!(boxed.read < boxed.groups, "{boxed:?}");
+    let chip = want[0].0.clone();
+    let (like, _) = search(&many, &["--like", &chip, "--nprobe", "all"]);
+    let (like_src, _) = search(&src, &["--like", &chip]);
+    assert_eq!(ids(&like), ids(&like_src));
+}

@@ -17,13 +17,11 @@
 //! ([`Verdict::Count`]), never the embeddings.
 
 use arrow_array::{Array, Float32Array, RecordBatch, TimestampMicrosecondArray};
-use arrow_schema::{DataType, TimeUnit};
-use parquet::file::metadata::RowGroupMetaData;
-use parquet::file::statistics::Statistics;
 use rsembed_schemas::chip::col;
 
 use crate::error::Result;
-use crate::query::index::{bbox_mask, Part};
+use crate::query::footer::{GroupStats, Stats};
+use crate::query::index::bbox_mask;
 use crate::query::Error as QueryError;
 
 /// Checks `search --datetime` (see [`crate::stac::search::datetime_range`]).
@@ -80,20 +78,6 @@ pub(crate) struct Filters {
     pub(crate) max_cloud: Option<f32>,
 }
 
-/// A column's statistics in one row group, as far as they go.
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Stats<T> {
-    /// Nothing usable: no statistics, no null count, or another type.
-    Unknown,
-    /// `nulls` null rows (all of them when the file lacks the column); the
-    /// others lie in [min, max], which are `None` when every row is null.
-    Known {
-        nulls: u64,
-        min: Option<T>,
-        max: Option<T>,
-    },
-}
-
 impl Filters {
     /// Whether any filter needs rows tested (the scan then reads [`Filters::columns`]).
     pub(crate) fn any(&self) -> bool {
@@ -118,17 +102,15 @@ impl Filters {
         (required, optional)
     }
 
-    /// What the statistics of row group `g` of `part` prove, for a group the
+    /// What the statistics `g` of a row group prove, for a group the
     /// `bbox` statistics kept.
-    pub(crate) fn judge(&self, part: &Part, g: usize) -> Verdict {
-        let rg = part.meta.metadata().row_group(g);
-        let rows = rg.num_rows().max(0) as u64;
+    pub(crate) fn judge(&self, g: &GroupStats) -> Verdict {
+        let rows = g.rows;
         let no_bbox = self.bbox.is_none();
         // Rows without a datetime, when the statistics say.
         let mut dt_nulls = Some(0);
         if let Some((from, to)) = self.datetime {
-            let dt = stats_i64(part, rg, rows, col::DATETIME);
-            let end = stats_i64(part, rg, rows, col::END_DATETIME);
+            let (dt, end) = (g.datetime, g.end_datetime);
             dt_nulls = None;
             if let Stats::Known { nulls, min, max } = dt {
                 dt_nulls = Some(nulls);
@@ -159,8 +141,7 @@ impl Filters {
             }
         }
         if let Some(max_cloud) = self.max_cloud {
-            if let Stats::Known { nulls, min, .. } = stats_f32(part, rg, rows, col::CLOUD_FRACTION)
-            {
+            if let Stats::Known { nulls, min, .. } = g.cloud_fraction {
                 let out = nulls == rows || matches!(min, Some(m) if m > max_cloud);
                 if out {
                     // Which rows reach the cloud test: all without --bbox and
@@ -252,73 +233,6 @@ fn timestamps<'a>(
     }
 }
 
-/// The leaf column of top-level column `name`, and its Arrow type.
-fn leaf<'a>(part: &'a Part, name: &str) -> Option<(usize, &'a DataType)> {
-    let schema = part.meta.schema();
-    let f = schema.field_with_name(name).ok()?;
-    let i = part
-        .meta
-        .parquet_schema()
-        .columns()
-        .iter()
-        .position(|c| c.path().parts() == [name])?;
-    Some((i, f.data_type()))
-}
-
-/// Statistics of a timestamp[µs] column: its values are µs in the Int64
-/// statistics. A file without the column: every row null.
-fn stats_i64(part: &Part, rg: &RowGroupMetaData, rows: u64, name: &str) -> Stats<i64> {
-    let Some((i, t)) = leaf(part, name) else {
-        return absent(part, name, rows);
-    };
-    match (t, rg.column(i).statistics()) {
-        (DataType::Timestamp(TimeUnit::Microsecond, _), Some(Statistics::Int64(s))) => {
-            known(s.null_count_opt(), rows, s.min_opt(), s.max_opt())
-        }
-        _ => Stats::Unknown,
-    }
-}
-
-/// Statistics of a float32 column.
-fn stats_f32(part: &Part, rg: &RowGroupMetaData, rows: u64, name: &str) -> Stats<f32> {
-    let Some((i, t)) = leaf(part, name) else {
-        return absent(part, name, rows);
-    };
-    match (t, rg.column(i).statistics()) {
-        (DataType::Float32, Some(Statistics::Float(s))) => {
-            known(s.null_count_opt(), rows, s.min_opt(), s.max_opt())
-        }
-        _ => Stats::Unknown,
-    }
-}
-
-fn absent<T>(part: &Part, name: &str, rows: u64) -> Stats<T> {
-    // A column of another shape (a struct of that name) is not "absent".
-    if part.meta.schema().field_with_name(name).is_ok() {
-        return Stats::Unknown;
-    }
-    Stats::Known {
-        nulls: rows,
-        min: None,
-        max: None,
-    }
-}
-
-fn known<T: Copy>(nulls: Option<u64>, rows: u64, min: Option<&T>, max: Option<&T>) -> Stats<T> {
-    match nulls {
-        // Without a null count, "no row matches" leaves the missing unknown.
-        None => Stats::Unknown,
-        Some(n) if n > rows => Stats::Unknown,
-        // Values without bounds: the statistics prove nothing of them.
-        Some(n) if n < rows && (min.is_none() || max.is_none()) => Stats::Unknown,
-        Some(n) => Stats::Known {
-            nulls: n,
-            min: min.copied(),
-            max: max.copied(),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,7 +253,7 @@ mod tests {
     #[test]
     fn rows_lacking_a_property_are_excluded_and_counted_once() {
         use arrow_array::{ArrayRef, Float32Array};
-        use arrow_schema::{Field, Schema};
+        use arrow_schema::{DataType, Field, Schema};
         use std::sync::Arc;
         let ts = TimestampMicrosecondArray::from(vec![
             Some(100),

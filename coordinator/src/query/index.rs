@@ -15,14 +15,14 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 
 use arrow_array::{Array, FixedSizeListArray, Float16Array, Float32Array, Int8Array, RecordBatch};
+use arrow_schema::SchemaRef;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection};
 use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStream};
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
-use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, RowGroupMetaData};
-use parquet::file::statistics::Statistics;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use rsembed_schemas::chip::{col, embedding_type_from};
 use rsembed_schemas::embedding::{dequantize_int8, EmbeddingType, SCALE_COLUMN};
 use rsembed_schemas::job::{Manifest, MANIFEST_FILE};
@@ -30,6 +30,7 @@ use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
 use rsembed_worker::store::{Location, StoreCache};
 
 use crate::error::{Error, Result};
+use crate::query::footer::{Footers, GroupStats, StatsColumns, FOOTER_BUDGET_GROUPS};
 use crate::query::scan::{dot, normalize};
 use crate::query::Error as QueryError;
 
@@ -52,8 +53,13 @@ pub(crate) struct Part {
     pub(crate) uri: String,
     /// Size in bytes.
     pub(crate) size: u64,
-    /// Its footer, with the Arrow schema.
-    pub(crate) meta: ArrowReaderMetadata,
+    /// Its Arrow schema.
+    pub(crate) schema: SchemaRef,
+    /// Rows in the file.
+    rows: u64,
+    /// What its footer says of each row group; the footer itself is in
+    /// [`Index`]'s [`Footers`] while it is read.
+    pub(crate) groups: Box<[GroupStats]>,
     /// Its `rsembed` metadata, when it has one.
     pub(crate) file_meta: Option<FileMeta>,
 }
@@ -93,6 +99,8 @@ pub(crate) struct Index {
     pub(crate) embed_dim: usize,
     /// Bytes fetched from the store so far, footers included.
     read: Arc<AtomicU64>,
+    /// The parsed footers held.
+    footers: Arc<Footers>,
 }
 
 impl Index {
@@ -114,12 +122,17 @@ impl Index {
         }
         let store = root.store.clone();
         let read = Arc::new(AtomicU64::new(0));
-        let parts: Vec<Part> = futures::stream::iter(listed)
-            .map(|(path, size)| {
+        let footers = Arc::new(Footers::new(FOOTER_BUDGET_GROUPS));
+        let parts: Vec<Part> = futures::stream::iter(listed.into_iter().enumerate())
+            .map(|(i, (path, size))| {
                 let store = store.clone();
                 let uri = root.uri_of(&path);
-                let read = read.clone();
-                async move { open_part(store, path, uri, size, read).await }
+                let (read, footers) = (read.clone(), footers.clone());
+                async move {
+                    let (part, footer) = open_part(store, path, uri, size, read).await?;
+                    footers.offer(i, &footer);
+                    Ok::<_, Error>(part)
+                }
             })
             .buffered(FOOTER_CONCURRENCY)
             .try_collect()
@@ -161,6 +174,7 @@ impl Index {
             manifest,
             embed_dim,
             read,
+            footers,
         })
     }
 
@@ -189,14 +203,12 @@ impl Index {
         let mut kept = Vec::new();
         let mut p = Pruning::default();
         for (pi, part) in self.parts.iter().enumerate() {
-            let md = part.meta.metadata();
-            let cols = bbox.map(|_| BboxColumns::find(md.file_metadata().schema_descr()));
-            for (gi, rg) in md.row_groups().iter().enumerate() {
-                let rows = rg.num_rows().max(0) as u64;
+            for (gi, g) in part.groups.iter().enumerate() {
+                let rows = g.rows;
                 p.groups_total += 1;
                 p.rows_total += rows;
-                let keep = match (bbox, &cols) {
-                    (Some(b), Some(c)) => c.may_intersect(rg, b),
+                let keep = match (bbox, &g.bbox) {
+                    (Some(b), Some(s)) => s.may_intersect(b),
                     _ => true,
                 };
                 if keep {
@@ -212,23 +224,60 @@ impl Index {
         (kept, p)
     }
 
+    /// The parsed footer of part `pi`: held, or read again. A footer that
+    /// no longer matches the row groups the index opened with is an error:
+    /// the file was rewritten under the search.
+    async fn footer(&self, pi: usize) -> Result<ArrowReaderMetadata> {
+        let part = &self.parts[pi];
+        let load = async {
+            tracing::debug!(part = %part.uri, groups = part.groups.len(), "footer read again: not held");
+            let mut reader = self.reader(part);
+            let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default())
+                .await
+                .map_err(|source| QueryError::NotParquet {
+                    uri: part.uri.clone(),
+                    source,
+                })?;
+            let groups = meta.metadata().row_groups();
+            let same = groups.len() == part.groups.len()
+                && groups
+                    .iter()
+                    .zip(part.groups.iter())
+                    .all(|(rg, s)| rg.num_rows().max(0) as u64 == s.rows);
+            if !same {
+                return Err(QueryError::dataset(
+                    &part.uri,
+                    "its row groups changed since the index was opened: the file was rewritten",
+                )
+                .into());
+            }
+            Ok(meta)
+        };
+        self.footers.get(pi, part.groups.len(), load).await
+    }
+
+    fn reader(&self, part: &Part) -> StoreReader {
+        StoreReader {
+            store: self.root.store.clone(),
+            path: part.path.clone(),
+            size: part.size,
+            read: self.read.clone(),
+        }
+    }
+
     /// A stream of the columns `columns` (top-level names) of one row group,
     /// in batches of at most [`SCAN_BATCH_ROWS`] rows, optionally only the
     /// rows `selection` picks.
-    pub(crate) fn stream(
+    pub(crate) async fn stream(
         &self,
         g: GroupRef,
         columns: &[&str],
         selection: Option<RowSelection>,
     ) -> Result<ParquetRecordBatchStream<StoreReader>> {
         let part = &self.parts[g.part];
-        let reader = StoreReader {
-            store: self.root.store.clone(),
-            path: part.path.clone(),
-            size: part.size,
-            read: self.read.clone(),
-        };
-        let schema = part.meta.schema();
+        let meta = self.footer(g.part).await?;
+        let reader = self.reader(part);
+        let schema = &part.schema;
         // An int8 embedding is read with its scale, wherever it is read.
         let scale = (columns.contains(&col::EMBEDDING) && part.has_column(SCALE_COLUMN))
             .then_some(SCALE_COLUMN);
@@ -243,8 +292,8 @@ impl Index {
                 })
             })
             .collect::<Result<_, QueryError>>()?;
-        let mask = ProjectionMask::roots(part.meta.parquet_schema(), roots);
-        let mut b = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, part.meta.clone())
+        let mask = ProjectionMask::roots(meta.parquet_schema(), roots);
+        let mut b = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
             .with_projection(mask)
             .with_row_groups(vec![g.row_group])
             .with_batch_size(SCAN_BATCH_ROWS);
@@ -261,18 +310,18 @@ impl Index {
 impl Part {
     /// Rows in the file.
     pub(crate) fn rows(&self) -> u64 {
-        self.meta.metadata().file_metadata().num_rows().max(0) as u64
+        self.rows
     }
 
     /// Whether the file has top-level column `name` (files of schema
     /// version 1 lack the columns version 2 appended).
     pub(crate) fn has_column(&self, name: &str) -> bool {
-        self.meta.schema().index_of(name).is_ok()
+        self.schema.index_of(name).is_ok()
     }
 
     /// Rows of row group `g`.
     pub(crate) fn group_rows(&self, g: usize) -> usize {
-        self.meta.metadata().row_group(g).num_rows().max(0) as usize
+        self.groups[g].rows as usize
     }
 
     /// D of the `embedding` column.
@@ -283,8 +332,7 @@ impl Part {
     /// The stored type of the `embedding` column and D: FixedSizeList of
     /// Float32, Float16 or Int8 (with a Float32 `embedding_scale`).
     pub(crate) fn embedding_type(&self) -> Result<(EmbeddingType, usize)> {
-        let schema = self.meta.schema();
-        let f = schema.field_with_name(col::EMBEDDING).map_err(|_| {
+        let f = self.schema.field_with_name(col::EMBEDDING).map_err(|_| {
             QueryError::dataset(&self.uri, "no `embedding` column: not an rsembed chip file")
         })?;
         let Some((ty, d)) = embedding_type_from(f.data_type()) else {
@@ -396,7 +444,7 @@ async fn open_part(
     uri: String,
     mut size: u64,
     read: Arc<AtomicU64>,
-) -> Result<Part> {
+) -> Result<(Part, ArrowReaderMetadata)> {
     let mut reader = StoreReader {
         store: store.clone(),
         path: path.clone(),
@@ -436,13 +484,18 @@ async fn open_part(
         .and_then(|kv| kv.iter().find(|k| k.key == RSEMBED_KEY))
         .and_then(|k| k.value.as_deref())
         .and_then(|v| serde_json::from_str::<FileMeta>(v).ok());
-    Ok(Part {
+    let md = meta.metadata();
+    let cols = StatsColumns::find(meta.schema(), md.file_metadata().schema_descr());
+    let part = Part {
         path,
         uri,
         size,
-        meta,
+        schema: meta.schema().clone(),
+        rows: md.file_metadata().num_rows().max(0) as u64,
+        groups: md.row_groups().iter().map(|rg| cols.of(rg)).collect(),
         file_meta,
-    })
+    };
+    Ok((part, meta))
 }
 
 /// Reads a part through object_store ranged gets (the size is known, so a
@@ -521,58 +574,6 @@ impl AsyncFileReader for StoreReader {
             Ok(Arc::new(md))
         }
         .boxed()
-    }
-}
-
-/// Leaf indexes of `bbox.{xmin,ymin,xmax,ymax}`.
-struct BboxColumns {
-    leaves: Option<[usize; 4]>,
-}
-
-impl BboxColumns {
-    fn find(schema: &parquet::schema::types::SchemaDescriptor) -> BboxColumns {
-        let mut leaves = [usize::MAX; 4];
-        for (i, c) in schema.columns().iter().enumerate() {
-            let parts = c.path().parts();
-            if parts.len() == 2 && parts[0] == col::BBOX {
-                if let Some(k) = ["xmin", "ymin", "xmax", "ymax"]
-                    .iter()
-                    .position(|n| *n == parts[1])
-                {
-                    leaves[k] = i;
-                }
-            }
-        }
-        BboxColumns {
-            leaves: (!leaves.contains(&usize::MAX)).then_some(leaves),
-        }
-    }
-
-    /// False only when the statistics prove that no row's bbox meets `b`
-    /// (or that every row's bbox is null).
-    fn may_intersect(&self, rg: &RowGroupMetaData, b: [f64; 4]) -> bool {
-        let Some([xmin, ymin, xmax, ymax]) = self.leaves else {
-            return true;
-        };
-        let [w, s, e, n] = b;
-        let stat = |leaf: usize| match rg.column(leaf).statistics() {
-            Some(Statistics::Double(st)) => Some(st.clone()),
-            _ => None,
-        };
-        let (Some(sx0), Some(sy0), Some(sx1), Some(sy1)) =
-            (stat(xmin), stat(ymin), stat(xmax), stat(ymax))
-        else {
-            return true;
-        };
-        if sx0.null_count_opt() == Some(rg.num_rows().max(0) as u64) {
-            return false;
-        }
-        // A group is out when every row lies wholly west, east, south or north of the box.
-        let out = matches!(sx1.max_opt(), Some(v) if *v < w)
-            || matches!(sx0.min_opt(), Some(v) if *v > e)
-            || matches!(sy1.max_opt(), Some(v) if *v < s)
-            || matches!(sy0.min_opt(), Some(v) if *v > n);
-        !out
     }
 }
 

@@ -26,13 +26,12 @@ use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::file::statistics::Statistics;
 use rsembed_schemas::chip::embedding_type;
 use rsembed_schemas::job::{IvfLayout, CENTROIDS_FILE, MANIFEST_FILE};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::query::index::{Index, Part};
+use crate::query::index::Index;
 use crate::query::scan::dot4;
 use crate::query::Error as QueryError;
 
@@ -455,8 +454,6 @@ pub(crate) struct Probe {
     rows: Vec<u64>,
     /// Bytes fetched for it (manifest and centroids).
     pub(crate) bytes_read: u64,
-    /// Per part: the leaf column of `list` in its Parquet schema.
-    leaves: Vec<Option<usize>>,
 }
 
 /// The lists a batch of queries probes, and which queries probe each.
@@ -471,7 +468,6 @@ pub(crate) struct Probed {
     /// Every query of the batch, for groups the statistics say nothing of;
     /// shared, not one copy a group.
     all: Arc<[u32]>,
-    leaves: Vec<Option<usize>>,
 }
 
 impl Probe {
@@ -551,7 +547,6 @@ impl Probe {
             nprobe: probes,
             rows,
             bytes_read: read,
-            leaves: index.parts.iter().map(list_leaf).collect(),
         }))
     }
 
@@ -580,7 +575,6 @@ impl Probe {
         Probed {
             by_list: by_list.into_iter().map(Arc::from).collect(),
             all: (0..queries.len() as u32).collect(),
-            leaves: self.leaves.clone(),
         }
     }
 
@@ -620,20 +614,13 @@ impl Probe {
 }
 
 impl Probed {
-    /// The queries that score row group `rg` of part `pi`: those probing a
-    /// list its `list` statistics allow, ascending; every query when it has
-    /// no usable statistics (such a group is read). Empty: skip the group.
-    pub(crate) fn scorers(&self, part: &Part, pi: usize, rg: usize) -> Arc<[u32]> {
+    /// The queries that score a row group whose `list` statistics give
+    /// `list` (least and greatest): those probing a list in it, ascending;
+    /// every query when it has no usable statistics (such a group is read).
+    /// Empty: skip the group.
+    pub(crate) fn scorers(&self, list: Option<(i32, i32)>) -> Arc<[u32]> {
         let all = || self.all.clone();
-        let Some(leaf) = self.leaves.get(pi).copied().flatten() else {
-            return all();
-        };
-        let Some(Statistics::Int32(s)) =
-            part.meta.metadata().row_group(rg).column(leaf).statistics()
-        else {
-            return all();
-        };
-        let (Some(&lo), Some(&hi)) = (s.min_opt(), s.max_opt()) else {
+        let Some((lo, hi)) = list else {
             return all();
         };
         let n = self.by_list.len() as i64;
@@ -652,17 +639,6 @@ impl Probed {
         qs.dedup();
         qs.into()
     }
-}
-
-/// The leaf column of top-level `list` in a part's Parquet schema.
-fn list_leaf(part: &Part) -> Option<usize> {
-    part.meta
-        .metadata()
-        .file_metadata()
-        .schema_descr()
-        .columns()
-        .iter()
-        .position(|c| c.path().parts() == [LIST])
 }
 
 #[cfg(test)]
@@ -763,7 +739,6 @@ mod tests {
             nprobe: 9,
             rows: rows.clone(),
             bytes_read: 0,
-            leaves: vec![],
         };
         // Enough queries for the threaded path (work ≥ 2^22), and a ragged last chunk.
         let qs = unit(gen(6, 1_003, dim, 50, 0.3));

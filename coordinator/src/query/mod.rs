@@ -11,6 +11,7 @@ pub mod classify;
 pub mod compact;
 mod error;
 pub(crate) mod filter;
+pub(crate) mod footer;
 pub(crate) mod html;
 pub(crate) mod index;
 pub mod ivf;

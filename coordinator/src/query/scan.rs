@@ -56,7 +56,7 @@ where
             let init = init.clone();
             let task = tokio::spawn(async move {
                 let mut acc = init();
-                let mut stream = index.stream(g, &columns, None)?;
+                let mut stream = index.stream(g, &columns, None).await?;
                 let mut offset = 0usize;
                 while let Some(batch) = stream.next().await {
                     let batch = batch.map_err(|source| QueryError::Read {

@@ -34,7 +34,6 @@ use arrow_array::{
     TimestampMicrosecondArray,
 };
 use futures::StreamExt;
-use parquet::file::statistics::Statistics;
 use rsembed_schemas::chip::col;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::store::StoreCache;
@@ -516,13 +515,13 @@ async fn select_groups(
     let (mut read, mut count) = (Vec::new(), Vec::new());
     for g in kept {
         let who = match probed {
-            Some(p) => p.scorers(&index.parts[g.part], g.part, g.row_group),
+            Some(p) => p.scorers(index.parts[g.part].groups[g.row_group].list),
             None => all.clone(),
         };
         if who.is_empty() {
             continue;
         }
-        match filters.judge(&index.parts[g.part], g.row_group) {
+        match filters.judge(&index.parts[g.part].groups[g.row_group]) {
             Verdict::Skip(m) => missing.add(m),
             Verdict::Count => count.push(g),
             Verdict::Read => read.push((g, who)),
@@ -636,24 +635,8 @@ fn vector_query(path: &std::path::Path, dim: usize) -> Result<Vec<f32>> {
 async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec<f32>)> {
     let mut groups = Vec::new();
     for (pi, part) in index.parts.iter().enumerate() {
-        let md = part.meta.metadata();
-        let leaf = md
-            .file_metadata()
-            .schema_descr()
-            .columns()
-            .iter()
-            .position(|c| c.path().parts() == [col::CHIP_ID]);
-        for (gi, rg) in md.row_groups().iter().enumerate() {
-            let out = leaf
-                .and_then(|l| match rg.column(l).statistics() {
-                    Some(Statistics::ByteArray(s)) => Some(
-                        s.min_opt().is_some_and(|m| m.data() > id.as_bytes())
-                            || s.max_opt().is_some_and(|m| m.data() < id.as_bytes()),
-                    ),
-                    _ => None,
-                })
-                .unwrap_or(false);
-            if !out {
+        for (gi, g) in part.groups.iter().enumerate() {
+            if g.may_hold_chip(id) {
                 groups.push(GroupRef {
                     part: pi,
                     row_group: gi,
@@ -693,7 +676,7 @@ async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec
         );
     };
     let sel = selection_of(&[row], index.parts[g.part].group_rows(g.row_group));
-    let mut s = index.stream(g, &[col::EMBEDDING], Some(sel))?;
+    let mut s = index.stream(g, &[col::EMBEDDING], Some(sel)).await?;
     let uri = &index.parts[g.part].uri;
     let batch = s
         .next()
@@ -752,7 +735,7 @@ async fn details(
             .chain(stac.iter().filter(|c| part.has_column(c)))
             .copied()
             .collect();
-        let mut s = index.stream(g, &columns, Some(sel))?;
+        let mut s = index.stream(g, &columns, Some(sel)).await?;
         let mut next = wanted.iter();
         while let Some(batch) = s.next().await {
             let uri = &index.parts[g.part].uri;

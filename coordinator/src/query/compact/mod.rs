@@ -518,7 +518,7 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
                 let part = &index.parts[g.part];
                 let columns: Vec<&str> =
                     COLUMNS.into_iter().filter(|c| part.has_column(c)).collect();
-                let mut stream = index.stream(g, &columns, None)?;
+                let mut stream = index.stream(g, &columns, None).await?;
                 let mut batches = Vec::new();
                 while let Some(b) = stream.next().await {
                     batches.push(b.map_err(|source| QueryError::Read {

@@ -199,14 +199,14 @@ pub(super) fn check_source(
             )
             .into());
         }
-        let fields = super::lists::without_list(part.meta.schema().fields());
+        let fields = super::lists::without_list(part.schema.fields());
         let Some((version, ty)) = schema_version_of(&fields, index.embed_dim) else {
             return Err(QueryError::dataset(
                 &part.uri,
                 format!(
                     "its columns are not the chip schema, version 1 or {}: {:?}",
                     rsembed_schemas::SCHEMA_VERSION,
-                    part.meta.schema().fields()
+                    part.schema.fields()
                 ),
             )
             .into());
