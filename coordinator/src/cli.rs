@@ -567,7 +567,10 @@ pub struct SearchArgs {
     pub(crate) vector: Option<PathBuf>,
     /// Many queries in one pass over the data: a JSON Lines file, one vector
     /// (JSON array) a line. Each result carries its query's line number as
-    /// `query`; ranks count per query. At most 10,000 queries.
+    /// `query`; ranks count per query. At most 10,000 queries. `-` reads
+    /// standard input and answers each line as it arrives, the index kept
+    /// open: one JSON line a query, `{"query": N, "results": [...]}` (or
+    /// `"error"`), until the input ends.
     #[arg(long, env = "RSEMBED_VECTORS", value_name = "FILE")]
     pub(crate) vectors: Option<PathBuf>,
     /// Many text queries in one pass over the data: one text a line, each its

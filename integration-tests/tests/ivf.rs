@@ -12,8 +12,9 @@
 //! independently of their cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Output, Stdio};
 
 use rsembed_integration_tests::*;
 use rsembed_raster::geo::{polygon_wkb, Footprint};
@@ -783,4 +784,79 @@ fn an_index_beyond_the_footer_budget_answers_the_same() {
     let (like, _) = search(&many, &["--like", &chip, "--nprobe", "all"]);
     let (like_src, _) = search(&src, &["--like", &chip]);
     assert_eq!(ids(&like), ids(&like_src));
+
+    // `--vectors -`: the index stays open and each line is answered as it
+    // arrives, as a search of it alone answers it; a bad line gets an error
+    // and the rest go on.
+    let mut child = rsembed()
+        .args(["search", "--index"])
+        .arg(&many)
+        .args(["--vectors", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // A hung search fails the test instead of holding it.
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(120));
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut answer = || -> Value {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    };
+    let hits = |a: &Value| -> Vec<(String, f64)> {
+        a["results"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{a}"))
+            .iter()
+            .map(|r| {
+                (
+                    r["chip_id"].as_str().unwrap().to_owned(),
+                    r["cosine"].as_f64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    // One line, answered before the next is written.
+    writeln!(stdin, "{}", lines[0].trim()).unwrap();
+    stdin.flush().unwrap();
+    let a = answer();
+    assert_eq!(a["query"], 1);
+    assert_eq!(hits(&a), search(&many, &["--vector", q0]).0);
+    // Several at once, one of them bad, and a blank line that still counts.
+    writeln!(stdin, "[1, 2]\n\n{}\n{}", lines[1].trim(), lines[2].trim()).unwrap();
+    stdin.flush().unwrap();
+    let (bad, a3, a4) = (answer(), answer(), answer());
+    assert_eq!(bad["query"], 2);
+    assert!(
+        bad["error"].as_str().unwrap().contains("2 numbers"),
+        "{bad}"
+    );
+    assert_eq!(
+        (a3["query"].as_u64(), a4["query"].as_u64()),
+        (Some(4), Some(5))
+    );
+    assert_eq!(
+        hits(&a3),
+        search(&many, &["--vector", qs[1].to_str().unwrap()]).0
+    );
+    assert_eq!(
+        hits(&a4),
+        search(&many, &["--vector", qs[2].to_str().unwrap()]).0
+    );
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(out.stdout.is_empty(), "nothing after the answers");
+    assert!(err.contains("(3 queries"), "{err}");
+    closing(&out.stderr);
 }

@@ -33,6 +33,7 @@ use serde_json::json;
 use crate::cli::ClassifyArgs;
 use crate::error::{Error, Result};
 use crate::query::compact::AtomicUpload;
+use crate::query::footer::FOOTER_BUDGET_GROUPS;
 use crate::query::index::{embeddings, GroupRef, Index};
 use crate::query::scan::{default_concurrency, dots, scan_groups, sigmoid_score};
 use crate::query::search::check_model;
@@ -155,7 +156,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
     let out_loc = stores.location(&args.output)?;
     check_output(&out_loc, args.overwrite).await?;
     let model = ModelDir::open(&args.model)?;
-    let index = Arc::new(Index::open(&stores, &args.index).await?);
+    let index = Arc::new(Index::open(&stores, &args.index, FOOTER_BUDGET_GROUPS).await?);
     check_model(&index, &model)?;
     let dim = index.embed_dim;
     let prompts: Vec<String> = labels

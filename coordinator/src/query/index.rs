@@ -30,7 +30,7 @@ use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
 use rsembed_worker::store::{Location, StoreCache};
 
 use crate::error::{Error, Result};
-use crate::query::footer::{Footers, GroupStats, StatsColumns, FOOTER_BUDGET_GROUPS};
+use crate::query::footer::{Footers, GroupStats, StatsColumns};
 use crate::query::scan::{dot, normalize};
 use crate::query::Error as QueryError;
 
@@ -104,8 +104,15 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    /// Opens the index at `url` and reads every part's footer.
-    pub(crate) async fn open(stores: &StoreCache, url: &str) -> Result<Index> {
+    /// Opens the index at `url` and reads every part's footer, holding up
+    /// to `footer_budget` row groups' footers beyond those being read
+    /// ([`crate::query::footer::FOOTER_BUDGET_GROUPS`] unless a caller has
+    /// reason to hold more).
+    pub(crate) async fn open(
+        stores: &StoreCache,
+        url: &str,
+        footer_budget: usize,
+    ) -> Result<Index> {
         let loc = stores.location(url)?;
         let (root, listed, manifest) = if url.trim_end_matches('/').ends_with(".parquet") {
             let head = loc.store.head(&loc.prefix).await?;
@@ -122,7 +129,7 @@ impl Index {
         }
         let store = root.store.clone();
         let read = Arc::new(AtomicU64::new(0));
-        let footers = Arc::new(Footers::new(FOOTER_BUDGET_GROUPS));
+        let footers = Arc::new(Footers::new(footer_budget));
         let parts: Vec<Part> = futures::stream::iter(listed.into_iter().enumerate())
             .map(|(i, (path, size))| {
                 let store = store.clone();

@@ -42,6 +42,7 @@ use serde_json::{json, Value};
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
 use crate::query::filter::{Filters, Missing, Verdict};
+use crate::query::footer::FOOTER_BUDGET_GROUPS;
 use crate::query::index::{embeddings, Embeddings, GroupRef, Index, Pruning};
 use crate::query::ivf::{Probe, Probed};
 use crate::query::scan::{
@@ -50,6 +51,7 @@ use crate::query::scan::{
 };
 
 mod batch;
+mod stream;
 
 /// Rows scored against every query before the next rows: 256 rows of D =
 /// 768 float32 are 768 KiB, which stays in L2 while a batch of queries
@@ -156,6 +158,9 @@ pub(crate) struct SearchStats {
 /// on a broken pipe the output ends quietly, as in other Unix tools, with no
 /// statistics line either.
 pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
+    if args.vectors.as_deref() == Some(std::path::Path::new("-")) {
+        return stream::run(&args, out).await;
+    }
     let (results, stats) = search(&args).await?;
     let printed = print_results(&args, &results, out).and_then(|()| out.flush());
     if let Some(path) = &args.html {
@@ -299,27 +304,12 @@ fn print_results(
 /// The top-K results of a search, best first, and what the scan did.
 pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats)> {
     let t0 = Instant::now();
-    let sources = usize::from(!args.texts.is_empty())
-        + usize::from(args.like.is_some())
-        + usize::from(args.vector.is_some())
-        + usize::from(args.vectors.is_some())
-        + usize::from(args.queries.is_some());
-    if sources != 1 {
-        return Err(Error::Usage(
-            "rsembed search: give the query as texts, or --like CHIP_ID, or --vector FILE, \
-             or many as --vectors FILE or --queries FILE (one of them)"
-                .into(),
-        ));
-    }
-    let model = args.model.as_ref().map(ModelDir::open).transpose()?;
-    let stores = StoreCache::default();
-    let index = Arc::new(Index::open(&stores, &args.index).await?);
-    if let Some(m) = &model {
-        check_model(&index, m)?;
-    }
+    one_query_source(args)?;
+    let searcher = Searcher::open(args, FOOTER_BUDGET_GROUPS).await?;
+    let index = &searcher.index;
     let dim = index.embed_dim;
     let need_model = |what: &str| -> Result<&ModelDir> {
-        model.as_ref().ok_or_else(|| {
+        searcher.model.as_ref().ok_or_else(|| {
             Error::Usage(format!(
                 "rsembed search: {what} needs --model (the model the index was embedded with)"
             ))
@@ -330,7 +320,7 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         let m = need_model("a text query")?;
         (vec![(None, text_query(m, args, &args.texts)?)], None)
     } else if let Some(id) = &args.like {
-        let (g, row, v) = find_chip(&index, id).await?;
+        let (g, row, v) = find_chip(index, id).await?;
         (vec![(None, v)], Some((g, row)))
     } else if let Some(path) = &args.vector {
         (vec![(None, vector_query(path, dim)?)], None)
@@ -349,152 +339,217 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         (qs, None)
     };
 
-    let filters = Filters {
-        bbox: args.bbox,
-        datetime: args
-            .datetime
-            .as_deref()
-            .map(crate::stac::search::datetime_range)
-            .transpose()
-            .map_err(Error::Usage)?,
-        max_cloud: args.max_cloud,
-    };
-    let concurrency = args.concurrency.unwrap_or_else(default_concurrency);
-    let nq = queries.len();
-    let probe = Probe::open(&index, args.nprobe).await?;
-    let probed = probe.as_ref().map(|p| {
-        let qs: Vec<&[f32]> = queries.iter().map(|(_, v)| v.as_slice()).collect();
-        p.probe(&qs)
-    });
-    let (groups, pruning, mut missing) =
-        select_groups(&index, &filters, concurrency, nq, probed.as_ref()).await?;
-    let (mut columns, optional) = filters.columns();
-    columns.push(col::EMBEDDING);
-    let k = args.top_k;
-    let vectors: Arc<Vec<Vec<f32>>> = Arc::new(queries.iter().map(|(_, v)| v.clone()).collect());
-    // Which queries score each group: a batch on an IVF dataset scores each
-    // query against its own lists only, so a query's answer is the one it
-    // gets alone (and costs what its lists cost, not the batch's union).
-    let scorers: Arc<BTreeMap<GroupRef, Arc<[u32]>>> = Arc::new(groups.iter().cloned().collect());
-    let groups: Vec<GroupRef> = groups.into_iter().map(|(g, _)| g).collect();
-    let scored = Arc::new(AtomicU64::new(0));
-    let counter = scored.clone();
-    let uris: Arc<Vec<String>> = Arc::new(index.parts.iter().map(|p| p.uri.clone()).collect());
-    let plan = scorers.clone();
-    let mut scan = Box::pin(scan_groups(
-        index.clone(),
-        groups,
-        columns,
-        optional,
-        concurrency,
-        Score::default,
-        move |acc: &mut Score, g: GroupRef, offset, batch: &RecordBatch| {
-            let rows = embeddings(batch, dim, &uris[g.part])?;
-            let n = batch.num_rows();
-            let mask = filters
-                .any()
-                .then(|| filters.mask(batch, &uris[g.part], &mut acc.missing))
-                .transpose()?;
-            let who = &plan[&g];
-            if acc.tops.is_empty() {
-                acc.tops = vec![TopK::new(k); who.len()];
-            }
-            let skip = |i: usize, row: usize| {
-                mask.as_ref().is_some_and(|m| !m[i]) || exclude == Some((g, row))
-            };
-            // Blocks of rows small enough to stay in cache while every
-            // query is scored against them: one pass over the data for all,
-            // four queries a read of each row.
-            for start in (0..n).step_by(SCORE_BLOCK_ROWS) {
-                let len = SCORE_BLOCK_ROWS.min(n - start);
-                let block = rows.slice(start, len, dim);
-                let push = |top: &mut TopK, i: usize, c: f32| {
-                    let row = offset + start + i;
-                    if c >= top.threshold() && !skip(start + i, row) {
-                        top.push(Hit {
-                            group: g,
-                            row,
-                            cosine: c,
-                        });
-                    }
+    searcher.answer(args, &queries, exclude, t0).await
+}
+
+/// Refuses a search given no query, or more than one kind.
+fn one_query_source(args: &SearchArgs) -> Result<()> {
+    let sources = usize::from(!args.texts.is_empty())
+        + usize::from(args.like.is_some())
+        + usize::from(args.vector.is_some())
+        + usize::from(args.vectors.is_some())
+        + usize::from(args.queries.is_some());
+    if sources != 1 {
+        return Err(Error::Usage(
+            "rsembed search: give the query as texts, or --like CHIP_ID, or --vector FILE, \
+             or many as --vectors FILE or --queries FILE (one of them)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// An open search: the index, its centroids, the filters and the model,
+/// ready to answer queries, once (`search`) or line by line (`--vectors -`).
+struct Searcher {
+    model: Option<ModelDir>,
+    index: Arc<Index>,
+    probe: Option<Probe>,
+    filters: Filters,
+    concurrency: usize,
+}
+
+impl Searcher {
+    /// Opens the index of `args`, holding up to `footer_budget` row groups'
+    /// footers beyond those being read.
+    async fn open(args: &SearchArgs, footer_budget: usize) -> Result<Searcher> {
+        let model = args.model.as_ref().map(ModelDir::open).transpose()?;
+        let stores = StoreCache::default();
+        let index = Arc::new(Index::open(&stores, &args.index, footer_budget).await?);
+        if let Some(m) = &model {
+            check_model(&index, m)?;
+        }
+        let filters = Filters {
+            bbox: args.bbox,
+            datetime: args
+                .datetime
+                .as_deref()
+                .map(crate::stac::search::datetime_range)
+                .transpose()
+                .map_err(Error::Usage)?,
+            max_cloud: args.max_cloud,
+        };
+        let probe = Probe::open(&index, args.nprobe).await?;
+        Ok(Searcher {
+            model,
+            index,
+            probe,
+            filters,
+            concurrency: args.concurrency.unwrap_or_else(default_concurrency),
+        })
+    }
+
+    /// The top-K results of each of `queries` (line number, unit vector),
+    /// best first, query by query, leaving out the chip `exclude`; and what
+    /// the scan did, with the bytes fetched since the index opened and the
+    /// seconds since `t0`.
+    async fn answer(
+        &self,
+        args: &SearchArgs,
+        queries: &[(Option<usize>, Vec<f32>)],
+        exclude: Option<(GroupRef, usize)>,
+        t0: Instant,
+    ) -> Result<(Vec<SearchResult>, SearchStats)> {
+        let (index, filters, concurrency) = (&self.index, self.filters, self.concurrency);
+        let dim = index.embed_dim;
+        let nq = queries.len();
+        let probed = self.probe.as_ref().map(|p| {
+            let qs: Vec<&[f32]> = queries.iter().map(|(_, v)| v.as_slice()).collect();
+            p.probe(&qs)
+        });
+        let (groups, pruning, mut missing) =
+            select_groups(index, &filters, concurrency, nq, probed.as_ref()).await?;
+        let (mut columns, optional) = filters.columns();
+        columns.push(col::EMBEDDING);
+        let k = args.top_k;
+        let vectors: Arc<Vec<Vec<f32>>> =
+            Arc::new(queries.iter().map(|(_, v)| v.clone()).collect());
+        // Which queries score each group: a batch on an IVF dataset scores each
+        // query against its own lists only, so a query's answer is the one it
+        // gets alone (and costs what its lists cost, not the batch's union).
+        let scorers: Arc<BTreeMap<GroupRef, Arc<[u32]>>> =
+            Arc::new(groups.iter().cloned().collect());
+        let groups: Vec<GroupRef> = groups.into_iter().map(|(g, _)| g).collect();
+        let scored = Arc::new(AtomicU64::new(0));
+        let counter = scored.clone();
+        let uris: Arc<Vec<String>> = Arc::new(index.parts.iter().map(|p| p.uri.clone()).collect());
+        let plan = scorers.clone();
+        let mut scan = Box::pin(scan_groups(
+            index.clone(),
+            groups,
+            columns,
+            optional,
+            concurrency,
+            Score::default,
+            move |acc: &mut Score, g: GroupRef, offset, batch: &RecordBatch| {
+                let rows = embeddings(batch, dim, &uris[g.part])?;
+                let n = batch.num_rows();
+                let mask = filters
+                    .any()
+                    .then(|| filters.mask(batch, &uris[g.part], &mut acc.missing))
+                    .transpose()?;
+                let who = &plan[&g];
+                if acc.tops.is_empty() {
+                    acc.tops = vec![TopK::new(k); who.len()];
+                }
+                let skip = |i: usize, row: usize| {
+                    mask.as_ref().is_some_and(|m| !m[i]) || exclude == Some((g, row))
                 };
-                // int8 is scored as it is stored (1 byte a value, the scale
-                // cancelled by the norm); f16 is widened once per block.
-                let (int8, floats) = match block {
-                    Embeddings::Int8 { values, .. } => {
-                        inv_norms_i8(values, dim, &mut acc.norms);
-                        (Some(values), None)
-                    }
-                    other => (None, Some(other.unit_rows(dim))),
-                };
-                for (qs, tops) in who.chunks(4).zip(acc.tops.chunks_mut(4)) {
-                    let q = |j: usize| vectors[qs[j.min(qs.len() - 1)] as usize].as_slice();
-                    if let [top] = tops {
-                        // One query (a single search): no lanes to waste.
-                        acc.cos.resize(len, 0.0);
+                // Blocks of rows small enough to stay in cache while every
+                // query is scored against them: one pass over the data for all,
+                // four queries a read of each row.
+                for start in (0..n).step_by(SCORE_BLOCK_ROWS) {
+                    let len = SCORE_BLOCK_ROWS.min(n - start);
+                    let block = rows.slice(start, len, dim);
+                    let push = |top: &mut TopK, i: usize, c: f32| {
+                        let row = offset + start + i;
+                        if c >= top.threshold() && !skip(start + i, row) {
+                            top.push(Hit {
+                                group: g,
+                                row,
+                                cosine: c,
+                            });
+                        }
+                    };
+                    // int8 is scored as it is stored (1 byte a value, the scale
+                    // cancelled by the norm); f16 is widened once per block.
+                    let (int8, floats) = match block {
+                        Embeddings::Int8 { values, .. } => {
+                            inv_norms_i8(values, dim, &mut acc.norms);
+                            (Some(values), None)
+                        }
+                        other => (None, Some(other.unit_rows(dim))),
+                    };
+                    for (qs, tops) in who.chunks(4).zip(acc.tops.chunks_mut(4)) {
+                        let q = |j: usize| vectors[qs[j.min(qs.len() - 1)] as usize].as_slice();
+                        if let [top] = tops {
+                            // One query (a single search): no lanes to waste.
+                            acc.cos.resize(len, 0.0);
+                            match (int8, &floats) {
+                                (Some(v), _) => dots_i8(v, dim, q(0), &acc.norms, &mut acc.cos),
+                                (_, Some(f)) => dots(f, dim, q(0), &mut acc.cos),
+                                (None, None) => unreachable!("one of the two is set"),
+                            }
+                            for (i, &c) in acc.cos.iter().enumerate() {
+                                push(top, i, c);
+                            }
+                            continue;
+                        }
+                        acc.cos4.resize(len, [0.0; 4]);
+                        let four = [q(0), q(1), q(2), q(3)];
                         match (int8, &floats) {
-                            (Some(v), _) => dots_i8(v, dim, q(0), &acc.norms, &mut acc.cos),
-                            (_, Some(f)) => dots(f, dim, q(0), &mut acc.cos),
+                            (Some(v), _) => dots4_i8(v, dim, four, &acc.norms, &mut acc.cos4),
+                            (_, Some(f)) => dots4(f, dim, four, &mut acc.cos4),
                             (None, None) => unreachable!("one of the two is set"),
                         }
-                        for (i, &c) in acc.cos.iter().enumerate() {
-                            push(top, i, c);
-                        }
-                        continue;
-                    }
-                    acc.cos4.resize(len, [0.0; 4]);
-                    let four = [q(0), q(1), q(2), q(3)];
-                    match (int8, &floats) {
-                        (Some(v), _) => dots4_i8(v, dim, four, &acc.norms, &mut acc.cos4),
-                        (_, Some(f)) => dots4(f, dim, four, &mut acc.cos4),
-                        (None, None) => unreachable!("one of the two is set"),
-                    }
-                    for (j, top) in tops.iter_mut().enumerate() {
-                        for (i, c) in acc.cos4.iter().enumerate() {
-                            push(top, i, c[j]);
+                        for (j, top) in tops.iter_mut().enumerate() {
+                            for (i, c) in acc.cos4.iter().enumerate() {
+                                push(top, i, c[j]);
+                            }
                         }
                     }
                 }
+                let kept = mask
+                    .as_ref()
+                    .map_or(n, |m| m.iter().filter(|&&keep| keep).count());
+                counter.fetch_add(kept as u64, Ordering::Relaxed);
+                Ok(())
+            },
+        ));
+        let mut tops = vec![TopK::new(k); nq];
+        while let Some(r) = scan.next().await {
+            let (g, acc) = r?;
+            for (&q, t) in scorers[&g].iter().zip(acc.tops) {
+                tops[q as usize].merge(t);
             }
-            let kept = mask
-                .as_ref()
-                .map_or(n, |m| m.iter().filter(|&&keep| keep).count());
-            counter.fetch_add(kept as u64, Ordering::Relaxed);
-            Ok(())
-        },
-    ));
-    let mut tops = vec![TopK::new(k); nq];
-    while let Some(r) = scan.next().await {
-        let (g, acc) = r?;
-        for (&q, t) in scorers[&g].iter().zip(acc.tops) {
-            tops[q as usize].merge(t);
+            missing.add(acc.missing);
         }
-        missing.add(acc.missing);
-    }
-    let scale_bias = model
-        .as_ref()
-        .map(|m| (m.manifest.logit_scale, m.manifest.logit_bias));
-    let per_query: Vec<Vec<Hit>> = tops.into_iter().map(TopK::into_sorted).collect();
-    let all: Vec<Hit> = per_query.iter().flatten().copied().collect();
-    let mut found = details(&index, &all, scale_bias).await?.into_iter();
-    let mut results = Vec::with_capacity(all.len());
-    for ((line, _), hits) in queries.iter().zip(&per_query) {
-        for (rank, r) in found.by_ref().take(hits.len()).enumerate() {
-            results.push(SearchResult {
-                query: *line,
-                rank: rank + 1,
-                ..r
-            });
+        let scale_bias = self
+            .model
+            .as_ref()
+            .map(|m| (m.manifest.logit_scale, m.manifest.logit_bias));
+        let per_query: Vec<Vec<Hit>> = tops.into_iter().map(TopK::into_sorted).collect();
+        let all: Vec<Hit> = per_query.iter().flatten().copied().collect();
+        let mut found = details(index, &all, scale_bias).await?.into_iter();
+        let mut results = Vec::with_capacity(all.len());
+        for ((line, _), hits) in queries.iter().zip(&per_query) {
+            for (rank, r) in found.by_ref().take(hits.len()).enumerate() {
+                results.push(SearchResult {
+                    query: *line,
+                    rank: rank + 1,
+                    ..r
+                });
+            }
         }
+        let stats = SearchStats {
+            pruning,
+            rows_scored: scored.load(Ordering::Relaxed),
+            missing,
+            bytes_read: index.bytes_read() + self.probe.as_ref().map_or(0, |p| p.bytes_read),
+            seconds: t0.elapsed().as_secs_f64(),
+        };
+        Ok((results, stats))
     }
-    let stats = SearchStats {
-        pruning,
-        rows_scored: scored.load(Ordering::Relaxed),
-        missing,
-        bytes_read: index.bytes_read() + probe.map_or(0, |p| p.bytes_read),
-        seconds: t0.elapsed().as_secs_f64(),
-    };
-    Ok((results, stats))
 }
 
 /// The row groups to score: those the statistics of `--bbox`, `--datetime`

@@ -108,6 +108,7 @@ use crate::cli::CompactArgs;
 use crate::error::{Error, Result};
 use crate::job::output::put_json;
 use crate::job::summary::human_bytes;
+use crate::query::footer::FOOTER_BUDGET_GROUPS;
 use crate::query::index::Index;
 use crate::query::Error as QueryError;
 
@@ -286,7 +287,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         }
         Err(e) => return Err(e.into()),
     };
-    let index = Arc::new(Index::open(&stores, &args.index).await?);
+    let index = Arc::new(Index::open(&stores, &args.index, FOOTER_BUDGET_GROUPS).await?);
     let manifest = index
         .manifest
         .clone()

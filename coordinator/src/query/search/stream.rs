@@ -1,0 +1,275 @@
+//! `search --vectors -`: a resident search. The index stays open, with its
+//! centroids and every footer, and each line of standard input is answered
+//! as it arrives, by one JSON line on standard output:
+//! `{"query": N, "results": [...]}`, or `{"query": N, "error": "..."}` for a
+//! line that is not a vector of the index's dimension (the search goes on).
+//!
+//! Lines that arrive together (a client writing several before reading) are
+//! answered as one batch, one pass over their row groups, each query scored
+//! against its own lists as in `--vectors FILE`; a client writing one line
+//! and waiting gets that line's answer alone.
+//!
+//! Why: a search process spends most of a single query opening the index
+//! (footers, centroids), 30–40 ms at 10^6 rows, against a few ms for the
+//! query itself. A client with a stream of queries (a notebook, a service)
+//! pays that once.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::time::Instant;
+
+use super::{batch, SearchArgs, SearchResult, SearchStats, Searcher};
+use crate::error::{Error, Result};
+use crate::query::filter::Missing;
+use crate::query::index::Pruning;
+use crate::query::scan::normalize;
+
+/// Bytes of one input line, at most: a vector of D = 1152 as JSON is about
+/// 25 KB. A longer line is answered with an error, and skipped unread.
+const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// A line of input: its number (1-based) and text, or why it was not read.
+type Line = (usize, std::result::Result<String, String>);
+
+/// Reads standard input in a thread of its own, line by line, so that the
+/// search answers what has arrived while the client writes on.
+fn read_lines(mut input: impl BufRead, tx: tokio::sync::mpsc::Sender<Line>) {
+    let mut n = 0;
+    loop {
+        n += 1;
+        let (line, last) = match bounded_line(&mut input) {
+            Ok(None) => return,
+            Ok(Some(Ok(text))) if text.trim().is_empty() => continue,
+            Ok(Some(r)) => (r, false),
+            Err(e) => (Err(format!("reading standard input: {e}")), true),
+        };
+        if tx.blocking_send((n, line)).is_err() || last {
+            return;
+        }
+    }
+}
+
+/// The next line of `input` without its end: `None` at the end of input; an
+/// error text for a line over [`MAX_LINE_BYTES`] (consumed to its end, never
+/// held) or not UTF-8.
+fn bounded_line(
+    input: &mut impl BufRead,
+) -> std::io::Result<Option<std::result::Result<String, String>>> {
+    let mut buf = Vec::new();
+    let mut over = false;
+    let mut any = false;
+    loop {
+        let chunk = input.fill_buf()?;
+        if chunk.is_empty() {
+            break;
+        }
+        any = true;
+        let (take, end) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (chunk.len(), false),
+        };
+        if !over {
+            if buf.len() + take > MAX_LINE_BYTES + 1 {
+                over = true;
+                buf = Vec::new();
+            } else {
+                buf.extend_from_slice(&chunk[..take]);
+            }
+        }
+        input.consume(take);
+        if end {
+            break;
+        }
+    }
+    if !any {
+        return Ok(None);
+    }
+    if over {
+        return Ok(Some(Err(format!(
+            "longer than {} KiB: not a query vector",
+            MAX_LINE_BYTES >> 10
+        ))));
+    }
+    Ok(Some(
+        String::from_utf8(buf).map_err(|_| "not UTF-8 text".to_owned()),
+    ))
+}
+
+/// Runs the resident search: answers every line of standard input, then
+/// prints the closing line of the whole session to stderr.
+pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
+    super::one_query_source(args)?;
+    if args.geojson || args.html.is_some() {
+        return Err(Error::Usage(
+            "rsembed search --vectors -: answers are JSON lines, one a query; \
+             --geojson and --html are for a search of a file"
+                .into(),
+        ));
+    }
+    let t0 = Instant::now();
+    // Every footer held: a resident search reads each once.
+    let searcher = Searcher::open(args, usize::MAX).await?;
+    let dim = searcher.index.embed_dim;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Line>(batch::MAX_QUERIES);
+    std::thread::spawn(move || read_lines(std::io::stdin().lock(), tx));
+    let mut total = Totals::default();
+    while let Some(first) = rx.recv().await {
+        let mut lines = vec![first];
+        while lines.len() < batch::MAX_QUERIES {
+            match rx.try_recv() {
+                Ok(l) => lines.push(l),
+                Err(_) => break,
+            }
+        }
+        let mut answers: BTreeMap<usize, Answer> = BTreeMap::new();
+        let mut queries = Vec::new();
+        for (n, line) in lines {
+            match line.and_then(|l| query_vector(&l, dim)) {
+                Ok(v) => queries.push((Some(n), v)),
+                Err(why) => {
+                    answers.insert(
+                        n,
+                        Answer {
+                            query: n,
+                            results: None,
+                            error: Some(why),
+                        },
+                    );
+                }
+            }
+        }
+        if !queries.is_empty() {
+            let (results, stats) = searcher.answer(args, &queries, None, t0).await?;
+            let mut by_query: BTreeMap<usize, Vec<SearchResult>> = queries
+                .iter()
+                .map(|(n, _)| (n.expect("numbered"), Vec::new()))
+                .collect();
+            for r in results {
+                by_query
+                    .entry(r.query.expect("numbered"))
+                    .or_default()
+                    .push(r);
+            }
+            for (n, rs) in by_query {
+                answers.insert(
+                    n,
+                    Answer {
+                        query: n,
+                        results: Some(rs),
+                        error: None,
+                    },
+                );
+            }
+            total.add(&stats, queries.len());
+        }
+        let written = answers
+            .values()
+            .try_for_each(|a| {
+                serde_json::to_writer(&mut *out, a)?;
+                writeln!(out)
+            })
+            .and_then(|()| out.flush());
+        match written {
+            Ok(()) => {}
+            // The client went away: the session is over, quietly.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+            Err(e) => return Err(Error::Worker(rsembed_worker::Error::Io(e))),
+        }
+    }
+    let p = &total.pruning;
+    eprintln!(
+        "rsembed search: scored {} of {} rows; read {} of {} row groups ({} queries, row groups counted once a batch); {:.1} MiB fetched; {:.3} s",
+        total.rows_scored,
+        p.rows_total,
+        p.groups_kept,
+        p.groups_total,
+        total.queries,
+        total.bytes_read as f64 / (1024.0 * 1024.0),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// One line as a unit query vector of `dim` numbers, or why not.
+fn query_vector(line: &str, dim: usize) -> std::result::Result<Vec<f32>, String> {
+    let mut v: Vec<f32> = serde_json::from_str(line.trim())
+        .map_err(|e| format!("want one JSON array of numbers: {e}"))?;
+    if v.len() != dim {
+        return Err(format!(
+            "{} numbers, but the index's embeddings have {dim}",
+            v.len()
+        ));
+    }
+    normalize(&mut v).map_err(|_| "a zero (or non-finite) vector".to_owned())?;
+    Ok(v)
+}
+
+/// The answer to one line. Written as is, not through a JSON tree, so that
+/// cosines print as `--json` prints them (shortest float32 form).
+#[derive(serde::Serialize)]
+struct Answer {
+    query: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    results: Option<Vec<SearchResult>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// The session's sums, for its closing line.
+#[derive(Default)]
+struct Totals {
+    pruning: Pruning,
+    rows_scored: u64,
+    missing: Missing,
+    bytes_read: u64,
+    queries: u64,
+}
+
+impl Totals {
+    fn add(&mut self, s: &SearchStats, queries: usize) {
+        self.pruning.groups_total = s.pruning.groups_total;
+        self.pruning.rows_total = s.pruning.rows_total;
+        self.pruning.groups_kept += s.pruning.groups_kept;
+        self.pruning.rows_kept += s.pruning.rows_kept;
+        self.rows_scored += s.rows_scored;
+        self.missing.add(s.missing);
+        // Cumulative since the index opened.
+        self.bytes_read = s.bytes_read;
+        self.queries += queries as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_bounded_numbered_and_blank_ones_skipped() {
+        let long = "9".repeat(MAX_LINE_BYTES + 10);
+        let bytes = [
+            b"[1, 0]\n\n".as_slice(),
+            long.as_bytes(),
+            b"\n\xff\xfe\n[0, 2]",
+        ]
+        .concat();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+        read_lines(std::io::Cursor::new(bytes), tx);
+        let mut got = Vec::new();
+        while let Ok(l) = rx.try_recv() {
+            got.push(l);
+        }
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(got[0], (1, Ok("[1, 0]\n".to_owned())));
+        assert_eq!(got[1].0, 3);
+        assert!(got[1].1.as_ref().unwrap_err().contains("longer than"));
+        assert_eq!(got[2].0, 4);
+        assert!(got[2].1.as_ref().unwrap_err().contains("UTF-8"));
+        assert_eq!(got[3], (5, Ok("[0, 2]".to_owned())));
+        assert_eq!(query_vector("[0, 2]", 2), Ok(vec![0.0, 1.0]));
+        assert!(query_vector("[0, 2, 3]", 2)
+            .unwrap_err()
+            .contains("3 numbers"));
+        assert!(query_vector("[0, 0]", 2).unwrap_err().contains("zero"));
+        assert!(query_vector("{}", 2).unwrap_err().contains("JSON array"));
+    }
+}
