@@ -378,7 +378,11 @@ pub fn decode_centroids(
     uri: &str,
 ) -> Result<(Centroids, Vec<u64>)> {
     let bad = |problem: String| -> Error { QueryError::dataset(uri, problem).into() };
+    // Small batches: a batch of the default 1,024 centroids at D = 768 is
+    // 3 MiB of values and 6 MiB of list levels, on top of the file and the
+    // decoded table, at the peak of a search that probes a few lists.
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .map(|b| b.with_batch_size(64))
         .and_then(|b| b.build())
         .map_err(|source| QueryError::NotParquet {
             uri: uri.to_owned(),
