@@ -575,7 +575,8 @@ pub struct SearchArgs {
     pub(crate) vectors: Option<PathBuf>,
     /// Many text queries in one pass over the data: one text a line, each its
     /// own query (positional texts are averaged into one instead). Needs
-    /// `--model`. Results carry the line number as `query`.
+    /// `--model`. Results carry the line number as `query`. `-` reads
+    /// standard input as `--vectors -` does, the text graph kept open too.
     #[arg(long, env = "RSEMBED_QUERIES", value_name = "FILE")]
     pub(crate) queries: Option<PathBuf>,
     /// Print one JSON object per result (JSON Lines).

@@ -19,7 +19,17 @@ pub(crate) fn embed(
     engine: &TextEngineArgs,
     texts: &[String],
 ) -> Result<Vec<Vec<f32>>> {
-    let mut enc = TextEncoder::open(model, &engine.session_config())?;
+    embed_with(&mut encoder(model, engine)?, texts)
+}
+
+/// The model's text graph, opened once for many calls of [`embed_with`]
+/// (`search --queries -` embeds line after line).
+pub(crate) fn encoder(model: &ModelDir, engine: &TextEngineArgs) -> Result<TextEncoder> {
+    Ok(TextEncoder::open(model, &engine.session_config())?)
+}
+
+/// Embeds `texts` with an open text graph, a batch at a time.
+pub(crate) fn embed_with(enc: &mut TextEncoder, texts: &[String]) -> Result<Vec<Vec<f32>>> {
     let mut out = Vec::with_capacity(texts.len());
     for chunk in texts.chunks(TEXT_BATCH) {
         out.extend(enc.embed(chunk)?);

@@ -158,7 +158,8 @@ pub(crate) struct SearchStats {
 /// on a broken pipe the output ends quietly, as in other Unix tools, with no
 /// statistics line either.
 pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
-    if args.vectors.as_deref() == Some(std::path::Path::new("-")) {
+    let stdin = Some(std::path::Path::new("-"));
+    if args.vectors.as_deref() == stdin || args.queries.as_deref() == stdin {
         return stream::run(&args, out).await;
     }
     let (results, stats) = search(&args).await?;

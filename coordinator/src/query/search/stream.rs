@@ -1,8 +1,10 @@
-//! `search --vectors -`: a resident search. The index stays open, with its
-//! centroids and every footer, and each line of standard input is answered
-//! as it arrives, by one JSON line on standard output:
+//! `search --vectors -` and `--queries -`: a resident search. The index
+//! stays open, with its centroids and every footer (and the model's text
+//! graph for `--queries -`), and each line of standard input, a vector or a
+//! text, is answered as it arrives, by one JSON line on standard output:
 //! `{"query": N, "results": [...]}`, or `{"query": N, "error": "..."}` for a
-//! line that is not a vector of the index's dimension (the search goes on).
+//! line that is not a query (not a vector of the index's dimension, not
+//! UTF-8, over 1 MiB); the search goes on.
 //!
 //! Lines that arrive together (a client writing several before reading) are
 //! answered as one batch, one pass over their row groups, each query scored
@@ -101,7 +103,7 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
     super::one_query_source(args)?;
     if args.geojson || args.html.is_some() {
         return Err(Error::Usage(
-            "rsembed search --vectors -: answers are JSON lines, one a query; \
+            "rsembed search --vectors - / --queries -: answers are JSON lines, one a query; \
              --geojson and --html are for a search of a file"
                 .into(),
         ));
@@ -110,6 +112,18 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
     // Every footer held: a resident search reads each once.
     let searcher = Searcher::open(args, usize::MAX).await?;
     let dim = searcher.index.embed_dim;
+    let mut texts = match &args.queries {
+        Some(_) => {
+            let m = searcher.model.as_ref().ok_or_else(|| {
+                Error::Usage(
+                    "rsembed search: --queries needs --model (the model the index was embedded with)"
+                        .into(),
+                )
+            })?;
+            Some(crate::text::encoder(m, &args.engine)?)
+        }
+        None => None,
+    };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Line>(batch::MAX_QUERIES);
     std::thread::spawn(move || read_lines(std::io::stdin().lock(), tx));
     let mut total = Totals::default();
@@ -123,18 +137,40 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
         }
         let mut answers: BTreeMap<usize, Answer> = BTreeMap::new();
         let mut queries = Vec::new();
-        for (n, line) in lines {
-            match line.and_then(|l| query_vector(&l, dim)) {
-                Ok(v) => queries.push((Some(n), v)),
-                Err(why) => {
-                    answers.insert(
-                        n,
-                        Answer {
-                            query: n,
-                            results: None,
-                            error: Some(why),
-                        },
-                    );
+        let mut failed = |n: usize, why: String| {
+            answers.insert(
+                n,
+                Answer {
+                    query: n,
+                    results: None,
+                    error: Some(why),
+                },
+            );
+        };
+        match texts.as_mut() {
+            None => {
+                for (n, line) in lines {
+                    match line.and_then(|l| query_vector(&l, dim)) {
+                        Ok(v) => queries.push((Some(n), v)),
+                        Err(why) => failed(n, why),
+                    }
+                }
+            }
+            Some(enc) => {
+                let mut good = Vec::new();
+                for (n, line) in lines {
+                    match line {
+                        Ok(t) => good.push((n, t.trim().to_owned())),
+                        Err(why) => failed(n, why),
+                    }
+                }
+                let strings: Vec<String> = good.iter().map(|(_, t)| t.clone()).collect();
+                let rows = crate::text::embed_with(enc, &strings)?;
+                for ((n, _), mut v) in good.into_iter().zip(rows) {
+                    match normalize(&mut v) {
+                        Ok(()) => queries.push((Some(n), v)),
+                        Err(_) => failed(n, "its embedding is zero or not finite".into()),
+                    }
                 }
             }
         }
