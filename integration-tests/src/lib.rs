@@ -139,6 +139,78 @@ pub fn run(cmd: &mut Command) -> Output {
     out
 }
 
+/// A command answering its stdin line by line on stdout (`search --vectors
+/// -`): a test writes lines and reads the answers as they come, and a hung
+/// command is killed after its limit, failing the test instead of holding it.
+pub struct LineSession {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl LineSession {
+    /// Starts `cmd` with piped stdin, stdout and stderr.
+    pub fn start(cmd: &mut Command, limit: Duration) -> LineSession {
+        use std::sync::atomic::Ordering;
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("command starts");
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flag, pid, started) = (done.clone(), child.id(), Instant::now());
+        std::thread::spawn(move || {
+            while !flag.load(Ordering::Relaxed) {
+                if started.elapsed() > limit {
+                    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        LineSession {
+            stdin: child.stdin.take(),
+            stdout: std::io::BufReader::new(child.stdout.take().expect("stdout is piped")),
+            child,
+            done,
+        }
+    }
+
+    /// Writes `text` (whole lines) and flushes it.
+    pub fn send(&mut self, text: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        stdin
+            .write_all(text.as_bytes())
+            .expect("write to the command");
+        stdin.flush().expect("flush to the command");
+    }
+
+    /// The next line of stdout, as JSON.
+    pub fn answer(&mut self) -> serde_json::Value {
+        use std::io::BufRead;
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("read from the command");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+
+    /// Closes stdin and waits for the command: the rest of its output.
+    pub fn finish(mut self) -> Output {
+        drop(self.stdin.take());
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut self.stdout, &mut rest).expect("read the rest");
+        let mut out = self.child.wait_with_output().expect("wait on the command");
+        self.done.store(true, std::sync::atomic::Ordering::Relaxed);
+        rest.extend(out.stdout);
+        out.stdout = rest;
+        out
+    }
+}
+
 /// Runs a command like [`run`], but kills it and fails the test when it takes
 /// longer than `limit`: for failures that must be reported, not waited out.
 pub fn run_timeout(cmd: &mut Command, limit: Duration) -> Output {

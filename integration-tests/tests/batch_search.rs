@@ -1,9 +1,7 @@
 //! `rsembed search --vectors FILE` and `--queries FILE`: many queries in one
 //! pass, each answered exactly as the same query alone, with its line number.
 
-use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
 use rsembed_integration_tests::rasters::gdal_translate;
 use rsembed_integration_tests::*;
@@ -161,46 +159,22 @@ fn a_batch_answers_each_query_as_alone_with_its_line_number() {
 
     // --queries -: the same texts from stdin, the first answered before the
     // rest are written, give the same answers with the same line numbers.
-    let mut child = rsembed()
-        .arg("search")
-        .arg("--index")
-        .arg(&index)
-        .args([
+    let mut session = LineSession::start(
+        rsembed().arg("search").arg("--index").arg(&index).args([
             "--model",
             model.to_str().unwrap(),
             "--queries",
             "-",
             "--top-k",
             "5",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    // A hung search fails the test instead of holding it.
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(120));
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status();
-    });
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut answer = || -> Value {
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-    };
-    writeln!(stdin, "{}", TEXTS[0]).unwrap();
-    stdin.flush().unwrap();
-    let mut answers = vec![answer()];
-    write!(stdin, "{}\n\n{}\n{}\n", TEXTS[1], TEXTS[2], TEXTS[3]).unwrap();
-    stdin.flush().unwrap();
-    answers.extend([answer(), answer(), answer()]);
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
+        ]),
+        std::time::Duration::from_secs(120),
+    );
+    session.send(&format!("{}\n", TEXTS[0]));
+    let mut answers = vec![session.answer()];
+    session.send(&format!("{}\n\n{}\n{}\n", TEXTS[1], TEXTS[2], TEXTS[3]));
+    answers.extend([session.answer(), session.answer(), session.answer()]);
+    let out = session.finish();
     assert_eq!(out.status.code(), Some(0));
     for a in &answers {
         let q = a["query"].as_u64().unwrap();

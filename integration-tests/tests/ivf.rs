@@ -12,9 +12,8 @@
 //! independently of their cluster.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 use rsembed_integration_tests::*;
 use rsembed_raster::geo::{polygon_wkb, Footprint};
@@ -302,6 +301,30 @@ fn batch(index: &Path, extra: &[&str]) -> (BTreeMap<usize, Vec<(String, f64)>>, 
     (by_query, closing(&o.stderr))
 }
 
+/// The query files `qs` as one `--vectors` file in `dir`, and its lines.
+fn vectors_file(dir: &Path, qs: &[PathBuf]) -> (PathBuf, Vec<String>) {
+    let vectors = dir.join("vectors.jsonl");
+    let lines: Vec<String> = qs
+        .iter()
+        .map(|q| std::fs::read_to_string(q).unwrap())
+        .collect();
+    std::fs::write(&vectors, lines.join("\n")).unwrap();
+    (vectors, lines)
+}
+
+/// A box of the chips' area.
+const BBOX: &str = "0,40,5,42.5";
+
+/// `--bbox` on `index` with `--nprobe all` finds the source's chips in the
+/// box and prunes row groups: the source's hits, and the index's closing line.
+fn boxed_as_the_source(index: &Path, src: &Path, q: &str) -> (Vec<(String, f64)>, Closing) {
+    let (in_box, boxed) = search(index, &["--vector", q, "--nprobe", "all", "--bbox", BBOX]);
+    let (want, _) = search(src, &["--vector", q, "--bbox", BBOX]);
+    assert_eq!(ids(&in_box), ids(&want));
+    assert!(boxed.read < boxed.groups, "{boxed:?}");
+    (want, boxed)
+}
+
 fn ids(h: &[(String, f64)]) -> Vec<&str> {
     h.iter().map(|x| x.0.as_str()).collect()
 }
@@ -504,12 +527,7 @@ fn lists_are_deterministic_complete_nearest_and_searched_by_probing() {
 
     // A batch answers each query as a search of it alone does: its own
     // lists, whatever the other queries probe; and reads their union once.
-    let vectors = tmp.path().join("vectors.jsonl");
-    let lines: Vec<String> = qs
-        .iter()
-        .map(|q| std::fs::read_to_string(q).unwrap())
-        .collect();
-    std::fs::write(&vectors, lines.join("\n")).unwrap();
+    let (vectors, _) = vectors_file(tmp.path(), &qs);
     let v = vectors.to_str().unwrap();
     for extra in [
         &[][..],
@@ -535,14 +553,8 @@ fn lists_are_deterministic_complete_nearest_and_searched_by_probing() {
     let (_, def) = search(&a, &["--vector", q0]);
     let (_, p1) = search(&a, &["--vector", q0, "--nprobe", "1"]);
     assert!(p1.read < def.read, "{p1:?} {def:?}");
-    let bbox = ["--bbox", "0,40,5,42.5"];
-    let (in_box, boxed) = search(
-        &a,
-        &[&["--vector", q0, "--nprobe", "all"], &bbox[..]].concat(),
-    );
-    let (want, _) = search(&src, &[&["--vector", q0], &bbox[..]].concat());
-    assert_eq!(ids(&in_box), ids(&want));
-    assert!(boxed.read < boxed.groups, "{boxed:?}");
+    let bbox = ["--bbox", BBOX];
+    let (_, boxed) = boxed_as_the_source(&a, &src, q0);
     let (_, both) = search(&a, &[&["--vector", q0], &bbox[..]].concat());
     assert!(
         both.read < def.read && both.read < boxed.read,
@@ -760,26 +772,14 @@ fn an_index_beyond_the_footer_budget_answers_the_same() {
         assert_eq!(ids(&exact), ids(&all));
         assert_eq!(c.scored, 4000);
     }
-    let vectors = tmp.path().join("vectors.jsonl");
-    let lines: Vec<String> = qs
-        .iter()
-        .map(|q| std::fs::read_to_string(q).unwrap())
-        .collect();
-    std::fs::write(&vectors, lines.join("\n")).unwrap();
+    let (vectors, lines) = vectors_file(tmp.path(), &qs);
     let (got, _) = batch(&many, &["--vectors", vectors.to_str().unwrap()]);
     for (i, q) in qs.iter().enumerate() {
         let (alone, c) = search(&many, &["--vector", q.to_str().unwrap()]);
         assert!(c.read < c.groups, "{c:?}");
         assert_eq!(got[&(i + 1)], alone, "query {}", i + 1);
     }
-    let bbox = ["--bbox", "0,40,5,42.5"];
-    let (in_box, boxed) = search(
-        &many,
-        &[&["--vector", q0, "--nprobe", "all"], &bbox[..]].concat(),
-    );
-    let (want, _) = search(&src, &[&["--vector", q0], &bbox[..]].concat());
-    assert_eq!(ids(&in_box), ids(&want));
-    assert!(boxed.read < boxed.groups, "{boxed:?}");
+    let (want, _) = boxed_as_the_source(&many, &src, q0);
     let chip = want[0].0.clone();
     let (like, _) = search(&many, &["--like", &chip, "--nprobe", "all"]);
     let (like_src, _) = search(&src, &["--like", &chip]);
@@ -788,30 +788,13 @@ fn an_index_beyond_the_footer_budget_answers_the_same() {
     // `--vectors -`: the index stays open and each line is answered as it
     // arrives, as a search of it alone answers it; a bad line gets an error
     // and the rest go on.
-    let mut child = rsembed()
-        .args(["search", "--index"])
-        .arg(&many)
-        .args(["--vectors", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    // A hung search fails the test instead of holding it.
-    std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_secs(120));
-        let _ = std::process::Command::new("kill")
-            .args(["-9", &pid.to_string()])
-            .status();
-    });
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut answer = || -> Value {
-        let mut line = String::new();
-        stdout.read_line(&mut line).unwrap();
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
-    };
+    let mut session = LineSession::start(
+        rsembed()
+            .args(["search", "--index"])
+            .arg(&many)
+            .args(["--vectors", "-"]),
+        std::time::Duration::from_secs(120),
+    );
     let hits = |a: &Value| -> Vec<(String, f64)> {
         a["results"]
             .as_array()
@@ -826,15 +809,17 @@ fn an_index_beyond_the_footer_budget_answers_the_same() {
             .collect()
     };
     // One line, answered before the next is written.
-    writeln!(stdin, "{}", lines[0].trim()).unwrap();
-    stdin.flush().unwrap();
-    let a = answer();
+    session.send(&format!("{}\n", lines[0].trim()));
+    let a = session.answer();
     assert_eq!(a["query"], 1);
     assert_eq!(hits(&a), search(&many, &["--vector", q0]).0);
     // Several at once, one of them bad, and a blank line that still counts.
-    writeln!(stdin, "[1, 2]\n\n{}\n{}", lines[1].trim(), lines[2].trim()).unwrap();
-    stdin.flush().unwrap();
-    let (bad, a3, a4) = (answer(), answer(), answer());
+    session.send(&format!(
+        "[1, 2]\n\n{}\n{}\n",
+        lines[1].trim(),
+        lines[2].trim()
+    ));
+    let (bad, a3, a4) = (session.answer(), session.answer(), session.answer());
     assert_eq!(bad["query"], 2);
     assert!(
         bad["error"].as_str().unwrap().contains("2 numbers"),
@@ -852,8 +837,7 @@ fn an_index_beyond_the_footer_budget_answers_the_same() {
         hits(&a4),
         search(&many, &["--vector", qs[2].to_str().unwrap()]).0
     );
-    drop(stdin);
-    let out = child.wait_with_output().unwrap();
+    let out = session.finish();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(out.stdout.is_empty(), "nothing after the answers");

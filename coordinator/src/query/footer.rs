@@ -181,26 +181,18 @@ impl StatsColumns {
                 ymax: sy1.max_opt().copied(),
             })
         });
-        let micros = |c: Column| match c {
-            Column::Absent => all_null(rows),
-            Column::Other => Stats::Unknown,
-            Column::Leaf(i) => match stats(i) {
-                Some(Statistics::Int64(s)) => {
-                    known(s.null_count_opt(), rows, s.min_opt(), s.max_opt())
+        let micros = |c: Column| {
+            column_stats(c, rows, rg, |st| match st {
+                Statistics::Int64(s) => {
+                    Some(known(s.null_count_opt(), rows, s.min_opt(), s.max_opt()))
                 }
-                _ => Stats::Unknown,
-            },
+                _ => None,
+            })
         };
-        let cloud_fraction = match self.cloud_fraction {
-            Column::Absent => all_null(rows),
-            Column::Other => Stats::Unknown,
-            Column::Leaf(i) => match stats(i) {
-                Some(Statistics::Float(s)) => {
-                    known(s.null_count_opt(), rows, s.min_opt(), s.max_opt())
-                }
-                _ => Stats::Unknown,
-            },
-        };
+        let cloud_fraction = column_stats(self.cloud_fraction, rows, rg, |st| match st {
+            Statistics::Float(s) => Some(known(s.null_count_opt(), rows, s.min_opt(), s.max_opt())),
+            _ => None,
+        });
         let list = self.list.and_then(|i| match stats(i) {
             Some(Statistics::Int32(s)) => Some((*s.min_opt()?, *s.max_opt()?)),
             _ => None,
@@ -222,6 +214,25 @@ impl StatsColumns {
             chip_id_min,
             chip_id_max,
         }
+    }
+}
+
+/// The statistics of column `c` in row group `rg` by `of` (`None`: not the
+/// expected kind); every row null where the file lacks the column.
+fn column_stats<T>(
+    c: Column,
+    rows: u64,
+    rg: &RowGroupMetaData,
+    of: impl Fn(&Statistics) -> Option<Stats<T>>,
+) -> Stats<T> {
+    match c {
+        Column::Absent => all_null(rows),
+        Column::Other => Stats::Unknown,
+        Column::Leaf(i) => rg
+            .column(i)
+            .statistics()
+            .and_then(of)
+            .unwrap_or(Stats::Unknown),
     }
 }
 
