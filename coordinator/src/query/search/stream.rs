@@ -30,8 +30,19 @@ use crate::query::scan::normalize;
 /// 25 KB. A longer line is answered with an error, and skipped unread.
 const MAX_LINE_BYTES: usize = 1 << 20;
 
+/// Lines read ahead of the search, at most: the reader waits beyond.
+const LINES_AHEAD: usize = 256;
+/// Bytes of input lines in one batch, at most (besides the line count,
+/// [`batch::MAX_QUERIES`]): what a client writes at once is held until its
+/// batch is parsed.
+const BATCH_BYTES: usize = 64 << 20;
+
 /// A line of input: its number (1-based) and text, or why it was not read.
 type Line = (usize, std::result::Result<String, String>);
+
+fn line_bytes(l: &Line) -> usize {
+    l.1.as_ref().map_or(0, String::len)
+}
 
 /// Reads standard input in a thread of its own, line by line, so that the
 /// search answers what has arrived while the client writes on.
@@ -124,14 +135,18 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
         }
         None => None,
     };
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Line>(batch::MAX_QUERIES);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Line>(LINES_AHEAD);
     std::thread::spawn(move || read_lines(std::io::stdin().lock(), tx));
     let mut total = Totals::default();
     while let Some(first) = rx.recv().await {
+        let mut bytes = line_bytes(&first);
         let mut lines = vec![first];
-        while lines.len() < batch::MAX_QUERIES {
+        while lines.len() < batch::MAX_QUERIES && bytes < BATCH_BYTES {
             match rx.try_recv() {
-                Ok(l) => lines.push(l),
+                Ok(l) => {
+                    bytes += line_bytes(&l);
+                    lines.push(l);
+                }
                 Err(_) => break,
             }
         }
