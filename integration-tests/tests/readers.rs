@@ -131,8 +131,15 @@ fn documented_queries_run() {
             .arg(&split),
     );
     let q = query_vector(tmp.path());
+    // The documented resident search starts `rsembed` from PATH.
+    let bin = binary("rsembed");
+    let path = std::env::join_paths(std::iter::once(bin.parent().unwrap().to_owned()).chain(
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+    ))
+    .unwrap();
     python_script(
         Command::new(python())
+            .env("PATH", path)
             .arg(script("test_docs.py"))
             .arg("--docs")
             .arg(root().join("docs/querying.md"))
