@@ -843,4 +843,29 @@ fn an_index_beyond_the_footer_budget_answers_the_same() {
     assert!(out.stdout.is_empty(), "nothing after the answers");
     assert!(err.contains("(3 queries"), "{err}");
     closing(&out.stderr);
+
+    // Chips a filter excludes for lacking its property are counted on the
+    // session's closing line, as a search of a file counts them: these have
+    // no datetime, and `--nprobe all` reads every group.
+    let mut session = LineSession::start(
+        rsembed().args(["search", "--index"]).arg(&many).args([
+            "--vectors",
+            "-",
+            "--nprobe",
+            "all",
+            "--datetime",
+            "2024-01-01T00:00:00Z/..",
+        ]),
+        std::time::Duration::from_secs(120),
+    );
+    session.send(&format!("{}\n", lines[0].trim()));
+    let a = session.answer();
+    assert_eq!(a["results"].as_array().map(Vec::len), Some(0), "{a}");
+    let out = session.finish();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("; 4000 chips without a datetime excluded by --datetime"),
+        "{err}"
+    );
 }

@@ -70,6 +70,14 @@ struct Score {
     missing: Missing,
 }
 
+/// A block of rows as the kernels score it.
+enum Block<'a> {
+    /// int8 as stored (1 byte a value, the scale cancelled by the norm).
+    Int8(&'a [i8]),
+    /// Unit float32 rows: f32 as stored, f16 widened once per block.
+    Floats(std::borrow::Cow<'a, [f32]>),
+}
+
 /// One result, with what the output shows of its chip.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub(crate) struct SearchResult {
@@ -151,6 +159,22 @@ pub(crate) struct SearchStats {
     pub(crate) seconds: f64,
 }
 
+impl SearchStats {
+    /// Adds the counts of a later batch of one session (`--vectors -`): row
+    /// groups and rows read and scored sum over the batches; the totals and
+    /// the bytes (counted since the index opened) are the latest.
+    fn add(&mut self, s: &SearchStats) {
+        self.pruning.groups_total = s.pruning.groups_total;
+        self.pruning.rows_total = s.pruning.rows_total;
+        self.pruning.groups_kept += s.pruning.groups_kept;
+        self.pruning.rows_kept += s.pruning.rows_kept;
+        self.rows_scored += s.rows_scored;
+        self.missing.add(s.missing);
+        self.bytes_read = s.bytes_read;
+        self.seconds = s.seconds;
+    }
+}
+
 /// Runs a search and prints its results to `out` (and one line of scan
 /// statistics to stderr).
 ///
@@ -179,19 +203,7 @@ pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
     }
     let p = &stats.pruning;
     let filtered = args.bbox.is_some() || args.datetime.is_some() || args.max_cloud.is_some();
-    let mut excluded = String::new();
-    if args.datetime.is_some() {
-        excluded += &format!(
-            "; {} chips without a datetime excluded by --datetime",
-            stats.missing.datetime
-        );
-    }
-    if args.max_cloud.is_some() {
-        excluded += &format!(
-            "; {} chips without a cloud_fraction excluded by --max-cloud",
-            stats.missing.cloud_fraction
-        );
-    }
+    let excluded = excluded(&args, &stats.missing);
     eprintln!(
         "rsembed search: scored {} of {} rows; read {} of {} row groups{}{excluded}; {:.1} MiB fetched; {:.3} s",
         stats.rows_scored,
@@ -207,6 +219,25 @@ pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
         stats.seconds
     );
     Ok(())
+}
+
+/// The closing line's counts of chips excluded for lacking the property a
+/// filter is on, one for each of `--datetime` and `--max-cloud` given.
+fn excluded(args: &SearchArgs, missing: &Missing) -> String {
+    let mut s = String::new();
+    if args.datetime.is_some() {
+        s += &format!(
+            "; {} chips without a datetime excluded by --datetime",
+            missing.datetime
+        );
+    }
+    if args.max_cloud.is_some() {
+        s += &format!(
+            "; {} chips without a cloud_fraction excluded by --max-cloud",
+            missing.cloud_fraction
+        );
+    }
+    s
 }
 
 /// Writes the results as `--geojson`, `--json` or a table says.
@@ -474,22 +505,21 @@ impl Searcher {
                     };
                     // int8 is scored as it is stored (1 byte a value, the scale
                     // cancelled by the norm); f16 is widened once per block.
-                    let (int8, floats) = match block {
+                    let scored = match block {
                         Embeddings::Int8 { values, .. } => {
                             inv_norms_i8(values, dim, &mut acc.norms);
-                            (Some(values), None)
+                            Block::Int8(values)
                         }
-                        other => (None, Some(other.unit_rows(dim))),
+                        other => Block::Floats(other.unit_rows(dim)),
                     };
                     for (qs, tops) in who.chunks(4).zip(acc.tops.chunks_mut(4)) {
                         let q = |j: usize| vectors[qs[j.min(qs.len() - 1)] as usize].as_slice();
                         if let [top] = tops {
                             // One query (a single search): no lanes to waste.
                             acc.cos.resize(len, 0.0);
-                            match (int8, &floats) {
-                                (Some(v), _) => dots_i8(v, dim, q(0), &acc.norms, &mut acc.cos),
-                                (_, Some(f)) => dots(f, dim, q(0), &mut acc.cos),
-                                (None, None) => unreachable!("one of the two is set"),
+                            match &scored {
+                                Block::Int8(v) => dots_i8(v, dim, q(0), &acc.norms, &mut acc.cos),
+                                Block::Floats(f) => dots(f, dim, q(0), &mut acc.cos),
                             }
                             for (i, &c) in acc.cos.iter().enumerate() {
                                 push(top, i, c);
@@ -498,10 +528,9 @@ impl Searcher {
                         }
                         acc.cos4.resize(len, [0.0; 4]);
                         let four = [q(0), q(1), q(2), q(3)];
-                        match (int8, &floats) {
-                            (Some(v), _) => dots4_i8(v, dim, four, &acc.norms, &mut acc.cos4),
-                            (_, Some(f)) => dots4(f, dim, four, &mut acc.cos4),
-                            (None, None) => unreachable!("one of the two is set"),
+                        match &scored {
+                            Block::Int8(v) => dots4_i8(v, dim, four, &acc.norms, &mut acc.cos4),
+                            Block::Floats(f) => dots4(f, dim, four, &mut acc.cos4),
                         }
                         for (j, top) in tops.iter_mut().enumerate() {
                             for (i, c) in acc.cos4.iter().enumerate() {

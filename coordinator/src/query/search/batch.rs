@@ -77,21 +77,26 @@ pub(crate) fn vectors(path: &Path, dim: usize) -> Result<Vec<(Option<usize>, Vec
     let text = read(FLAG, path)?;
     let mut out = Vec::new();
     for (n, line) in lines(FLAG, path, &text)? {
-        let bad =
-            |why: String| QueryError::flag(FLAG, format!("{} line {n}: {why}", path.display()));
-        let mut v: Vec<f32> = serde_json::from_str(line)
-            .map_err(|e| bad(format!("want one JSON array of numbers: {e}")))?;
-        if v.len() != dim {
-            return Err(bad(format!(
-                "{} numbers, but the index's embeddings have {dim}",
-                v.len()
-            ))
-            .into());
-        }
-        normalize(&mut v).map_err(|_| bad("a zero (or non-finite) vector".into()))?;
+        let v = vector_line(line, dim)
+            .map_err(|why| QueryError::flag(FLAG, format!("{} line {n}: {why}", path.display())))?;
         out.push((Some(n), v));
     }
     Ok(out)
+}
+
+/// One line of `--vectors` (a file's or stdin's) as a unit query vector of
+/// `dim` numbers, or why not.
+pub(crate) fn vector_line(line: &str, dim: usize) -> std::result::Result<Vec<f32>, String> {
+    let mut v: Vec<f32> = serde_json::from_str(line.trim())
+        .map_err(|e| format!("want one JSON array of numbers: {e}"))?;
+    if v.len() != dim {
+        return Err(format!(
+            "{} numbers, but the index's embeddings have {dim}",
+            v.len()
+        ));
+    }
+    normalize(&mut v).map_err(|_| "a zero (or non-finite) vector".to_owned())?;
+    Ok(v)
 }
 
 /// `--queries`: one text a line, with its line number.

@@ -22,8 +22,6 @@ use std::time::Instant;
 
 use super::{batch, SearchArgs, SearchResult, SearchStats, Searcher};
 use crate::error::{Error, Result};
-use crate::query::filter::Missing;
-use crate::query::index::Pruning;
 use crate::query::scan::normalize;
 
 /// Bytes of one input line, at most: a vector of D = 1152 as JSON is about
@@ -137,7 +135,7 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Line>(LINES_AHEAD);
     std::thread::spawn(move || read_lines(std::io::stdin().lock(), tx));
-    let mut total = Totals::default();
+    let (mut total, mut asked) = (SearchStats::default(), 0usize);
     while let Some(first) = rx.recv().await {
         let mut bytes = line_bytes(&first);
         let mut lines = vec![first];
@@ -165,7 +163,7 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
         match texts.as_mut() {
             None => {
                 for (n, line) in lines {
-                    match line.and_then(|l| query_vector(&l, dim)) {
+                    match line.and_then(|l| batch::vector_line(&l, dim)) {
                         Ok(v) => queries.push((Some(n), v)),
                         Err(why) => failed(n, why),
                     }
@@ -179,9 +177,9 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
                         Err(why) => failed(n, why),
                     }
                 }
-                let strings: Vec<String> = good.iter().map(|(_, t)| t.clone()).collect();
+                let (numbers, strings): (Vec<usize>, Vec<String>) = good.into_iter().unzip();
                 let rows = crate::text::embed_with(enc, &strings)?;
-                for ((n, _), mut v) in good.into_iter().zip(rows) {
+                for (n, mut v) in numbers.into_iter().zip(rows) {
                     match normalize(&mut v) {
                         Ok(()) => queries.push((Some(n), v)),
                         Err(_) => failed(n, "its embedding is zero or not finite".into()),
@@ -211,7 +209,8 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
                     },
                 );
             }
-            total.add(&stats, queries.len());
+            total.add(&stats);
+            asked += queries.len();
         }
         let written = answers
             .values()
@@ -229,30 +228,16 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
     }
     let p = &total.pruning;
     eprintln!(
-        "rsembed search: scored {} of {} rows; read {} of {} row groups ({} queries, row groups counted once a batch); {:.1} MiB fetched; {:.3} s",
+        "rsembed search: scored {} of {} rows; read {} of {} row groups ({asked} queries, row groups counted once a batch){}; {:.1} MiB fetched; {:.3} s",
         total.rows_scored,
         p.rows_total,
         p.groups_kept,
         p.groups_total,
-        total.queries,
+        super::excluded(args, &total.missing),
         total.bytes_read as f64 / (1024.0 * 1024.0),
         t0.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// One line as a unit query vector of `dim` numbers, or why not.
-fn query_vector(line: &str, dim: usize) -> std::result::Result<Vec<f32>, String> {
-    let mut v: Vec<f32> = serde_json::from_str(line.trim())
-        .map_err(|e| format!("want one JSON array of numbers: {e}"))?;
-    if v.len() != dim {
-        return Err(format!(
-            "{} numbers, but the index's embeddings have {dim}",
-            v.len()
-        ));
-    }
-    normalize(&mut v).map_err(|_| "a zero (or non-finite) vector".to_owned())?;
-    Ok(v)
 }
 
 /// The answer to one line. Written as is, not through a JSON tree, so that
@@ -264,30 +249,6 @@ struct Answer {
     results: Option<Vec<SearchResult>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
-}
-
-/// The session's sums, for its closing line.
-#[derive(Default)]
-struct Totals {
-    pruning: Pruning,
-    rows_scored: u64,
-    missing: Missing,
-    bytes_read: u64,
-    queries: u64,
-}
-
-impl Totals {
-    fn add(&mut self, s: &SearchStats, queries: usize) {
-        self.pruning.groups_total = s.pruning.groups_total;
-        self.pruning.rows_total = s.pruning.rows_total;
-        self.pruning.groups_kept += s.pruning.groups_kept;
-        self.pruning.rows_kept += s.pruning.rows_kept;
-        self.rows_scored += s.rows_scored;
-        self.missing.add(s.missing);
-        // Cumulative since the index opened.
-        self.bytes_read = s.bytes_read;
-        self.queries += queries as u64;
-    }
 }
 
 #[cfg(test)]
@@ -316,11 +277,15 @@ mod tests {
         assert_eq!(got[2].0, 4);
         assert!(got[2].1.as_ref().unwrap_err().contains("UTF-8"));
         assert_eq!(got[3], (5, Ok("[0, 2]".to_owned())));
-        assert_eq!(query_vector("[0, 2]", 2), Ok(vec![0.0, 1.0]));
-        assert!(query_vector("[0, 2, 3]", 2)
+        assert_eq!(batch::vector_line("[0, 2]", 2), Ok(vec![0.0, 1.0]));
+        assert!(batch::vector_line("[0, 2, 3]", 2)
             .unwrap_err()
             .contains("3 numbers"));
-        assert!(query_vector("[0, 0]", 2).unwrap_err().contains("zero"));
-        assert!(query_vector("{}", 2).unwrap_err().contains("JSON array"));
+        assert!(batch::vector_line("[0, 0]", 2)
+            .unwrap_err()
+            .contains("zero"));
+        assert!(batch::vector_line("{}", 2)
+            .unwrap_err()
+            .contains("JSON array"));
     }
 }
