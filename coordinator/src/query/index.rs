@@ -31,6 +31,7 @@ use rsembed_worker::store::{Location, StoreCache};
 
 use crate::error::{Error, Result};
 use crate::query::footer::{Footers, GroupStats, StatsColumns};
+use crate::query::pages::{self, Chunk};
 use crate::query::scan::{dot, normalize};
 use crate::query::Error as QueryError;
 
@@ -261,6 +262,51 @@ impl Index {
             Ok(meta)
         };
         self.footers.get(pi, part.groups.len(), load).await
+    }
+
+    /// The `embedding` column chunk of row group `g`, fetched, for reading
+    /// its pages in place ([`crate::query::pages`]); or why it cannot be
+    /// (judged from the footer, before anything is fetched).
+    pub(crate) async fn embedding_chunk(
+        &self,
+        g: GroupRef,
+        ty: EmbeddingType,
+    ) -> Result<std::result::Result<Chunk, String>> {
+        let part = &self.parts[g.part];
+        let meta = self.footer(g.part).await?;
+        let md = meta.metadata();
+        let mut leaves = md
+            .file_metadata()
+            .schema_descr()
+            .columns()
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.path().parts().first().map(String::as_str) == Some(col::EMBEDDING));
+        let (Some((leaf, _)), None) = (leaves.next(), leaves.next()) else {
+            return Ok(Err("not one leaf column".into()));
+        };
+        let Some(rg) = md.row_groups().get(g.row_group) else {
+            return Ok(Err("no such row group".into()));
+        };
+        let chunk = rg.column(leaf);
+        if let Err(why) = pages::check(chunk, ty) {
+            return Ok(Err(why));
+        }
+        let (start, len) = chunk.byte_range();
+        if start.checked_add(len).is_none_or(|end| end > part.size) {
+            return Ok(Err("a column chunk past the end of the file".into()));
+        }
+        let data = self
+            .root
+            .store
+            .get_range(&part.path, start..start + len)
+            .await?;
+        self.read.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(Ok(Chunk {
+            data,
+            meta: chunk.clone(),
+            rows: part.group_rows(g.row_group),
+        }))
     }
 
     fn reader(&self, part: &Part) -> StoreReader {
@@ -601,19 +647,6 @@ pub(crate) enum Embeddings<'a> {
 }
 
 impl<'a> Embeddings<'a> {
-    /// Rows `start..start + len`.
-    pub(crate) fn slice(self, start: usize, len: usize, dim: usize) -> Embeddings<'a> {
-        let r = start * dim..(start + len) * dim;
-        match self {
-            Embeddings::F32(v) => Embeddings::F32(&v[r]),
-            Embeddings::F16(v) => Embeddings::F16(&v[r]),
-            Embeddings::Int8 { values, scales } => Embeddings::Int8 {
-                values: &values[r],
-                scales: &scales[start..start + len],
-            },
-        }
-    }
-
     /// Every row as unit float32 values: the column itself for f32, a
     /// decoded copy otherwise (int8's scale cancels in the normalisation).
     pub(crate) fn unit_rows(self, dim: usize) -> std::borrow::Cow<'a, [f32]> {

@@ -15,6 +15,7 @@ pub(crate) mod footer;
 pub(crate) mod html;
 pub(crate) mod index;
 pub mod ivf;
+pub(crate) mod pages;
 pub(crate) mod scan;
 pub mod search;
 pub(crate) mod thumbs;

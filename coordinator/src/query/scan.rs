@@ -9,8 +9,12 @@ use arrow_array::RecordBatch;
 use futures::{Stream, StreamExt};
 use parquet::arrow::arrow_reader::RowSelection;
 
+use rsembed_schemas::chip::col;
+
 use crate::error::{Error, Result};
-use crate::query::index::{GroupRef, Index};
+use crate::query::filter::{Filters, Missing};
+use crate::query::index::{embeddings, GroupRef, Index};
+use crate::query::pages::{Decode, Stored};
 use crate::query::Error as QueryError;
 
 /// Row groups scanned at once when the user does not say: two per core keeps
@@ -78,14 +82,165 @@ where
         .buffered(concurrency.max(1))
 }
 
+/// Scans the `embedding` column of `groups` for a search, with
+/// `concurrency` row groups in flight, each on its own tokio task. A chunk
+/// laid out as the chip writer lays it is read in place from its pages
+/// ([`crate::query::pages`]); any other (another writer's, or one the page
+/// reader finds malformed) with the arrow reader, from the start of the
+/// group and with a fresh accumulator, so `fold` must keep every effect in
+/// its accumulator. `fold(acc, g, first_row, rows, keep)` sees the group's
+/// rows in order, in runs of whole rows, with `filters`' verdict on each
+/// row when there are filters (their columns are read first, alone). The
+/// stream yields each group's accumulator, in the order of `groups`, with
+/// the chips the filters excluded for lacking a property.
+pub(crate) fn scan_embeddings<T, I, F>(
+    index: Arc<Index>,
+    groups: Vec<GroupRef>,
+    filters: Filters,
+    concurrency: usize,
+    init: I,
+    fold: F,
+) -> impl Stream<Item = Result<(GroupRef, T, Missing)>>
+where
+    T: Send + 'static,
+    I: Fn() -> T + Send + Sync + 'static,
+    F: Fn(&mut T, GroupRef, usize, Stored<'_>, Option<&[bool]>) -> Result<()>
+        + Send
+        + Sync
+        + 'static,
+{
+    let fold = Arc::new(fold);
+    let init = Arc::new(init);
+    futures::stream::iter(groups)
+        .map(move |g| {
+            let (index, fold, init) = (index.clone(), fold.clone(), init.clone());
+            let task = tokio::spawn(async move {
+                let mut missing = Missing::default();
+                let mask = filter_mask(&index, g, &filters, &mut missing).await?;
+                let part = &index.parts[g.part];
+                let (ty, dim) = part.embedding_type()?;
+                let keep = |first: usize, n: usize| -> Result<Option<&[bool]>> {
+                    let Some(m) = &mask else { return Ok(None) };
+                    match m.get(first..first + n) {
+                        Some(k) => Ok(Some(k)),
+                        None => Err(QueryError::dataset(
+                            &part.uri,
+                            "its `embedding` column has more rows than its filter columns",
+                        )
+                        .into()),
+                    }
+                };
+                let mut acc = init();
+                let why = match index.embedding_chunk(g, ty).await? {
+                    Ok(chunk) => {
+                        let decoded = chunk.decode(ty, dim, |first, rows| {
+                            fold(&mut acc, g, first, rows, keep(first, rows.values() / dim)?)
+                        });
+                        match decoded {
+                            Ok(()) => return Ok((g, acc, missing)),
+                            Err(Decode::Fold(e)) => return Err(e),
+                            Err(Decode::Layout(why)) => why,
+                        }
+                    }
+                    Err(why) => why,
+                };
+                tracing::debug!(part = %part.uri, row_group = g.row_group, why, "embedding read with the arrow reader");
+                acc = init();
+                let mut stream = index.stream(g, &[col::EMBEDDING], None).await?;
+                let mut first = 0usize;
+                while let Some(batch) = stream.next().await {
+                    let batch = batch.map_err(|source| QueryError::Read {
+                        uri: part.uri.clone(),
+                        source,
+                    })?;
+                    let n = batch.num_rows();
+                    let rows = Stored::from(embeddings(&batch, dim, &part.uri)?);
+                    fold(&mut acc, g, first, rows, keep(first, n)?)?;
+                    first += n;
+                }
+                if mask.as_ref().is_some_and(|m| m.len() != first) {
+                    return Err(QueryError::dataset(
+                        &part.uri,
+                        "its `embedding` column has fewer rows than its filter columns",
+                    )
+                    .into());
+                }
+                Ok::<_, Error>((g, acc, missing))
+            });
+            async move {
+                task.await.map_err(|source| QueryError::Task {
+                    what: "scan task",
+                    source,
+                })?
+            }
+        })
+        .buffered(concurrency.max(1))
+}
+
+/// `filters`' verdict on each row of group `g` (`None` without filters),
+/// counting the chips that lack a filtered property into `missing`.
+async fn filter_mask(
+    index: &Index,
+    g: GroupRef,
+    filters: &Filters,
+    missing: &mut Missing,
+) -> Result<Option<Vec<bool>>> {
+    if !filters.any() {
+        return Ok(None);
+    }
+    let part = &index.parts[g.part];
+    let (mut columns, optional) = filters.columns();
+    columns.extend(optional.into_iter().filter(|c| part.has_column(c)));
+    let mut stream = index.stream(g, &columns, None).await?;
+    let mut mask = Vec::with_capacity(part.group_rows(g.row_group).min(1 << 20));
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(|source| QueryError::Read {
+            uri: part.uri.clone(),
+            source,
+        })?;
+        mask.extend(filters.mask(&batch, &part.uri, missing)?);
+    }
+    Ok(Some(mask))
+}
+
 /// The rows `rows` (sorted, distinct, within the group) as a row selection.
 pub(crate) fn selection_of(rows: &[usize], group_rows: usize) -> RowSelection {
     let ranges = rows.iter().map(|&r| r..r + 1);
     RowSelection::from_consecutive_ranges(ranges, group_rows)
 }
 
-/// `out[i] = rows[i] · q` for the `out.len()` rows of `dim` floats in `rows`.
-pub(crate) fn dots(rows: &[f32], dim: usize, q: &[f32], out: &mut [f32]) {
+/// A stored embedding value as the kernels read it: float32 in memory, float32
+/// as the little-endian bytes of a Parquet page (any alignment: a page's values
+/// start wherever its levels end), or int8. Every kernel is generic over it, so
+/// the three share one set of lanes and one reduction order.
+pub(crate) trait Lane: Copy {
+    /// The value as float32.
+    fn f32(self) -> f32;
+}
+
+impl Lane for f32 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+impl Lane for [u8; 4] {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f32::from_le_bytes(self)
+    }
+}
+
+impl Lane for i8 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f32::from(self)
+    }
+}
+
+/// `out[i] = rows[i] · q` for the `out.len()` rows of `dim` values in `rows`.
+pub(crate) fn dots<T: Lane>(rows: &[T], dim: usize, q: &[f32], out: &mut [f32]) {
     assert_eq!(q.len(), dim, "query dimension");
     assert!(rows.len() >= out.len() * dim, "rows hold out.len() rows");
     #[cfg(target_arch = "x86_64")]
@@ -99,14 +254,14 @@ pub(crate) fn dots(rows: &[f32], dim: usize, q: &[f32], out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2(rows: &[f32], dim: usize, q: &[f32], out: &mut [f32]) {
+unsafe fn dots_avx2<T: Lane>(rows: &[T], dim: usize, q: &[f32], out: &mut [f32]) {
     // The same code, compiled with 256-bit lanes: the 16-wide accumulator
     // becomes two ymm registers per row.
     dots_generic(rows, dim, q, out);
 }
 
 #[inline(always)]
-fn dots_generic(rows: &[f32], dim: usize, q: &[f32], out: &mut [f32]) {
+fn dots_generic<T: Lane>(rows: &[T], dim: usize, q: &[f32], out: &mut [f32]) {
     for (o, row) in out.iter_mut().zip(rows.chunks_exact(dim)) {
         *o = dot(row, q);
     }
@@ -114,7 +269,7 @@ fn dots_generic(rows: &[f32], dim: usize, q: &[f32], out: &mut [f32]) {
 
 /// `out[i][j] = rows[i] · qs[j]`: [`dots`] of four queries at once, each
 /// row read once for the four, with `dot`'s results bit for bit.
-pub(crate) fn dots4(rows: &[f32], dim: usize, qs: [&[f32]; 4], out: &mut [[f32; 4]]) {
+pub(crate) fn dots4<T: Lane>(rows: &[T], dim: usize, qs: [&[f32]; 4], out: &mut [[f32; 4]]) {
     assert!(qs.iter().all(|q| q.len() == dim), "query dimension");
     assert!(rows.len() >= out.len() * dim, "rows hold out.len() rows");
     #[cfg(target_arch = "x86_64")]
@@ -128,12 +283,12 @@ pub(crate) fn dots4(rows: &[f32], dim: usize, qs: [&[f32]; 4], out: &mut [[f32; 
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dots4_avx2(rows: &[f32], dim: usize, qs: [&[f32]; 4], out: &mut [[f32; 4]]) {
+unsafe fn dots4_avx2<T: Lane>(rows: &[T], dim: usize, qs: [&[f32]; 4], out: &mut [[f32; 4]]) {
     dots4_generic(rows, dim, qs, out);
 }
 
 #[inline(always)]
-fn dots4_generic(rows: &[f32], dim: usize, qs: [&[f32]; 4], out: &mut [[f32; 4]]) {
+fn dots4_generic<T: Lane>(rows: &[T], dim: usize, qs: [&[f32]; 4], out: &mut [[f32; 4]]) {
     for (o, row) in out.iter_mut().zip(rows.chunks_exact(dim)) {
         *o = dot4(qs, row);
     }
@@ -144,48 +299,11 @@ fn dots4_generic(rows: &[f32], dim: usize, qs: [&[f32]; 4], out: &mut [[f32; 4]]
 /// the norm. Each value is widened to float32 inside the dot product, so a
 /// row is read once, as 1 byte a value.
 pub(crate) fn dots_i8(rows: &[i8], dim: usize, q: &[f32], inv_norms: &[f32], out: &mut [f32]) {
-    assert_eq!(q.len(), dim, "query dimension");
-    assert!(rows.len() >= out.len() * dim, "rows hold out.len() rows");
     assert!(inv_norms.len() >= out.len(), "a norm per row");
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA, checked just above.
-        unsafe { dots_i8_avx2(rows, dim, q, inv_norms, out) };
-        return;
+    dots(rows, dim, q, out);
+    for (o, n) in out.iter_mut().zip(inv_norms) {
+        *o *= n;
     }
-    dots_i8_generic(rows, dim, q, inv_norms, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_i8_avx2(rows: &[i8], dim: usize, q: &[f32], inv: &[f32], out: &mut [f32]) {
-    dots_i8_generic(rows, dim, q, inv, out);
-}
-
-#[inline(always)]
-fn dots_i8_generic(rows: &[i8], dim: usize, q: &[f32], inv: &[f32], out: &mut [f32]) {
-    for ((o, row), n) in out.iter_mut().zip(rows.chunks_exact(dim)).zip(inv) {
-        *o = dot_i8(row, q) * n;
-    }
-}
-
-/// `a · b` for int8 `a`, in the lanes of [`dot`].
-#[inline(always)]
-fn dot_i8(a: &[i8], b: &[f32]) -> f32 {
-    const W: usize = 16;
-    let mut acc = [0f32; W];
-    let (ca, ra) = a.as_chunks::<W>();
-    let (cb, rb) = b.as_chunks::<W>();
-    for (x, y) in ca.iter().zip(cb) {
-        for i in 0..W {
-            acc[i] += f32::from(x[i]) * y[i];
-        }
-    }
-    let mut tail = 0f32;
-    for (x, y) in ra.iter().zip(rb) {
-        tail += f32::from(*x) * y;
-    }
-    reduce_lanes(&acc, tail)
 }
 
 /// `out[i][j] = (rows[i] · qs[j]) · inv_norms[i]`: [`dots_i8`] of four
@@ -198,66 +316,11 @@ pub(crate) fn dots4_i8(
     inv_norms: &[f32],
     out: &mut [[f32; 4]],
 ) {
-    assert!(qs.iter().all(|q| q.len() == dim), "query dimension");
-    assert!(rows.len() >= out.len() * dim, "rows hold out.len() rows");
     assert!(inv_norms.len() >= out.len(), "a norm per row");
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA, checked just above.
-        unsafe { dots4_i8_avx2(rows, dim, qs, inv_norms, out) };
-        return;
+    dots4(rows, dim, qs, out);
+    for (o, n) in out.iter_mut().zip(inv_norms) {
+        *o = o.map(|d| d * n);
     }
-    dots4_i8_generic(rows, dim, qs, inv_norms, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots4_i8_avx2(
-    rows: &[i8],
-    dim: usize,
-    qs: [&[f32]; 4],
-    inv: &[f32],
-    out: &mut [[f32; 4]],
-) {
-    dots4_i8_generic(rows, dim, qs, inv, out);
-}
-
-#[inline(always)]
-fn dots4_i8_generic(rows: &[i8], dim: usize, qs: [&[f32]; 4], inv: &[f32], out: &mut [[f32; 4]]) {
-    for ((o, row), n) in out.iter_mut().zip(rows.chunks_exact(dim)).zip(inv) {
-        *o = dot4_i8(row, qs).map(|d| d * n);
-    }
-}
-
-/// Four [`dot_i8`]s of one int8 row, in `dot_i8`'s lanes and order.
-#[inline(always)]
-fn dot4_i8(row: &[i8], qs: [&[f32]; 4]) -> [f32; 4] {
-    const W: usize = 16;
-    let (mut a0, mut a1, mut a2, mut a3) = ([0f32; W], [0f32; W], [0f32; W], [0f32; W]);
-    let (cr, rr) = row.as_chunks::<W>();
-    let [q0, q1, q2, q3] = qs.map(|q| q.as_chunks::<W>());
-    for ((((x, y0), y1), y2), y3) in cr.iter().zip(q0.0).zip(q1.0).zip(q2.0).zip(q3.0) {
-        for i in 0..W {
-            let v = f32::from(x[i]);
-            a0[i] += v * y0[i];
-            a1[i] += v * y1[i];
-            a2[i] += v * y2[i];
-            a3[i] += v * y3[i];
-        }
-    }
-    let reduce = |a: &[f32; W], tail: &[f32]| {
-        let mut t = 0f32;
-        for (x, y) in rr.iter().zip(tail) {
-            t += f32::from(*x) * y;
-        }
-        reduce_lanes(a, t)
-    };
-    [
-        reduce(&a0, q0.1),
-        reduce(&a1, q1.1),
-        reduce(&a2, q2.1),
-        reduce(&a3, q3.1),
-    ]
 }
 
 /// `1 / |row|` of each int8 row (0 for a zero row), in exact integer sums.
@@ -276,19 +339,19 @@ pub(crate) fn inv_norms_i8(rows: &[i8], dim: usize, out: &mut Vec<f32>) {
 /// A dot product written for the autovectoriser: sixteen independent lanes
 /// (no loop-carried dependency on one sum), then a fixed-order reduction.
 #[inline(always)]
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot<T: Lane>(a: &[T], b: &[f32]) -> f32 {
     const W: usize = 16;
     let mut acc = [0f32; W];
     let (ca, ra) = a.as_chunks::<W>();
     let (cb, rb) = b.as_chunks::<W>();
     for (x, y) in ca.iter().zip(cb) {
         for i in 0..W {
-            acc[i] += x[i] * y[i];
+            acc[i] += x[i].f32() * y[i];
         }
     }
     let mut tail = 0f32;
     for (x, y) in ra.iter().zip(rb) {
-        tail += x * y;
+        tail += x.f32() * y;
     }
     reduce_lanes(&acc, tail)
 }
@@ -311,23 +374,25 @@ fn reduce_lanes(acc: &[f32; 16], tail: f32) -> f32 {
 /// LLVM kept that one in scalar registers and on the stack (2.2 GMAC/s,
 /// `perf annotate`: `vmulss`/`vaddss`), and vectorises this one.
 #[inline(always)]
-pub(crate) fn dot4(rows: [&[f32]; 4], c: &[f32]) -> [f32; 4] {
+pub(crate) fn dot4<T: Lane>(rows: [&[f32]; 4], c: &[T]) -> [f32; 4] {
     const W: usize = 16;
     let (mut a0, mut a1, mut a2, mut a3) = ([0f32; W], [0f32; W], [0f32; W], [0f32; W]);
     let (cc, rc) = c.as_chunks::<W>();
     let [r0, r1, r2, r3] = rows.map(|r| r.as_chunks::<W>());
     for ((((y, x0), x1), x2), x3) in cc.iter().zip(r0.0).zip(r1.0).zip(r2.0).zip(r3.0) {
         for i in 0..W {
-            a0[i] += x0[i] * y[i];
-            a1[i] += x1[i] * y[i];
-            a2[i] += x2[i] * y[i];
-            a3[i] += x3[i] * y[i];
+            // Widened once for the four (int8), as the one-query kernel does.
+            let v = y[i].f32();
+            a0[i] += v * x0[i];
+            a1[i] += v * x1[i];
+            a2[i] += v * x2[i];
+            a3[i] += v * x3[i];
         }
     }
     let reduce = |a: &[f32; W], tail: &[f32]| {
         let mut t = 0f32;
-        for (x, y) in tail.iter().zip(rc) {
-            t += x * y;
+        for (y, x) in rc.iter().zip(tail) {
+            t += y.f32() * x;
         }
         reduce_lanes(a, t)
     };

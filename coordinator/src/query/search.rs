@@ -25,7 +25,6 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,11 +42,12 @@ use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
 use crate::query::filter::{Filters, Missing, Verdict};
 use crate::query::footer::FOOTER_BUDGET_GROUPS;
-use crate::query::index::{embeddings, Embeddings, GroupRef, Index, Pruning};
+use crate::query::index::{embeddings, GroupRef, Index, Pruning};
 use crate::query::ivf::{Probe, Probed};
+use crate::query::pages::Stored;
 use crate::query::scan::{
-    default_concurrency, dots, dots4, dots4_i8, dots_i8, inv_norms_i8, normalize, scan_groups,
-    selection_of, Hit, TopK,
+    default_concurrency, dots, dots4, dots4_i8, dots_i8, inv_norms_i8, normalize, scan_embeddings,
+    scan_groups, selection_of, Hit, TopK,
 };
 
 mod batch;
@@ -67,15 +67,20 @@ struct Score {
     cos: Vec<f32>,
     cos4: Vec<[f32; 4]>,
     norms: Vec<f32>,
-    missing: Missing,
+    /// Rows scored (those the filters kept).
+    scored: u64,
 }
 
 /// A block of rows as the kernels score it.
 enum Block<'a> {
     /// int8 as stored (1 byte a value, the scale cancelled by the norm).
     Int8(&'a [i8]),
-    /// Unit float32 rows: f32 as stored, f16 widened once per block.
-    Floats(std::borrow::Cow<'a, [f32]>),
+    /// Unit float32 rows as the arrow reader decoded them.
+    F32(&'a [f32]),
+    /// Unit float32 rows as they lie in a page.
+    F32Le(&'a [[u8; 4]]),
+    /// f16 rows widened to unit float32 once per block.
+    F16(Vec<f32>),
 }
 
 /// One result, with what the output shows of its chip.
@@ -451,8 +456,6 @@ impl Searcher {
         });
         let (groups, pruning, mut missing) =
             select_groups(index, &filters, concurrency, nq, probed.as_ref()).await?;
-        let (mut columns, optional) = filters.columns();
-        columns.push(col::EMBEDDING);
         let k = args.top_k;
         let vectors: Arc<Vec<Vec<f32>>> =
             Arc::new(queries.iter().map(|(_, v)| v.clone()).collect());
@@ -462,31 +465,21 @@ impl Searcher {
         let scorers: Arc<BTreeMap<GroupRef, Arc<[u32]>>> =
             Arc::new(groups.iter().cloned().collect());
         let groups: Vec<GroupRef> = groups.into_iter().map(|(g, _)| g).collect();
-        let scored = Arc::new(AtomicU64::new(0));
-        let counter = scored.clone();
-        let uris: Arc<Vec<String>> = Arc::new(index.parts.iter().map(|p| p.uri.clone()).collect());
         let plan = scorers.clone();
-        let mut scan = Box::pin(scan_groups(
+        let mut scan = Box::pin(scan_embeddings(
             index.clone(),
             groups,
-            columns,
-            optional,
+            filters,
             concurrency,
             Score::default,
-            move |acc: &mut Score, g: GroupRef, offset, batch: &RecordBatch| {
-                let rows = embeddings(batch, dim, &uris[g.part])?;
-                let n = batch.num_rows();
-                let mask = filters
-                    .any()
-                    .then(|| filters.mask(batch, &uris[g.part], &mut acc.missing))
-                    .transpose()?;
+            move |acc: &mut Score, g: GroupRef, first, rows: Stored<'_>, keep: Option<&[bool]>| {
+                let n = rows.values() / dim;
                 let who = &plan[&g];
                 if acc.tops.is_empty() {
                     acc.tops = vec![TopK::new(k); who.len()];
                 }
-                let skip = |i: usize, row: usize| {
-                    mask.as_ref().is_some_and(|m| !m[i]) || exclude == Some((g, row))
-                };
+                let skip =
+                    |i: usize, row: usize| keep.is_some_and(|m| !m[i]) || exclude == Some((g, row));
                 // Blocks of rows small enough to stay in cache while every
                 // query is scored against them: one pass over the data for all,
                 // four queries a read of each row.
@@ -494,7 +487,7 @@ impl Searcher {
                     let len = SCORE_BLOCK_ROWS.min(n - start);
                     let block = rows.slice(start, len, dim);
                     let push = |top: &mut TopK, i: usize, c: f32| {
-                        let row = offset + start + i;
+                        let row = first + start + i;
                         if c >= top.threshold() && !skip(start + i, row) {
                             top.push(Hit {
                                 group: g,
@@ -504,13 +497,16 @@ impl Searcher {
                         }
                     };
                     // int8 is scored as it is stored (1 byte a value, the scale
-                    // cancelled by the norm); f16 is widened once per block.
+                    // cancelled by the norm), f32 as it lies in memory or in the
+                    // page; f16 is widened once per block.
                     let scored = match block {
-                        Embeddings::Int8 { values, .. } => {
+                        Stored::Int8(values) => {
                             inv_norms_i8(values, dim, &mut acc.norms);
                             Block::Int8(values)
                         }
-                        other => Block::Floats(other.unit_rows(dim)),
+                        Stored::F32(v) => Block::F32(v),
+                        Stored::F32Le(v) => Block::F32Le(v),
+                        f16 => Block::F16(f16.f16_unit_rows(dim).unwrap_or_default()),
                     };
                     for (qs, tops) in who.chunks(4).zip(acc.tops.chunks_mut(4)) {
                         let q = |j: usize| vectors[qs[j.min(qs.len() - 1)] as usize].as_slice();
@@ -519,7 +515,9 @@ impl Searcher {
                             acc.cos.resize(len, 0.0);
                             match &scored {
                                 Block::Int8(v) => dots_i8(v, dim, q(0), &acc.norms, &mut acc.cos),
-                                Block::Floats(f) => dots(f, dim, q(0), &mut acc.cos),
+                                Block::F32(v) => dots(v, dim, q(0), &mut acc.cos),
+                                Block::F32Le(v) => dots(v, dim, q(0), &mut acc.cos),
+                                Block::F16(v) => dots(v, dim, q(0), &mut acc.cos),
                             }
                             for (i, &c) in acc.cos.iter().enumerate() {
                                 push(top, i, c);
@@ -530,7 +528,9 @@ impl Searcher {
                         let four = [q(0), q(1), q(2), q(3)];
                         match &scored {
                             Block::Int8(v) => dots4_i8(v, dim, four, &acc.norms, &mut acc.cos4),
-                            Block::Floats(f) => dots4(f, dim, four, &mut acc.cos4),
+                            Block::F32(v) => dots4(v, dim, four, &mut acc.cos4),
+                            Block::F32Le(v) => dots4(v, dim, four, &mut acc.cos4),
+                            Block::F16(v) => dots4(v, dim, four, &mut acc.cos4),
                         }
                         for (j, top) in tops.iter_mut().enumerate() {
                             for (i, c) in acc.cos4.iter().enumerate() {
@@ -539,20 +539,19 @@ impl Searcher {
                         }
                     }
                 }
-                let kept = mask
-                    .as_ref()
-                    .map_or(n, |m| m.iter().filter(|&&keep| keep).count());
-                counter.fetch_add(kept as u64, Ordering::Relaxed);
+                acc.scored += keep.map_or(n, |m| m.iter().filter(|&&k| k).count()) as u64;
                 Ok(())
             },
         ));
         let mut tops = vec![TopK::new(k); nq];
+        let mut scored = 0;
         while let Some(r) = scan.next().await {
-            let (g, acc) = r?;
+            let (g, acc, m) = r?;
             for (&q, t) in scorers[&g].iter().zip(acc.tops) {
                 tops[q as usize].merge(t);
             }
-            missing.add(acc.missing);
+            scored += acc.scored;
+            missing.add(m);
         }
         let scale_bias = self
             .model
@@ -573,7 +572,7 @@ impl Searcher {
         }
         let stats = SearchStats {
             pruning,
-            rows_scored: scored.load(Ordering::Relaxed),
+            rows_scored: scored,
             missing,
             bytes_read: index.bytes_read() + self.probe.as_ref().map_or(0, |p| p.bytes_read),
             seconds: t0.elapsed().as_secs_f64(),
