@@ -15,6 +15,10 @@ Uses the data of bench/ivf.py (`--work`: `ivf/` and `queries-head.json`);
 run that first. Needs faiss-cpu, numpy and pyarrow (the venv of .ci/run).
 
     .cache/venv/bin/python bench/resident.py --work /tmp/rsembed-ivf-1e6 --nprobe 2,63
+
+`--index ivf8` searches another compaction of the same chips (int8, say) against
+the same truth and the same FAISS; `--baseline BIN` runs an older binary's
+sessions alternately with ours.
 """
 
 from __future__ import annotations
@@ -41,10 +45,11 @@ def vm_hwm_mib(pid: int) -> float:
     return float("nan")
 
 
-def session(args, nprobe: str, queries: list[str]) -> dict:
+def session(args, nprobe: str, queries: list[str], index: str = "ivf",
+            rsembed: Path | None = None) -> dict:
     """One resident search answering `queries` (JSON lines) one at a time."""
-    cmd = [str(args.rsembed), "search", "--index", str(args.work / "ivf"), "--vectors", "-",
-           "--nprobe", nprobe, "--top-k", "10"]
+    cmd = [str(rsembed or args.rsembed), "search", "--index", str(args.work / index), "--vectors",
+           "-", "--nprobe", nprobe, "--top-k", "10"]
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -78,6 +83,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-faiss", action="store_true")
     ap.add_argument("--rsembed", type=Path, default=ROOT / "target/release/rsembed")
+    ap.add_argument("--index", default="ivf",
+                    help="the folder under --work the sessions search (e.g. an int8 compaction "
+                         "of the same chips); recall is always against the exact answer of "
+                         "`ivf`, and FAISS always reads `ivf`'s float32 chips")
+    ap.add_argument("--baseline", type=Path,
+                    help="another rsembed binary whose sessions run alternately with ours, "
+                         "for ratios from the same run")
     args = ap.parse_args()
     compact = json.loads((args.work / "ivf" / "compact.json").read_text())
     head = args.work / "queries-head.json"
@@ -88,10 +100,15 @@ def main() -> None:
     truth = exact["hits"]
     res = {"rows": compact["rows"], "lists": compact["ivf"]["lists"], "queries": len(queries),
            "exact": {k: v for k, v in exact.items() if k != "hits"}, "rsembed": []}
+    res["index"] = args.index
     for p in probes:
         print(f"nprobe {p} ...", file=sys.stderr)
-        s = session(args, p, queries)
+        s = session(args, p, queries, args.index)
         s["recall"] = recall(s.pop("hits"), truth)
+        if args.baseline:
+            b = session(args, p, queries, args.index, args.baseline)
+            s["baseline"] = {"median_s": b["median_s"], "rss_mib": b["rss_mib"],
+                             "recall": recall(b.pop("hits"), truth)}
         res["rsembed"].append(s)
     if not args.no_faiss:
         print("faiss ...", file=sys.stderr)
@@ -106,9 +123,10 @@ def main() -> None:
         res["faiss"] = {"load_s": f["load_s"], "build_s": f["build_s"], "rss_mib": r["rss_mib"],
                         "sweep": [{"nprobe": s["nprobe"], "median_s": s["median_s"],
                                    "recall": recall(s["hits"], truth)} for s in f["sweep"]]}
-    (args.work / "resident-bench.json").write_text(json.dumps(res, indent=1))
+    (args.work / f"resident-bench-{args.index}.json").write_text(json.dumps(res, indent=1))
 
-    print(f"\n{res['rows']:,} rows, {res['lists']} lists, {len(queries)} queries one at a time")
+    print(f"\n{res['rows']:,} rows, {res['lists']} lists, {len(queries)} queries one at a time, "
+          f"searching {args.index}")
     e = res["exact"]
     print(f"exact session: first answer {e['first_s'] * 1e3:.1f} ms, then median "
           f"{e['median_s'] * 1e3:.1f} ms, {e['rss_mib']:.0f} MiB")
@@ -125,6 +143,13 @@ def main() -> None:
         print(f"| {s['nprobe']} | {s['first_s'] * 1e3:.1f} | {s['median_s'] * 1e3:.2f} | "
               f"{s['p90_s'] * 1e3:.2f} | {fm} | {ratio} | {s['recall']:.3f} | {fr} | "
               f"{s['rss_mib']:.0f} | {rr} |")
+    if args.baseline:
+        print("| nprobe | baseline median ms | ours median ms | ours / baseline | baseline RSS MiB |")
+        print("| ---: | ---: | ---: | ---: | ---: |")
+        for s in res["rsembed"]:
+            b = s["baseline"]
+            print(f"| {s['nprobe']} | {b['median_s'] * 1e3:.2f} | {s['median_s'] * 1e3:.2f} | "
+                  f"{s['median_s'] / b['median_s']:.3f} | {b['rss_mib']:.0f} |")
     if "faiss" in res:
         f = res["faiss"]
         print(f"FAISS: load {f['load_s']:.1f} s, build {f['build_s']:.1f} s, peak {f['rss_mib']:.0f} MiB")

@@ -102,6 +102,8 @@ pub(crate) struct Index {
     read: Arc<AtomicU64>,
     /// The parsed footers held.
     footers: Arc<Footers>,
+    /// Buffers for column chunks read from local files.
+    buffers: Arc<Buffers>,
 }
 
 impl Index {
@@ -183,6 +185,7 @@ impl Index {
             embed_dim,
             read,
             footers,
+            buffers: Arc::default(),
         })
     }
 
@@ -296,17 +299,43 @@ impl Index {
         if start.checked_add(len).is_none_or(|end| end > part.size) {
             return Ok(Err("a column chunk past the end of the file".into()));
         }
-        let data = self
-            .root
-            .store
-            .get_range(&part.path, start..start + len)
-            .await?;
+        let data = match self.read_local(part, start, len as usize).await {
+            Some(data) => data,
+            None => {
+                self.root
+                    .store
+                    .get_range(&part.path, start..start + len)
+                    .await?
+            }
+        };
         self.read.fetch_add(data.len() as u64, Ordering::Relaxed);
         Ok(Ok(Chunk {
             data,
             meta: chunk.clone(),
             rows: part.group_rows(g.row_group),
         }))
+    }
+
+    /// `len` bytes at `start` of a part of a local index, read into one of
+    /// the index's reused buffers; `None` for another store, or when the
+    /// file cannot be read so (the store then reads it, and reports why).
+    async fn read_local(&self, part: &Part, start: u64, len: usize) -> Option<Bytes> {
+        #[cfg(unix)]
+        if self.root.url.scheme() == "file" {
+            use std::os::unix::fs::FileExt;
+            let path = url::Url::parse(&part.uri).ok()?.to_file_path().ok()?;
+            let buffers = self.buffers.clone();
+            let read = tokio::task::spawn_blocking(move || {
+                let mut buf = buffers.take(len);
+                std::fs::File::open(path)
+                    .and_then(|f| f.read_exact_at(&mut buf[..len], start))
+                    .ok()?;
+                Some(Bytes::from_owner(Lent { buf, len, buffers }))
+            });
+            return read.await.ok().flatten();
+        }
+        let _ = (part, start, len);
+        None
     }
 
     fn reader(&self, part: &Part) -> StoreReader {
@@ -549,6 +578,68 @@ async fn open_part(
         file_meta,
     };
     Ok((part, meta))
+}
+
+/// Column chunk buffers an index reuses, for local files.
+///
+/// object_store's local reader zero-fills a new buffer for every range
+/// before `pread` copies into it. A probed search reads each list's
+/// embeddings once a query, so that zeroing was 41 % of a resident search at
+/// `--nprobe 63` (190 MiB a query, `perf`; docs/benchmarks.md). A buffer
+/// lent here is zeroed once, when it first grows, and comes back when the
+/// last page read from it is dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Buffers {
+    held: std::sync::Mutex<Vec<Vec<u8>>>,
+}
+
+/// Bytes of buffers held between reads: enough for the groups in flight of
+/// a default search at D = 768 and up to 8,192-row groups of int8, or of
+/// 1,000-row groups of f32; larger ones are dropped when they come back.
+const BUFFERS_HELD_BYTES: usize = 64 << 20;
+
+impl Buffers {
+    /// A buffer of at least `len` bytes, the largest held if any.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut buf = self
+            .held
+            .lock()
+            .expect("buffer pool lock")
+            .pop()
+            .unwrap_or_default();
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        buf
+    }
+
+    fn give(&self, buf: Vec<u8>) {
+        let mut held = self.held.lock().expect("buffer pool lock");
+        let bytes: usize = held.iter().map(Vec::len).sum();
+        if bytes + buf.len() <= BUFFERS_HELD_BYTES {
+            held.push(buf);
+            held.sort_by_key(Vec::len);
+        }
+    }
+}
+
+/// A buffer lent out as [`Bytes`]: its first `len` bytes.
+struct Lent {
+    buf: Vec<u8>,
+    len: usize,
+    buffers: Arc<Buffers>,
+}
+
+impl AsRef<[u8]> for Lent {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        self.buffers.give(std::mem::take(&mut self.buf));
+    }
 }
 
 /// Reads a part through object_store ranged gets (the size is known, so a

@@ -563,6 +563,9 @@ impl<'a> Hybrid<'a> {
     /// Decodes the next `m` indices through `dict` onto `out`.
     fn decode_into(&mut self, m: usize, dict: &[i8], out: &mut Vec<i8>) -> Result<(), Decode> {
         let bad = |i: u32| Decode::Layout(format!("dictionary index {i} of {}", dict.len()));
+        let mut table = [0i8; 256];
+        let n = dict.len().min(256);
+        table[..n].copy_from_slice(&dict[..n]);
         let mut left = m as u64;
         while left > 0 {
             let (run, at) = match self.run.take() {
@@ -580,10 +583,15 @@ impl<'a> Hybrid<'a> {
                     out.extend(std::iter::repeat_n(v, take as usize));
                 }
                 Run::Packed { bytes, .. } if self.w == 8 => {
+                    // The chip writer's case (a dictionary of over 128
+                    // values): one byte an index, checked at once, looked up
+                    // without a bounds check each.
                     let s = &bytes[at as usize..(at + take) as usize];
-                    for &i in s {
-                        out.push(*dict.get(usize::from(i)).ok_or_else(|| bad(u32::from(i)))?);
+                    let top = s.iter().copied().max().unwrap_or(0);
+                    if usize::from(top) >= dict.len() {
+                        return Err(bad(u32::from(top)));
                     }
+                    lookup(s, &table, out);
                 }
                 Run::Packed { bytes, .. } => {
                     for i in at..at + take {
@@ -599,6 +607,60 @@ impl<'a> Hybrid<'a> {
         }
         Ok(())
     }
+}
+
+/// `table[i]` of each index `i`, onto `out`.
+fn lookup(indices: &[u8], table: &[i8; 256], out: &mut Vec<i8>) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512vbmi") && std::is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the CPU has AVX-512 VBMI and BW, checked just above.
+        unsafe { lookup_vbmi(indices, table, out) };
+        return;
+    }
+    lookup_scalar(indices, table, out);
+}
+
+fn lookup_scalar(indices: &[u8], table: &[i8; 256], out: &mut Vec<i8>) {
+    out.extend(indices.iter().map(|&i| table[usize::from(i)]));
+}
+
+/// [`lookup`] 64 indices an instruction pair: `vpermi2b` looks up 128
+/// entries at once, the index's top bit picks the half. The scalar lookup
+/// was 42 % of an int8 resident search (one load and one store a byte).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+unsafe fn lookup_vbmi(indices: &[u8], table: &[i8; 256], out: &mut Vec<i8>) {
+    use std::arch::x86_64::{
+        __m512i, _mm512_loadu_si512, _mm512_mask_blend_epi8, _mm512_movepi8_mask,
+        _mm512_permutex2var_epi8, _mm512_storeu_si512,
+    };
+    let (chunks, rest) = indices.as_chunks::<64>();
+    out.reserve(chunks.len() * 64 + rest.len());
+    let t = table.as_ptr().cast::<__m512i>();
+    // SAFETY: `table` is 256 bytes, four unaligned 64-byte loads; `out` has
+    // room for every chunk (reserved above), and its length covers them
+    // only once they are written.
+    unsafe {
+        let (t0, t1, t2, t3) = (
+            _mm512_loadu_si512(t),
+            _mm512_loadu_si512(t.add(1)),
+            _mm512_loadu_si512(t.add(2)),
+            _mm512_loadu_si512(t.add(3)),
+        );
+        let start = out.len();
+        let dst = out.as_mut_ptr().add(start).cast::<__m512i>();
+        for (k, c) in chunks.iter().enumerate() {
+            let i = _mm512_loadu_si512(c.as_ptr().cast());
+            let lo = _mm512_permutex2var_epi8(t0, i, t1);
+            let hi = _mm512_permutex2var_epi8(t2, i, t3);
+            _mm512_storeu_si512(
+                dst.add(k),
+                _mm512_mask_blend_epi8(_mm512_movepi8_mask(i), lo, hi),
+            );
+        }
+        out.set_len(start + chunks.len() * 64);
+    }
+    lookup_scalar(rest, table, out);
 }
 
 /// Assembles whole rows from runs of values that may split a row (a page
@@ -1026,6 +1088,23 @@ mod tests {
         let mut h = Hybrid::new(&[0b1001, 1, 2], 8).unwrap();
         assert!(h.decode_into(8, &dict, &mut Vec::new()).is_err());
         assert!(Hybrid::new(&[], 9).is_err());
+    }
+
+    #[test]
+    fn dictionary_lookups_agree_with_the_scalar_one() {
+        let table: [i8; 256] = std::array::from_fn(|i| (i as u8).wrapping_mul(151) as i8);
+        for n in [0, 1, 63, 64, 65, 200, 1000] {
+            let idx: Vec<u8> = (0..n).map(|i| (i * 89 + 7) as u8).collect();
+            let (mut fast, mut slow) = (vec![3i8], vec![3i8]);
+            lookup(&idx, &table, &mut fast);
+            lookup_scalar(&idx, &table, &mut slow);
+            assert_eq!(fast, slow, "{n}");
+            assert_eq!(slow[1..].len(), n);
+        }
+        let all: Vec<u8> = (0..=255).collect();
+        let mut out = Vec::new();
+        lookup(&all, &table, &mut out);
+        assert_eq!(out, table);
     }
 
     #[test]
