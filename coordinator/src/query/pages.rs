@@ -75,27 +75,6 @@ impl<'a> Stored<'a> {
             Stored::Int8(v) => Stored::Int8(&v[r]),
         }
     }
-
-    /// Every row as unit float32 values, for f16 (widened): the kernels read
-    /// f32 and int8 as they are stored.
-    pub(crate) fn f16_unit_rows(self, dim: usize) -> Option<Vec<f32>> {
-        let mut out: Vec<f32> = match self {
-            Stored::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-            Stored::F16Le(v) => v
-                .iter()
-                .map(|b| half::f16::from_le_bytes(*b).to_f32())
-                .collect(),
-            _ => return None,
-        };
-        for row in out.chunks_exact_mut(dim) {
-            let n = crate::query::scan::dot(row, row);
-            if n > 0.0 {
-                let inv = 1.0 / n.sqrt();
-                row.iter_mut().for_each(|x| *x *= inv);
-            }
-        }
-        Some(out)
-    }
 }
 
 impl<'a> From<Embeddings<'a>> for Stored<'a> {

@@ -239,6 +239,40 @@ impl Lane for i8 {
     }
 }
 
+impl Lane for [u8; 2] {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f16_bits_to_f32(u16::from_le_bytes(self))
+    }
+}
+
+impl Lane for half::f16 {
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        f16_bits_to_f32(self.to_bits())
+    }
+}
+
+/// IEEE binary16 to binary32, exactly, in branch-free integer and float
+/// operations the autovectoriser keeps in vector lanes (the `half` crate's
+/// conversion is a call per value unless the build targets F16C): the
+/// exponent and mantissa shifted into place are the value scaled by 2⁻¹¹²
+/// (subnormals included, as binary32 subnormals), so one multiply rescales
+/// them; infinities and NaNs get binary32's all-ones exponent.
+#[inline(always)]
+fn f16_bits_to_f32(h: u16) -> f32 {
+    let h = u32::from(h);
+    let sign = (h & 0x8000) << 16;
+    let em = h & 0x7fff;
+    let v = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
+    let special = if em >= 0x7c00 {
+        0x7f80_0000 | (em << 13)
+    } else {
+        v.to_bits()
+    };
+    f32::from_bits(sign | special)
+}
+
 /// `out[i] = rows[i] · q` for the `out.len()` rows of `dim` values in `rows`.
 pub(crate) fn dots<T: Lane>(rows: &[T], dim: usize, q: &[f32], out: &mut [f32]) {
     assert_eq!(q.len(), dim, "query dimension");
@@ -294,11 +328,17 @@ fn dots4_generic<T: Lane>(rows: &[T], dim: usize, qs: [&[f32]; 4], out: &mut [[f
     }
 }
 
-/// `out[i] = (rows[i] · q) · inv_norms[i]` for int8 rows of `dim` values:
-/// the cosine of a quantised row with the unit query, its scale cancelled by
-/// the norm. Each value is widened to float32 inside the dot product, so a
-/// row is read once, as 1 byte a value.
-pub(crate) fn dots_i8(rows: &[i8], dim: usize, q: &[f32], inv_norms: &[f32], out: &mut [f32]) {
+/// `out[i] = (rows[i] · q) · inv_norms[i]`: the cosine of a row that is not
+/// unit length (int8, whose scale the norm cancels; f16, rounded off unit
+/// length) with the unit query. Each value is widened to float32 inside the
+/// dot product, so a row is read once, as stored.
+pub(crate) fn dots_scaled<T: Lane>(
+    rows: &[T],
+    dim: usize,
+    q: &[f32],
+    inv_norms: &[f32],
+    out: &mut [f32],
+) {
     assert!(inv_norms.len() >= out.len(), "a norm per row");
     dots(rows, dim, q, out);
     for (o, n) in out.iter_mut().zip(inv_norms) {
@@ -306,11 +346,11 @@ pub(crate) fn dots_i8(rows: &[i8], dim: usize, q: &[f32], inv_norms: &[f32], out
     }
 }
 
-/// `out[i][j] = (rows[i] · qs[j]) · inv_norms[i]`: [`dots_i8`] of four
+/// `out[i][j] = (rows[i] · qs[j]) · inv_norms[i]`: [`dots_scaled`] of four
 /// queries at once, each row read and widened once for the four, with
-/// `dots_i8`'s results bit for bit.
-pub(crate) fn dots4_i8(
-    rows: &[i8],
+/// `dots_scaled`'s results bit for bit.
+pub(crate) fn dots4_scaled<T: Lane>(
+    rows: &[T],
     dim: usize,
     qs: [&[f32]; 4],
     inv_norms: &[f32],
@@ -320,6 +360,54 @@ pub(crate) fn dots4_i8(
     dots4(rows, dim, qs, out);
     for (o, n) in out.iter_mut().zip(inv_norms) {
         *o = o.map(|d| d * n);
+    }
+}
+
+/// `1 / |row|` of each row (0 for a zero row), summed in float32 lanes as
+/// [`dot`] sums.
+pub(crate) fn inv_norms<T: Lane>(rows: &[T], dim: usize, out: &mut Vec<f32>) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has AVX2 and FMA, checked just above.
+        unsafe { inv_norms_avx2(rows, dim, out) };
+        return;
+    }
+    inv_norms_generic(rows, dim, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn inv_norms_avx2<T: Lane>(rows: &[T], dim: usize, out: &mut Vec<f32>) {
+    inv_norms_generic(rows, dim, out);
+}
+
+#[inline(always)]
+fn inv_norms_generic<T: Lane>(rows: &[T], dim: usize, out: &mut Vec<f32>) {
+    out.clear();
+    // A loop, not `extend(map(..))`: the iterator's fold is a function of its
+    // own, compiled without the caller's AVX2.
+    let mut row_f32 = [0f32; 64];
+    for row in rows.chunks_exact(dim) {
+        let mut acc = [0f32; 16];
+        let mut tail = 0f32;
+        // Widened in pieces, then summed as `dot` sums: `dot(x, x)`.
+        for piece in row.chunks(64) {
+            for (o, v) in row_f32.iter_mut().zip(piece) {
+                *o = v.f32();
+            }
+            let w = &row_f32[..piece.len()];
+            let (c, r) = w.as_chunks::<16>();
+            for x in c {
+                for i in 0..16 {
+                    acc[i] += x[i] * x[i];
+                }
+            }
+            for x in r {
+                tail += x * x;
+            }
+        }
+        let n = reduce_lanes(&acc, tail);
+        out.push(if n > 0.0 { 1.0 / n.sqrt() } else { 0.0 });
     }
 }
 
@@ -568,7 +656,7 @@ mod tests {
         let mut inv = Vec::new();
         inv_norms_i8(&rows, dim, &mut inv);
         let mut out = [0f32; 3];
-        dots_i8(&rows, dim, &q, &inv, &mut out);
+        dots_scaled(&rows, dim, &q, &inv, &mut out);
         for (r, got) in rows.chunks_exact(dim).zip(out) {
             // The scale cancels: any scale gives the same cosine.
             let mut x: Vec<f32> = r.iter().map(|v| f32::from(*v) * 0.0123).collect();
@@ -642,6 +730,33 @@ mod tests {
     }
 
     #[test]
+    fn f16_bits_widen_as_the_half_crate_widens_them() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_bits_to_f32(h);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{h:#06x}: {got} != {want}"
+            );
+            assert_eq!(got.to_bits(), h.to_le_bytes().f32().to_bits());
+        }
+    }
+
+    #[test]
+    fn f16_norms_are_dots_of_rows_with_themselves() {
+        let dim = 100;
+        let rows: Vec<half::f16> = (0..dim * 3)
+            .map(|i| half::f16::from_f32(((i * 37 % 17) as f32 - 8.0) / 9.0))
+            .collect();
+        let mut inv = Vec::new();
+        inv_norms(&rows, dim, &mut inv);
+        for (r, n) in rows.chunks_exact(dim).zip(&inv) {
+            let w: Vec<f32> = r.iter().map(|x| x.to_f32()).collect();
+            assert_eq!(n.to_bits(), (1.0 / dot(&w, &w).sqrt()).to_bits());
+        }
+    }
+
+    #[test]
     fn four_queries_at_once_are_int8_dots_bit_for_bit() {
         let mut seed = 13u64;
         let mut next = || {
@@ -660,7 +775,7 @@ mod tests {
             let mut norms = Vec::new();
             inv_norms_i8(&rows, dim, &mut norms);
             let mut four = vec![[0f32; 4]; 9];
-            dots4_i8(
+            dots4_scaled(
                 &rows,
                 dim,
                 [&qs[0], &qs[1], &qs[2], &qs[3]],
@@ -669,7 +784,7 @@ mod tests {
             );
             for (j, q) in qs.iter().enumerate() {
                 let mut one = vec![0f32; 9];
-                dots_i8(&rows, dim, q, &norms, &mut one);
+                dots_scaled(&rows, dim, q, &norms, &mut one);
                 for r in 0..9 {
                     assert_eq!(
                         four[r][j].to_bits(),

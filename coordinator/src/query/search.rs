@@ -46,8 +46,8 @@ use crate::query::index::{embeddings, GroupRef, Index, Pruning};
 use crate::query::ivf::{Probe, Probed};
 use crate::query::pages::Stored;
 use crate::query::scan::{
-    default_concurrency, dots, dots4, dots4_i8, dots_i8, inv_norms_i8, normalize, scan_embeddings,
-    scan_groups, selection_of, Hit, TopK,
+    default_concurrency, dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8,
+    normalize, scan_embeddings, scan_groups, selection_of, Hit, TopK,
 };
 
 mod batch;
@@ -79,8 +79,11 @@ enum Block<'a> {
     F32(&'a [f32]),
     /// Unit float32 rows as they lie in a page.
     F32Le(&'a [[u8; 4]]),
-    /// f16 rows widened to unit float32 once per block.
-    F16(Vec<f32>),
+    /// float16 rows as the arrow reader decoded them (not quite unit: scaled
+    /// by their norms).
+    F16(&'a [half::f16]),
+    /// float16 rows as they lie in a page.
+    F16Le(&'a [[u8; 2]]),
 }
 
 /// One result, with what the output shows of its chip.
@@ -496,28 +499,38 @@ impl Searcher {
                             });
                         }
                     };
-                    // int8 is scored as it is stored (1 byte a value, the scale
-                    // cancelled by the norm), f32 as it lies in memory or in the
-                    // page; f16 is widened once per block.
+                    // Every type is scored as it is stored, widened inside the
+                    // dot product: int8's scale and f16's rounding off unit
+                    // length are cancelled by each row's norm.
                     let scored = match block {
-                        Stored::Int8(values) => {
-                            inv_norms_i8(values, dim, &mut acc.norms);
-                            Block::Int8(values)
+                        Stored::Int8(v) => {
+                            inv_norms_i8(v, dim, &mut acc.norms);
+                            Block::Int8(v)
+                        }
+                        Stored::F16(v) => {
+                            inv_norms(v, dim, &mut acc.norms);
+                            Block::F16(v)
+                        }
+                        Stored::F16Le(v) => {
+                            inv_norms(v, dim, &mut acc.norms);
+                            Block::F16Le(v)
                         }
                         Stored::F32(v) => Block::F32(v),
                         Stored::F32Le(v) => Block::F32Le(v),
-                        f16 => Block::F16(f16.f16_unit_rows(dim).unwrap_or_default()),
                     };
+                    let norms = acc.norms.as_slice();
                     for (qs, tops) in who.chunks(4).zip(acc.tops.chunks_mut(4)) {
                         let q = |j: usize| vectors[qs[j.min(qs.len() - 1)] as usize].as_slice();
                         if let [top] = tops {
                             // One query (a single search): no lanes to waste.
                             acc.cos.resize(len, 0.0);
+                            let (q, cos) = (q(0), &mut acc.cos);
                             match &scored {
-                                Block::Int8(v) => dots_i8(v, dim, q(0), &acc.norms, &mut acc.cos),
-                                Block::F32(v) => dots(v, dim, q(0), &mut acc.cos),
-                                Block::F32Le(v) => dots(v, dim, q(0), &mut acc.cos),
-                                Block::F16(v) => dots(v, dim, q(0), &mut acc.cos),
+                                Block::Int8(v) => dots_scaled(v, dim, q, norms, cos),
+                                Block::F16(v) => dots_scaled(v, dim, q, norms, cos),
+                                Block::F16Le(v) => dots_scaled(v, dim, q, norms, cos),
+                                Block::F32(v) => dots(v, dim, q, cos),
+                                Block::F32Le(v) => dots(v, dim, q, cos),
                             }
                             for (i, &c) in acc.cos.iter().enumerate() {
                                 push(top, i, c);
@@ -525,12 +538,13 @@ impl Searcher {
                             continue;
                         }
                         acc.cos4.resize(len, [0.0; 4]);
-                        let four = [q(0), q(1), q(2), q(3)];
+                        let (four, cos4) = ([q(0), q(1), q(2), q(3)], &mut acc.cos4);
                         match &scored {
-                            Block::Int8(v) => dots4_i8(v, dim, four, &acc.norms, &mut acc.cos4),
-                            Block::F32(v) => dots4(v, dim, four, &mut acc.cos4),
-                            Block::F32Le(v) => dots4(v, dim, four, &mut acc.cos4),
-                            Block::F16(v) => dots4(v, dim, four, &mut acc.cos4),
+                            Block::Int8(v) => dots4_scaled(v, dim, four, norms, cos4),
+                            Block::F16(v) => dots4_scaled(v, dim, four, norms, cos4),
+                            Block::F16Le(v) => dots4_scaled(v, dim, four, norms, cos4),
+                            Block::F32(v) => dots4(v, dim, four, cos4),
+                            Block::F32Le(v) => dots4(v, dim, four, cos4),
                         }
                         for (j, top) in tops.iter_mut().enumerate() {
                             for (i, c) in acc.cos4.iter().enumerate() {
