@@ -386,29 +386,31 @@ fn inv_norms_generic<T: Lane>(rows: &[T], dim: usize, out: &mut Vec<f32>) {
     out.clear();
     // A loop, not `extend(map(..))`: the iterator's fold is a function of its
     // own, compiled without the caller's AVX2.
-    let mut row_f32 = [0f32; 64];
     for row in rows.chunks_exact(dim) {
-        let mut acc = [0f32; 16];
-        let mut tail = 0f32;
-        // Widened in pieces, then summed as `dot` sums: `dot(x, x)`.
-        for piece in row.chunks(64) {
-            for (o, v) in row_f32.iter_mut().zip(piece) {
-                *o = v.f32();
-            }
-            let w = &row_f32[..piece.len()];
-            let (c, r) = w.as_chunks::<16>();
-            for x in c {
-                for i in 0..16 {
-                    acc[i] += x[i] * x[i];
-                }
-            }
-            for x in r {
-                tail += x * x;
-            }
-        }
-        let n = reduce_lanes(&acc, tail);
+        let n = sum_squares(row);
         out.push(if n > 0.0 { 1.0 / n.sqrt() } else { 0.0 });
     }
+}
+
+/// `Σ v²` of a row in [`dot`]'s lanes and order: `dot(w, w)` of the row
+/// widened, bit for bit.
+#[inline(always)]
+fn sum_squares<T: Lane>(a: &[T]) -> f32 {
+    const W: usize = 16;
+    let mut acc = [0f32; W];
+    let (ca, ra) = a.as_chunks::<W>();
+    for x in ca {
+        for i in 0..W {
+            let v = x[i].f32();
+            acc[i] += v * v;
+        }
+    }
+    let mut tail = 0f32;
+    for x in ra {
+        let v = x.f32();
+        tail += v * v;
+    }
+    reduce_lanes(&acc, tail)
 }
 
 /// `1 / |row|` of each int8 row (0 for a zero row), in exact integer sums.
