@@ -906,6 +906,66 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn corrupt_chunks_are_layout_errors_never_panics() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut outcomes = [0usize; 2];
+        for ty in EmbeddingType::ALL {
+            for w in [Writer::Chip, Writer::V2Zstd] {
+                let path = dir.path().join(format!("{ty:?}-{w:?}.parquet"));
+                write(&path, ty, w, None);
+                let index = Index::open(&StoreCache::default(), path.to_str().unwrap(), usize::MAX)
+                    .await
+                    .unwrap();
+                let g = GroupRef {
+                    part: 0,
+                    row_group: 0,
+                };
+                let chunk = index.embedding_chunk(g, ty).await.unwrap().unwrap();
+                for i in 0..400 {
+                    let mut bytes = chunk.data.to_vec();
+                    if i % 10 == 0 {
+                        bytes.truncate(next() as usize % bytes.len());
+                    } else {
+                        for _ in 0..1 + next() % 4 {
+                            let at = next() as usize % bytes.len();
+                            bytes[at] ^= 1 << (next() % 8);
+                        }
+                    }
+                    let bad = Chunk {
+                        data: Bytes::from(bytes),
+                        meta: chunk.meta.clone(),
+                        rows: chunk.rows,
+                    };
+                    let mut rows = 0;
+                    let r = bad.decode(ty, DIM, |first, s| {
+                        assert_eq!(first, rows, "rows in order");
+                        rows += s.values() / DIM;
+                        Ok(())
+                    });
+                    match r {
+                        Ok(()) => {
+                            assert_eq!(rows, chunk.rows, "{ty:?} {w:?}: every row, once");
+                            outcomes[0] += 1;
+                        }
+                        Err(Decode::Layout(_)) => outcomes[1] += 1,
+                        Err(Decode::Fold(e)) => panic!("{e}"),
+                    }
+                }
+            }
+        }
+        // Flipped value bits decode (other values, the same rows); flipped
+        // headers, levels and truncations do not.
+        assert!(outcomes[0] > 100 && outcomes[1] > 100, "{outcomes:?}");
+    }
+
+    #[tokio::test]
     async fn other_layouts_are_read_by_the_arrow_reader() {
         let dir = tempfile::tempdir().unwrap();
         // Dictionary-encoded floats: judged from the footer, read by arrow.
