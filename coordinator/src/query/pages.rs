@@ -885,6 +885,16 @@ mod tests {
         Ok((rows, in_place))
     }
 
+    /// The `embedding` chunk of row group `row_group` of the file `path`,
+    /// fetched for an in-place read.
+    async fn chunk_of(path: &std::path::Path, ty: EmbeddingType, row_group: usize) -> Chunk {
+        let index = Index::open(&StoreCache::default(), path.to_str().unwrap(), usize::MAX)
+            .await
+            .unwrap();
+        let g = GroupRef { part: 0, row_group };
+        index.embedding_chunk(g, ty).await.unwrap().unwrap()
+    }
+
     fn expected() -> Vec<Vec<f32>> {
         (0..ROWS)
             .map(|r| (0..DIM).map(|i| f32::from(value(r, i))).collect())
@@ -920,14 +930,7 @@ mod tests {
             for w in [Writer::Chip, Writer::V2Zstd] {
                 let path = dir.path().join(format!("{ty:?}-{w:?}.parquet"));
                 write(&path, ty, w, None);
-                let index = Index::open(&StoreCache::default(), path.to_str().unwrap(), usize::MAX)
-                    .await
-                    .unwrap();
-                let g = GroupRef {
-                    part: 0,
-                    row_group: 0,
-                };
-                let chunk = index.embedding_chunk(g, ty).await.unwrap().unwrap();
+                let chunk = chunk_of(&path, ty, 0).await;
                 for i in 0..400 {
                     let mut bytes = chunk.data.to_vec();
                     if i % 10 == 0 {
@@ -979,14 +982,7 @@ mod tests {
         for ty in EmbeddingType::ALL {
             let path = dir.path().join(format!("null-{ty:?}.parquet"));
             write(&path, ty, Writer::Chip, Some(700));
-            let index = Index::open(&StoreCache::default(), path.to_str().unwrap(), usize::MAX)
-                .await
-                .unwrap();
-            let g = GroupRef {
-                part: 0,
-                row_group: 1,
-            };
-            let chunk = index.embedding_chunk(g, ty).await.unwrap().unwrap();
+            let chunk = chunk_of(&path, ty, 1).await;
             match chunk.decode(ty, DIM, |_, _| Ok(())) {
                 Err(Decode::Layout(why)) => assert_eq!(why, "nulls", "{ty:?}"),
                 other => panic!("{ty:?}: {other:?}"),

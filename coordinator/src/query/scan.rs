@@ -11,7 +11,7 @@ use parquet::arrow::arrow_reader::RowSelection;
 
 use rsembed_schemas::chip::col;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::query::filter::{Filters, Missing};
 use crate::query::index::{embeddings, GroupRef, Index};
 use crate::query::pages::{Decode, Stored};
@@ -47,31 +47,47 @@ where
 {
     let fold = Arc::new(fold);
     let init = Arc::new(init);
+    per_group(groups, concurrency, move |g| {
+        let index = index.clone();
+        let part = &index.parts[g.part];
+        let columns: Vec<&'static str> = columns
+            .iter()
+            .chain(optional.iter().filter(|c| part.has_column(c)))
+            .copied()
+            .collect();
+        let (fold, init) = (fold.clone(), init.clone());
+        async move {
+            let mut acc = init();
+            let mut stream = index.stream(g, &columns, None).await?;
+            let mut offset = 0usize;
+            while let Some(batch) = stream.next().await {
+                let batch = batch.map_err(|source| QueryError::Read {
+                    uri: index.parts[g.part].uri.clone(),
+                    source,
+                })?;
+                fold(&mut acc, g, offset, &batch)?;
+                offset += batch.num_rows();
+            }
+            Ok((g, acc))
+        }
+    })
+}
+
+/// `task(g)` of each of `groups`, each on its own tokio task (so decoding
+/// and scoring use every core), `concurrency` at once; the results in the
+/// order of `groups`.
+fn per_group<T, Fut>(
+    groups: Vec<GroupRef>,
+    concurrency: usize,
+    task: impl Fn(GroupRef) -> Fut,
+) -> impl Stream<Item = Result<T>>
+where
+    T: Send + 'static,
+    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+{
     futures::stream::iter(groups)
         .map(move |g| {
-            let index = index.clone();
-            let part = &index.parts[g.part];
-            let columns: Vec<&'static str> = columns
-                .iter()
-                .chain(optional.iter().filter(|c| part.has_column(c)))
-                .copied()
-                .collect();
-            let fold = fold.clone();
-            let init = init.clone();
-            let task = tokio::spawn(async move {
-                let mut acc = init();
-                let mut stream = index.stream(g, &columns, None).await?;
-                let mut offset = 0usize;
-                while let Some(batch) = stream.next().await {
-                    let batch = batch.map_err(|source| QueryError::Read {
-                        uri: index.parts[g.part].uri.clone(),
-                        source,
-                    })?;
-                    fold(&mut acc, g, offset, &batch)?;
-                    offset += batch.num_rows();
-                }
-                Ok::<_, Error>((g, acc))
-            });
+            let task = tokio::spawn(task(g));
             async move {
                 task.await.map_err(|source| QueryError::Task {
                     what: "scan task",
@@ -111,70 +127,62 @@ where
 {
     let fold = Arc::new(fold);
     let init = Arc::new(init);
-    futures::stream::iter(groups)
-        .map(move |g| {
-            let (index, fold, init) = (index.clone(), fold.clone(), init.clone());
-            let task = tokio::spawn(async move {
-                let mut missing = Missing::default();
-                let mask = filter_mask(&index, g, &filters, &mut missing).await?;
-                let part = &index.parts[g.part];
-                let (ty, dim) = part.embedding_type()?;
-                let keep = |first: usize, n: usize| -> Result<Option<&[bool]>> {
-                    let Some(m) = &mask else { return Ok(None) };
-                    match m.get(first..first + n) {
-                        Some(k) => Ok(Some(k)),
-                        None => Err(QueryError::dataset(
-                            &part.uri,
-                            "its `embedding` column has more rows than its filter columns",
-                        )
-                        .into()),
-                    }
-                };
-                let mut acc = init();
-                let why = match index.embedding_chunk(g, ty).await? {
-                    Ok(chunk) => {
-                        let decoded = chunk.decode(ty, dim, |first, rows| {
-                            fold(&mut acc, g, first, rows, keep(first, rows.values() / dim)?)
-                        });
-                        match decoded {
-                            Ok(()) => return Ok((g, acc, missing)),
-                            Err(Decode::Fold(e)) => return Err(e),
-                            Err(Decode::Layout(why)) => why,
-                        }
-                    }
-                    Err(why) => why,
-                };
-                tracing::debug!(part = %part.uri, row_group = g.row_group, why, "embedding read with the arrow reader");
-                acc = init();
-                let mut stream = index.stream(g, &[col::EMBEDDING], None).await?;
-                let mut first = 0usize;
-                while let Some(batch) = stream.next().await {
-                    let batch = batch.map_err(|source| QueryError::Read {
-                        uri: part.uri.clone(),
-                        source,
-                    })?;
-                    let n = batch.num_rows();
-                    let rows = Stored::from(embeddings(&batch, dim, &part.uri)?);
-                    fold(&mut acc, g, first, rows, keep(first, n)?)?;
-                    first += n;
-                }
-                if mask.as_ref().is_some_and(|m| m.len() != first) {
-                    return Err(QueryError::dataset(
+    per_group(groups, concurrency, move |g| {
+        let (index, fold, init) = (index.clone(), fold.clone(), init.clone());
+        async move {
+            let mut missing = Missing::default();
+            let mask = filter_mask(&index, g, &filters, &mut missing).await?;
+            let part = &index.parts[g.part];
+            let (ty, dim) = part.embedding_type()?;
+            let keep = |first: usize, n: usize| -> Result<Option<&[bool]>> {
+                let Some(m) = &mask else { return Ok(None) };
+                match m.get(first..first + n) {
+                    Some(k) => Ok(Some(k)),
+                    None => Err(QueryError::dataset(
                         &part.uri,
-                        "its `embedding` column has fewer rows than its filter columns",
+                        "its `embedding` column has more rows than its filter columns",
                     )
-                    .into());
+                    .into()),
                 }
-                Ok::<_, Error>((g, acc, missing))
-            });
-            async move {
-                task.await.map_err(|source| QueryError::Task {
-                    what: "scan task",
+            };
+            let mut acc = init();
+            let why = match index.embedding_chunk(g, ty).await? {
+                Ok(chunk) => {
+                    let decoded = chunk.decode(ty, dim, |first, rows| {
+                        fold(&mut acc, g, first, rows, keep(first, rows.values() / dim)?)
+                    });
+                    match decoded {
+                        Ok(()) => return Ok((g, acc, missing)),
+                        Err(Decode::Fold(e)) => return Err(e),
+                        Err(Decode::Layout(why)) => why,
+                    }
+                }
+                Err(why) => why,
+            };
+            tracing::debug!(part = %part.uri, row_group = g.row_group, why, "embedding read with the arrow reader");
+            acc = init();
+            let mut stream = index.stream(g, &[col::EMBEDDING], None).await?;
+            let mut first = 0usize;
+            while let Some(batch) = stream.next().await {
+                let batch = batch.map_err(|source| QueryError::Read {
+                    uri: part.uri.clone(),
                     source,
-                })?
+                })?;
+                let n = batch.num_rows();
+                let rows = Stored::from(embeddings(&batch, dim, &part.uri)?);
+                fold(&mut acc, g, first, rows, keep(first, n)?)?;
+                first += n;
             }
-        })
-        .buffered(concurrency.max(1))
+            if mask.as_ref().is_some_and(|m| m.len() != first) {
+                return Err(QueryError::dataset(
+                    &part.uri,
+                    "its `embedding` column has fewer rows than its filter columns",
+                )
+                .into());
+            }
+            Ok((g, acc, missing))
+        }
+    })
 }
 
 /// `filters`' verdict on each row of group `g` (`None` without filters),
