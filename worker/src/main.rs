@@ -17,7 +17,7 @@ use rsembed_worker::pull::{default_name, ServeConfig, Worker};
 use rsembed_worker::queue::{
     parse_duration, ConnectionWatch, NatsArgs, Queue, QueueConfig, QueueError,
 };
-use rsembed_worker::retry::{Retry, RetryHint};
+use rsembed_worker::retry::{with_patience, Retry, RetryHint};
 use rsembed_worker::store::StoreCache;
 use rsembed_worker::task::{Mode, PipelineArgs, TaskRunner};
 use tokio_util::sync::CancellationToken;
@@ -188,7 +188,7 @@ async fn serve(args: Args) -> Result<(), String> {
         .map_err(|e| chain(&e))?;
     health.set_nats(client.clone());
     health.set_nats_watch(watch);
-    let queue = open_queue(client).await.map_err(|e| chain(&e))?;
+    let queue = open_queue(client, &stop).await.map_err(|e| chain(&e))?;
     let (engine, policy) = start_engine(&model, &args.engine).map_err(|e| chain(&e))?;
     // start_engine returns once the graph is loaded and the probe has run.
     health.set_model_loaded();
@@ -252,27 +252,24 @@ const QUEUE_OPEN_PATIENCE: Duration = Duration::from_secs(60);
 
 /// Opens the queue, trying again while the error's hint is
 /// [`RetryHint::Later`] (a JetStream request timing out while a cluster
-/// elects a stream leader, say) for up to [`QUEUE_OPEN_PATIENCE`]: a worker
-/// started during an election used to exit, and outside Kubernetes nothing
-/// restarted it. Anything else (refused credentials, an old server) still
-/// ends the process at once.
-async fn open_queue(client: async_nats::Client) -> Result<Queue, QueueError> {
-    let deadline = tokio::time::Instant::now() + QUEUE_OPEN_PATIENCE;
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match Queue::open(client.clone(), &QueueConfig::default(), false).await {
-            Ok(q) => return Ok(q),
-            Err(e)
-                if e.retry_hint() == RetryHint::Later
-                    && tokio::time::Instant::now() + delay < deadline =>
-            {
-                tracing::warn!(error = %chain(&e), retry_in = ?delay, "the queue is not ready; trying again");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(4));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+/// elects a stream leader, say) for up to [`QUEUE_OPEN_PATIENCE`], or until
+/// `stop`: a worker started during an election used to exit, and outside
+/// Kubernetes nothing restarted it. Anything else (refused credentials, an
+/// old server) still ends the process at once.
+async fn open_queue(
+    client: async_nats::Client,
+    stop: &CancellationToken,
+) -> Result<Queue, QueueError> {
+    let cfg = QueueConfig::default();
+    let later = |e: &QueueError| e.retry_hint() == RetryHint::Later;
+    with_patience(
+        QUEUE_OPEN_PATIENCE,
+        stop,
+        "the queue is not ready",
+        later,
+        || Queue::open(client.clone(), &cfg, false),
+    )
+    .await
 }
 
 #[cfg(test)]

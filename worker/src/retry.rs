@@ -257,6 +257,42 @@ pub fn hint_in_chain(err: &(dyn StdError + 'static)) -> Option<RetryHint> {
     None
 }
 
+/// Tries `attempt` until it succeeds, `retryable` refuses its error,
+/// `patience` would run out before the next try, or `abandon` is cancelled
+/// (then the last error is returned). Between tries it waits 250 ms,
+/// doubling up to 4 s, and says so at info level with `what` (a JetStream
+/// leader election on a cluster takes seconds, so the first waits are short).
+pub async fn with_patience<T, E, Fut>(
+    patience: std::time::Duration,
+    abandon: &tokio_util::sync::CancellationToken,
+    what: &str,
+    retryable: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> Fut,
+) -> Result<T, E>
+where
+    E: StdError + 'static,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    use std::time::Duration;
+    let started = tokio::time::Instant::now();
+    let mut delay = Duration::from_millis(250);
+    loop {
+        let e = match attempt().await {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        if !retryable(&e) || started.elapsed() + delay > patience {
+            return Err(e);
+        }
+        tracing::info!(error = %crate::error::chain(&e), retry_in_s = delay.as_secs_f64(), "{what}; trying again");
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = abandon.cancelled() => return Err(e),
+        }
+        delay = (delay * 2).min(Duration::from_secs(4));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -659,5 +695,75 @@ mod tests {
         assert_eq!(RetryHint::Later.to_string(), "later");
         assert!(RetryHint::Now.is_retryable());
         assert!(!RetryHint::Never.is_retryable());
+    }
+
+    #[tokio::test]
+    async fn patience_tries_again_only_while_the_error_allows() {
+        use std::time::Duration;
+        use tokio_util::sync::CancellationToken;
+        let err = || std::io::Error::from(std::io::ErrorKind::TimedOut);
+        let never = CancellationToken::new();
+        let patience = Duration::from_secs(10);
+        // Refused by `retryable`: one try.
+        let mut tries = 0;
+        let r: Result<(), _> = with_patience(
+            patience,
+            &never,
+            "t",
+            |_| false,
+            || {
+                tries += 1;
+                std::future::ready(Err(err()))
+            },
+        )
+        .await;
+        assert!(r.is_err());
+        assert_eq!(tries, 1);
+        // Allowed: tried until it succeeds.
+        let mut tries = 0;
+        let r = with_patience(
+            patience,
+            &never,
+            "t",
+            |_| true,
+            || {
+                tries += 1;
+                std::future::ready(if tries < 3 { Err(err()) } else { Ok(tries) })
+            },
+        )
+        .await;
+        assert_eq!(r.unwrap(), 3);
+        // Abandoned: the wait ends with the last error.
+        let stop = CancellationToken::new();
+        stop.cancel();
+        let mut tries = 0;
+        let r: Result<(), _> = with_patience(
+            patience,
+            &stop,
+            "t",
+            |_| true,
+            || {
+                tries += 1;
+                std::future::ready(Err(err()))
+            },
+        )
+        .await;
+        assert!(r.is_err());
+        assert_eq!(tries, 1);
+        // No patience: no second try.
+        let mut tries = 0;
+        let r: Result<(), _> = with_patience(
+            Duration::ZERO,
+            &never,
+            "t",
+            |_| true,
+            || {
+                tries += 1;
+                std::future::ready(Err(err()))
+            },
+        )
+        .await;
+        assert!(r.is_err());
+        assert_eq!(tries, 1);
     }
 }

@@ -2,7 +2,7 @@
 //! runs, then ack, nak with a delay, or terminate after recording the
 //! failure, and recording completion in the job-state bucket.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 use rsembed_schemas::queue::{TaskDone, TaskError, TaskFailed, TaskMessage, TaskRunning};
@@ -11,7 +11,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::error::chain;
 use crate::now_rfc3339;
 use crate::pull::{Outcome, Worker};
-use crate::retry::RetryHint;
+use crate::retry::{with_patience, RetryHint};
 
 impl Worker {
     /// Keeps a running task held: an in-progress ack every
@@ -61,23 +61,15 @@ impl Worker {
         done: &TaskDone,
         abandon: &CancellationToken,
     ) -> Result<(), crate::queue::QueueError> {
-        let started = Instant::now();
-        let mut delay = Duration::from_millis(250);
-        loop {
-            let e = match self.queue.state.put_done(job, task, done).await {
-                Ok(()) => return Ok(()),
-                Err(e) => e,
-            };
-            if started.elapsed() + delay > RECORD_PATIENCE {
-                return Err(e);
-            }
-            tracing::info!(error = %chain(&e), retry_in_s = delay.as_secs_f64(), "completion not recorded yet; trying again");
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = abandon.cancelled() => return Err(e),
-            }
-            delay = (delay * 2).min(Duration::from_secs(4));
-        }
+        let what = "completion not recorded yet";
+        with_patience(
+            RECORD_PATIENCE,
+            abandon,
+            what,
+            |_| true,
+            || self.queue.state.put_done(job, task, done),
+        )
+        .await
     }
 
     pub(super) async fn ack(&self, m: &jetstream::Message) -> Outcome {
