@@ -199,7 +199,7 @@ impl Chunk {
             .map_err(|e| Decode::Layout(e.to_string()))?;
         let total = (self.rows as u64).saturating_mul(dim as u64);
         let mut rows = Rows::new(ty, dim, &mut f);
-        let mut dict: Option<Vec<i8>> = None;
+        let mut dict: Option<Dictionary> = None;
         let mut segment: Vec<i8> = Vec::new();
         loop {
             let page = match pages.get_next_page() {
@@ -285,10 +285,7 @@ impl Chunk {
             let buf = &buf[def.end..];
             let n = n as usize;
             match (ty, encoding) {
-                (
-                    EmbeddingType::F32 | EmbeddingType::F16 | EmbeddingType::Int8,
-                    Encoding::PLAIN,
-                ) => {
+                (_, Encoding::PLAIN) => {
                     let width = match ty {
                         EmbeddingType::F32 | EmbeddingType::Int8 => 4,
                         EmbeddingType::F16 => 2,
@@ -357,21 +354,51 @@ fn bit_width(max: i16) -> u8 {
 }
 
 /// The int8 dictionary of a chunk: at most 256 INT32 values, each an int8.
-fn int8_dictionary(buf: &[u8], n: u32, encoding: Encoding) -> Result<Vec<i8>, Decode> {
+fn int8_dictionary(buf: &[u8], n: u32, encoding: Encoding) -> Result<Dictionary, Decode> {
     if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
         return layout(format!("a {encoding} dictionary"));
     }
     if n > 256 || buf.len() != n as usize * 4 {
         return layout(format!("a dictionary of {n} values in {} bytes", buf.len()));
     }
-    buf.as_chunks::<4>()
+    let values = buf
+        .as_chunks::<4>()
         .0
         .iter()
         .map(|v| {
             let v = i32::from_le_bytes(*v);
             i8::try_from(v).or_else(|_| layout(format!("int8 dictionary value {v}")))
         })
-        .collect()
+        .collect::<Result<Vec<i8>, Decode>>()?;
+    Ok(Dictionary::new(&values))
+}
+
+/// An int8 dictionary as a full 256-entry table (so a byte index needs no
+/// bounds check) and how many entries are real.
+struct Dictionary {
+    table: [i8; 256],
+    len: usize,
+}
+
+impl Dictionary {
+    /// At most 256 values.
+    fn new(values: &[i8]) -> Dictionary {
+        let mut table = [0i8; 256];
+        table[..values.len()].copy_from_slice(values);
+        Dictionary {
+            table,
+            len: values.len(),
+        }
+    }
+
+    /// Entry `i`, or the error of an index past the dictionary.
+    fn get(&self, i: u32) -> Result<i8, Decode> {
+        if (i as usize) < self.len {
+            Ok(self.table[i as usize])
+        } else {
+            layout(format!("dictionary index {i} of {}", self.len))
+        }
+    }
 }
 
 /// The repetition levels of values `v0..v0 + n` of a FixedSizeList of `dim`:
@@ -380,7 +407,7 @@ fn int8_dictionary(buf: &[u8], n: u32, encoding: Encoding) -> Result<Vec<i8>, De
 fn check_rep(levels: &[u8], w: u8, n: usize, v0: u64, dim: u64) -> Result<(), Decode> {
     let mut p = v0;
     let end = v0 + n as u64;
-    let mut h = Hybrid::new_levels(levels, w)?;
+    let mut h = Hybrid::new(levels, w)?;
     while p < end {
         match h.next_run()? {
             Run::Rle { value, count } => {
@@ -434,7 +461,7 @@ fn check_rep(levels: &[u8], w: u8, n: usize, v0: u64, dim: u64) -> Result<(), De
 /// null value.
 fn check_def(levels: &[u8], w: u8, n: usize, max: u32) -> Result<(), Decode> {
     let mut left = n as u64;
-    let mut h = Hybrid::new_levels(levels, w)?;
+    let mut h = Hybrid::new(levels, w)?;
     while left > 0 {
         let (ok, c) = match h.next_run()? {
             Run::Rle { value, count } => (value == max, count.min(left)),
@@ -489,10 +516,6 @@ impl<'a> Hybrid<'a> {
         Ok(Hybrid { data, w, run: None })
     }
 
-    fn new_levels(data: &'a [u8], w: u8) -> Result<Hybrid<'a>, Decode> {
-        Hybrid::new(data, w)
-    }
-
     fn next_run(&mut self) -> Result<Run<'a>, Decode> {
         let mut header = 0u64;
         let mut shift = 0;
@@ -540,11 +563,12 @@ impl<'a> Hybrid<'a> {
     }
 
     /// Decodes the next `m` indices through `dict` onto `out`.
-    fn decode_into(&mut self, m: usize, dict: &[i8], out: &mut Vec<i8>) -> Result<(), Decode> {
-        let bad = |i: u32| Decode::Layout(format!("dictionary index {i} of {}", dict.len()));
-        let mut table = [0i8; 256];
-        let n = dict.len().min(256);
-        table[..n].copy_from_slice(&dict[..n]);
+    fn decode_into(
+        &mut self,
+        m: usize,
+        dict: &Dictionary,
+        out: &mut Vec<i8>,
+    ) -> Result<(), Decode> {
         let mut left = m as u64;
         while left > 0 {
             let (run, at) = match self.run.take() {
@@ -558,24 +582,19 @@ impl<'a> Hybrid<'a> {
             };
             match &run {
                 Run::Rle { value, .. } => {
-                    let v = *dict.get(*value as usize).ok_or_else(|| bad(*value))?;
-                    out.extend(std::iter::repeat_n(v, take as usize));
+                    out.extend(std::iter::repeat_n(dict.get(*value)?, take as usize));
                 }
                 Run::Packed { bytes, .. } if self.w == 8 => {
                     // The chip writer's case (a dictionary of over 128
                     // values): one byte an index, checked at once, looked up
                     // without a bounds check each.
                     let s = &bytes[at as usize..(at + take) as usize];
-                    let top = s.iter().copied().max().unwrap_or(0);
-                    if usize::from(top) >= dict.len() {
-                        return Err(bad(u32::from(top)));
-                    }
-                    lookup(s, &table, out);
+                    dict.get(u32::from(s.iter().copied().max().unwrap_or(0)))?;
+                    lookup(s, &dict.table, out);
                 }
                 Run::Packed { bytes, .. } => {
                     for i in at..at + take {
-                        let i = unpack(bytes, self.w, i as usize);
-                        out.push(*dict.get(i as usize).ok_or_else(|| bad(i))?);
+                        out.push(dict.get(unpack(bytes, self.w, i as usize))?);
                     }
                 }
             }
@@ -1102,7 +1121,7 @@ mod tests {
 
     #[test]
     fn dictionary_indices_decode_through_the_dictionary() {
-        let dict: Vec<i8> = vec![-128, 0, 127, 5];
+        let dict = Dictionary::new(&[-128, 0, 127, 5]);
         // An RLE run of index 2 (5 values), then a bit-packed group of 8
         // 2-bit indices 0..4, 0..4.
         let mut data = rle(2, 5);

@@ -58,16 +58,10 @@ where
         let (fold, init) = (fold.clone(), init.clone());
         async move {
             let mut acc = init();
-            let mut stream = index.stream(g, &columns, None).await?;
-            let mut offset = 0usize;
-            while let Some(batch) = stream.next().await {
-                let batch = batch.map_err(|source| QueryError::Read {
-                    uri: index.parts[g.part].uri.clone(),
-                    source,
-                })?;
-                fold(&mut acc, g, offset, &batch)?;
-                offset += batch.num_rows();
-            }
+            each_batch(&index, g, &columns, |first, batch| {
+                fold(&mut acc, g, first, batch)
+            })
+            .await?;
             Ok((g, acc))
         }
     })
@@ -161,19 +155,12 @@ where
             };
             tracing::debug!(part = %part.uri, row_group = g.row_group, why, "embedding read with the arrow reader");
             acc = init();
-            let mut stream = index.stream(g, &[col::EMBEDDING], None).await?;
-            let mut first = 0usize;
-            while let Some(batch) = stream.next().await {
-                let batch = batch.map_err(|source| QueryError::Read {
-                    uri: part.uri.clone(),
-                    source,
-                })?;
-                let n = batch.num_rows();
-                let rows = Stored::from(embeddings(&batch, dim, &part.uri)?);
-                fold(&mut acc, g, first, rows, keep(first, n)?)?;
-                first += n;
-            }
-            if mask.as_ref().is_some_and(|m| m.len() != first) {
+            let read = each_batch(&index, g, &[col::EMBEDDING], |first, batch| {
+                let rows = Stored::from(embeddings(batch, dim, &part.uri)?);
+                fold(&mut acc, g, first, rows, keep(first, batch.num_rows())?)
+            })
+            .await?;
+            if mask.as_ref().is_some_and(|m| m.len() != read) {
                 return Err(QueryError::dataset(
                     &part.uri,
                     "its `embedding` column has fewer rows than its filter columns",
@@ -199,16 +186,34 @@ async fn filter_mask(
     let part = &index.parts[g.part];
     let (mut columns, optional) = filters.columns();
     columns.extend(optional.into_iter().filter(|c| part.has_column(c)));
-    let mut stream = index.stream(g, &columns, None).await?;
     let mut mask = Vec::with_capacity(part.group_rows(g.row_group).min(1 << 20));
+    each_batch(index, g, &columns, |_, batch| {
+        mask.extend(filters.mask(batch, &part.uri, missing)?);
+        Ok(())
+    })
+    .await?;
+    Ok(Some(mask))
+}
+
+/// Hands each batch of `columns` of group `g` to `f` with the group row of
+/// its first row, in order; the rows read.
+async fn each_batch(
+    index: &Index,
+    g: GroupRef,
+    columns: &[&str],
+    mut f: impl FnMut(usize, &RecordBatch) -> Result<()>,
+) -> Result<usize> {
+    let mut stream = index.stream(g, columns, None).await?;
+    let mut read = 0usize;
     while let Some(batch) = stream.next().await {
         let batch = batch.map_err(|source| QueryError::Read {
-            uri: part.uri.clone(),
+            uri: index.parts[g.part].uri.clone(),
             source,
         })?;
-        mask.extend(filters.mask(&batch, &part.uri, missing)?);
+        f(read, &batch)?;
+        read += batch.num_rows();
     }
-    Ok(Some(mask))
+    Ok(read)
 }
 
 /// The rows `rows` (sorted, distinct, within the group) as a row selection.
