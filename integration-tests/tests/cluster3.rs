@@ -124,10 +124,13 @@ fn the_job_rides_out_losing_the_stream_leader_and_another_node() {
 
     let watch_log = dir.path().join("watch.log");
     let mut watcher = watch(&urls, &output, &watch_log);
-    // Held a little per task, so the job outlasts the node kills below.
-    let hold = [("RSEMBED_FAULT_TASK_DELAY", "300ms".to_owned())];
+    // Held a little per task, one task a worker at a time, so the job
+    // outlasts the node kills below: about 7 tasks a second, 40 s in all.
+    // With the default tasks in flight and 300 ms it ran at 25 a second and
+    // once ended during the first election (CI, 2026-12-05).
+    let hold = [("RSEMBED_FAULT_TASK_DELAY", "400ms".to_owned())];
     let workers: Vec<Worker> = (0..3)
-        .map(|i| Worker::start(&urls, &format!("w{i}"), &[], &hold))
+        .map(|i| Worker::start(&urls, &format!("w{i}"), &["--tasks-in-flight", "1"], &hold))
         .collect();
 
     let before = wait_done(&urls, &output, 30, FINISH, &workers);
