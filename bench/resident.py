@@ -18,7 +18,8 @@ run that first. Needs faiss-cpu, numpy and pyarrow (the venv of .ci/run).
 
 `--index ivf8` searches another compaction of the same chips (int8, say) against
 the same truth and the same FAISS; `--baseline BIN` runs an older binary's
-sessions alternately with ours.
+sessions alternately with ours; `--baseline-index ivf-old` runs our binary on another
+layout of the same chips alternately instead.
 """
 
 from __future__ import annotations
@@ -90,6 +91,9 @@ def main() -> None:
     ap.add_argument("--baseline", type=Path,
                     help="another rsembed binary whose sessions run alternately with ours, "
                          "for ratios from the same run")
+    ap.add_argument("--baseline-index",
+                    help="the folder under --work the baseline sessions search (default --index): "
+                         "with no --baseline, our binary on another layout of the same chips")
     args = ap.parse_args()
     compact = json.loads((args.work / "ivf" / "compact.json").read_text())
     head = args.work / "queries-head.json"
@@ -105,8 +109,8 @@ def main() -> None:
         print(f"nprobe {p} ...", file=sys.stderr)
         s = session(args, p, queries, args.index)
         s["recall"] = recall(s.pop("hits"), truth)
-        if args.baseline:
-            b = session(args, p, queries, args.index, args.baseline)
+        if args.baseline or args.baseline_index:
+            b = session(args, p, queries, args.baseline_index or args.index, args.baseline)
             s["baseline"] = {"median_s": b["median_s"], "rss_mib": b["rss_mib"],
                              "recall": recall(b.pop("hits"), truth)}
         res["rsembed"].append(s)
@@ -143,7 +147,7 @@ def main() -> None:
         print(f"| {s['nprobe']} | {s['first_s'] * 1e3:.1f} | {s['median_s'] * 1e3:.2f} | "
               f"{s['p90_s'] * 1e3:.2f} | {fm} | {ratio} | {s['recall']:.3f} | {fr} | "
               f"{s['rss_mib']:.0f} | {rr} |")
-    if args.baseline:
+    if args.baseline or args.baseline_index:
         print("| nprobe | baseline median ms | ours median ms | ours / baseline | baseline RSS MiB |")
         print("| ---: | ---: | ---: | ---: | ---: |")
         for s in res["rsembed"]:

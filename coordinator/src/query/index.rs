@@ -316,6 +316,69 @@ impl Index {
         }))
     }
 
+    /// The chunks of the flat top-level columns `names` of row group `g`,
+    /// fetched in as few reads as their places allow (neighbours less than
+    /// 64 KiB apart are read as one); or why they cannot be read so.
+    pub(crate) async fn flat_chunks(
+        &self,
+        g: GroupRef,
+        names: &[&str],
+    ) -> Result<std::result::Result<Vec<Chunk>, String>> {
+        const GAP: u64 = 64 << 10;
+        let part = &self.parts[g.part];
+        let meta = self.footer(g.part).await?;
+        let md = meta.metadata();
+        let Some(rg) = md.row_groups().get(g.row_group) else {
+            return Ok(Err("no such row group".into()));
+        };
+        let columns = md.file_metadata().schema_descr().columns();
+        let mut want = Vec::with_capacity(names.len());
+        for name in names {
+            let Some(leaf) = columns.iter().position(|c| c.path().parts() == [*name]) else {
+                return Ok(Err(format!("no flat column {name}")));
+            };
+            let chunk = rg.column(leaf);
+            let (start, len) = chunk.byte_range();
+            if start.checked_add(len).is_none_or(|end| end > part.size) {
+                return Ok(Err("a column chunk past the end of the file".into()));
+            }
+            want.push((start, len, chunk));
+        }
+        let mut order: Vec<usize> = (0..want.len()).collect();
+        order.sort_by_key(|&i| want[i].0);
+        // Spans of neighbouring chunks: (start, end, members).
+        let mut spans: Vec<(u64, u64, Vec<usize>)> = Vec::new();
+        for i in order {
+            let (start, len, _) = want[i];
+            match spans.last_mut() {
+                Some((_, end, members)) if start <= end.saturating_add(GAP) => {
+                    *end = (*end).max(start + len);
+                    members.push(i);
+                }
+                _ => spans.push((start, start + len, vec![i])),
+            }
+        }
+        let mut out: Vec<Option<Chunk>> = (0..want.len()).map(|_| None).collect();
+        for (start, end, members) in spans {
+            let len = end - start;
+            let data = match self.read_local(part, start, len as usize).await {
+                Some(data) => data,
+                None => self.root.store.get_range(&part.path, start..end).await?,
+            };
+            self.read.fetch_add(data.len() as u64, Ordering::Relaxed);
+            for i in members {
+                let (from, n, chunk) = want[i];
+                let from = (from - start) as usize;
+                out[i] = Some(Chunk {
+                    data: data.slice(from..from + n as usize),
+                    meta: chunk.clone(),
+                    rows: part.group_rows(g.row_group),
+                });
+            }
+        }
+        Ok(Ok(out.into_iter().flatten().collect()))
+    }
+
     /// `len` bytes at `start` of a part of a local index, read into one of
     /// the index's reused buffers; `None` for another store, or when the
     /// file cannot be read so (the store then reads it, and reports why).

@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::query::index::Index;
-use crate::query::scan::dot4;
+use crate::query::scan::{dot4, dots};
 use crate::query::Error as QueryError;
 
 /// The column of a row's list, appended after the chip columns.
@@ -587,15 +587,26 @@ impl Probe {
         let dim = self.centroids.dim;
         let lists = self.centroids.lists();
         let mut scores = vec![[0f32; 4]; lists];
+        let mut one = vec![0f32; lists];
         let mut out = Vec::with_capacity(queries.len());
         for chunk in queries.chunks(4) {
-            let q = |k: usize| chunk[k.min(chunk.len() - 1)];
-            let four = [q(0), q(1), q(2), q(3)];
-            for (s, c) in scores
-                .iter_mut()
-                .zip(self.centroids.values.chunks_exact(dim))
-            {
-                *s = dot4(four, c);
+            if let [q] = chunk {
+                // One query (a resident search's line): a quarter of the
+                // work of four lanes of the same query, 13 % of such a
+                // query's time before.
+                dots(&self.centroids.values, dim, q, &mut one);
+                for (s, &d) in scores.iter_mut().zip(&one) {
+                    s[0] = d;
+                }
+            } else {
+                let q = |k: usize| chunk[k.min(chunk.len() - 1)];
+                let four = [q(0), q(1), q(2), q(3)];
+                for (s, c) in scores
+                    .iter_mut()
+                    .zip(self.centroids.values.chunks_exact(dim))
+                {
+                    *s = dot4(four, c);
+                }
             }
             for (k, _) in chunk.iter().enumerate() {
                 let better = |a: &u32, b: &u32| {

@@ -7,6 +7,7 @@
 //! into large Hilbert-sorted parts, and with `--lists` into an IVF layout
 //! ([`ivf`]) whose nearest lists a search reads alone.
 
+pub(crate) mod answer;
 pub mod classify;
 pub mod compact;
 mod error;

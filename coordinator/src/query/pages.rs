@@ -138,9 +138,9 @@ pub(crate) struct Chunk {
 }
 
 /// The chunk's bytes as parquet's page reader asks for them: at file offsets.
-struct At {
-    start: u64,
-    data: Bytes,
+pub(crate) struct At {
+    pub(crate) start: u64,
+    pub(crate) data: Bytes,
 }
 
 impl At {
@@ -496,6 +496,35 @@ enum Run<'a> {
     Rle { value: u32, count: u64 },
     /// `count` values bit-packed in `bytes`.
     Packed { bytes: &'a [u8], count: u64 },
+}
+
+/// How many of the first `n` levels in `data` (RLE / bit-packed hybrid,
+/// no length prefix) equal `max`: the values a page of a flat column holds.
+pub(crate) fn count_at_max(data: &[u8], max: i16, n: usize) -> Result<usize, Decode> {
+    let w = bit_width(max);
+    let mut h = Hybrid::new(data, w)?;
+    let (mut left, mut at_max) = (n as u64, 0u64);
+    while left > 0 {
+        match h.next_run()? {
+            Run::Rle { value, count } => {
+                let take = count.min(left);
+                if value == max as u32 {
+                    at_max += take;
+                }
+                left -= take;
+            }
+            Run::Packed { bytes, count } => {
+                let take = count.min(left);
+                for i in 0..take as usize {
+                    if unpack(bytes, w, i) == max as u32 {
+                        at_max += 1;
+                    }
+                }
+                left -= take;
+            }
+        }
+    }
+    Ok(at_max as usize)
 }
 
 /// A reader of Parquet's RLE / bit-packing hybrid encoding, `w` bits a value

@@ -1,0 +1,407 @@
+//! The answer's columns (id, footprint, source...) of a few chosen rows.
+//!
+//! A search reads its hits' other columns back after scoring. Through the
+//! arrow reader that cost more than scoring a list: parquet-rs makes a zstd
+//! compression and a decompression context for every column chunk it opens
+//! (`ZSTD_createCCtx` and `ZSTD_createDCtx`, 21 % of a resident search at
+//! `--nprobe 1`, sixteen columns a hit's row group), and builds arrow arrays
+//! for rows nobody asked for. Here each column chunk is read by parquet's own
+//! typed column reader over pages this module decompresses with one zstd
+//! context per thread, reused; pages holding no chosen row are skipped from
+//! their headers, never decompressed.
+//!
+//! Only flat columns of the types the answer has (strings, binary, int32,
+//! float, double, int64 microseconds), uncompressed or zstd, are taken; any
+//! other layout or a malformed page is an `Err` with the reason, and the
+//! caller reads the row group with the arrow reader instead, which accepts or
+//! rejects it as it always did. A page's decompressed size comes from its
+//! zstd frame and must not exceed the column chunk's uncompressed size in the
+//! footer: no allocation follows a page alone.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use parquet::basic::{Compression, Encoding, Type as PhysicalType};
+use parquet::column::page::{Page, PageMetadata, PageReader};
+use parquet::column::reader::ColumnReaderImpl;
+use parquet::data_type::DataType;
+use parquet::errors::{ParquetError, Result as PqResult};
+use parquet::file::serialized_reader::SerializedPageReader;
+
+use crate::query::pages::{self, At, Chunk};
+
+thread_local! {
+    /// The zstd context of this thread's answers, made once.
+    static DCTX: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Decompresses `src` (whole zstd frames) onto the end of `out`, at most
+/// `limit` bytes.
+fn unzstd(src: &[u8], limit: usize, out: &mut Vec<u8>) -> PqResult<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let size = zstd::zstd_safe::get_frame_content_size(src)
+        .ok()
+        .flatten()
+        .ok_or_else(|| ParquetError::General("a zstd page without its size".into()))?;
+    let size = usize::try_from(size)
+        .ok()
+        .filter(|&s| s <= limit)
+        .ok_or_else(|| {
+            ParquetError::General(format!(
+                "a zstd page of {size} bytes in a column chunk of {limit}"
+            ))
+        })?;
+    out.reserve(size);
+    DCTX.with_borrow_mut(|d| {
+        let d = match d {
+            Some(d) => d,
+            None => d.insert(
+                zstd::bulk::Decompressor::new().map_err(|e| ParquetError::External(Box::new(e)))?,
+            ),
+        };
+        let mut cursor = std::io::Cursor::new(&mut *out);
+        cursor.set_position(cursor.get_ref().len() as u64);
+        d.decompress_to_buffer(src, &mut cursor)
+            .map_err(|e| ParquetError::External(Box::new(e)))
+    })?;
+    Ok(())
+}
+
+/// A column chunk's pages, decompressed here when they are read and passed
+/// over from their headers when they are skipped.
+struct Pages {
+    inner: SerializedPageReader<At>,
+    /// The next page as stored, once peeked: parquet-rs's own peek unwraps
+    /// a header field a corrupt page may lack (a panic, found by
+    /// `corrupt_answer_chunks_are_errors_never_panics`); reading the page
+    /// checks it, and costs only a slice while it stays compressed.
+    peeked: Option<Page>,
+    zstd: bool,
+    /// The chunk's uncompressed size in the footer: no page is larger.
+    limit: usize,
+    /// BYTE_ARRAY values, whose PLAIN pages are checked before parquet's
+    /// decoder sees them.
+    byte_array: bool,
+    max_def: i16,
+}
+
+/// Checks that `n` PLAIN byte-array values (a 4-byte length, then the
+/// bytes) lie within `buf`. parquet-rs's plain decoder trusts the lengths:
+/// one past the page makes it slice out of bounds and panic (found by
+/// `corrupt_answer_chunks_are_errors_never_panics`), and zstd without
+/// checksums passes a flipped byte through as another length.
+fn check_plain_bytes(buf: &[u8], n: usize) -> PqResult<()> {
+    let mut rest = buf;
+    for _ in 0..n {
+        let len = rest
+            .split_first_chunk::<4>()
+            .map(|(l, r)| (u32::from_le_bytes(*l) as usize, r))
+            .filter(|(l, r)| *l <= r.len());
+        let Some((len, r)) = len else {
+            return Err(ParquetError::General(
+                "a byte array past the end of its page".into(),
+            ));
+        };
+        rest = &r[len..];
+    }
+    Ok(())
+}
+
+fn bad(why: impl Into<String>) -> ParquetError {
+    ParquetError::General(why.into())
+}
+
+impl Pages {
+    /// The page decompressed, and for byte arrays checked.
+    fn inflate(&self, page: Page) -> PqResult<Page> {
+        let page = self.decompress(page)?;
+        let plain_or_dict = |e: Encoding| {
+            matches!(
+                e,
+                Encoding::PLAIN | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY
+            )
+        };
+        match &page {
+            Page::DictionaryPage {
+                buf, num_values, ..
+            } if self.byte_array => check_plain_bytes(buf, *num_values as usize)?,
+            Page::DictionaryPage { .. } => {}
+            Page::DataPage {
+                buf,
+                num_values,
+                encoding,
+                ..
+            } => {
+                if !plain_or_dict(*encoding) {
+                    return Err(bad(format!("{encoding:?} values")));
+                }
+                if self.byte_array && *encoding == Encoding::PLAIN {
+                    let n = *num_values as usize;
+                    let (present, values) = if self.max_def > 0 {
+                        let (len, rest) = buf
+                            .split_first_chunk::<4>()
+                            .ok_or_else(|| bad("a page shorter than its levels"))?;
+                        let len = u32::from_le_bytes(*len) as usize;
+                        if len > rest.len() {
+                            return Err(bad("levels longer than the page"));
+                        }
+                        let (levels, values) = rest.split_at(len);
+                        let present = pages::count_at_max(levels, self.max_def, n)
+                            .map_err(|e| bad(format!("{e:?}")))?;
+                        (present, values)
+                    } else {
+                        (n, &buf[..])
+                    };
+                    check_plain_bytes(values, present)?;
+                }
+            }
+            Page::DataPageV2 {
+                buf,
+                num_values,
+                encoding,
+                def_levels_byte_len,
+                rep_levels_byte_len,
+                ..
+            } => {
+                if !plain_or_dict(*encoding) {
+                    return Err(bad(format!("{encoding:?} values")));
+                }
+                if self.byte_array && *encoding == Encoding::PLAIN {
+                    let (r, d) = (*rep_levels_byte_len as usize, *def_levels_byte_len as usize);
+                    // `decompress` checked that the levels fit the page.
+                    let (levels, values) = (&buf[r..r + d], &buf[r + d..]);
+                    let n = *num_values as usize;
+                    let present = if self.max_def > 0 {
+                        pages::count_at_max(levels, self.max_def, n)
+                            .map_err(|e| bad(format!("{e:?}")))?
+                    } else {
+                        n
+                    };
+                    check_plain_bytes(values, present)?;
+                }
+            }
+        }
+        Ok(page)
+    }
+
+    fn decompress(&self, page: Page) -> PqResult<Page> {
+        if !self.zstd {
+            if let Page::DataPageV2 {
+                buf,
+                def_levels_byte_len,
+                rep_levels_byte_len,
+                ..
+            } = &page
+            {
+                let levels =
+                    (*def_levels_byte_len as usize).checked_add(*rep_levels_byte_len as usize);
+                if levels.is_none_or(|l| l > buf.len()) {
+                    return Err(bad("levels longer than the page"));
+                }
+            }
+            return Ok(page);
+        }
+        let whole = |buf: &[u8]| -> PqResult<bytes::Bytes> {
+            let mut out = Vec::new();
+            unzstd(buf, self.limit, &mut out)?;
+            Ok(out.into())
+        };
+        Ok(match page {
+            Page::DataPage {
+                buf,
+                num_values,
+                encoding,
+                def_level_encoding,
+                rep_level_encoding,
+                statistics,
+            } => Page::DataPage {
+                buf: whole(&buf)?,
+                num_values,
+                encoding,
+                def_level_encoding,
+                rep_level_encoding,
+                statistics,
+            },
+            Page::DictionaryPage {
+                buf,
+                num_values,
+                encoding,
+                is_sorted,
+            } => Page::DictionaryPage {
+                buf: whole(&buf)?,
+                num_values,
+                encoding,
+                is_sorted,
+            },
+            Page::DataPageV2 {
+                buf,
+                num_values,
+                encoding,
+                num_nulls,
+                num_rows,
+                def_levels_byte_len,
+                rep_levels_byte_len,
+                is_compressed,
+                statistics,
+            } => {
+                // Version 2 keeps its levels uncompressed before the values.
+                let levels = (def_levels_byte_len as usize)
+                    .checked_add(rep_levels_byte_len as usize)
+                    .filter(|&l| l <= buf.len())
+                    .ok_or_else(|| ParquetError::General("levels longer than the page".into()))?;
+                let buf = if is_compressed {
+                    let mut out = buf[..levels].to_vec();
+                    unzstd(&buf[levels..], self.limit, &mut out)?;
+                    out.into()
+                } else {
+                    buf
+                };
+                Page::DataPageV2 {
+                    buf,
+                    num_values,
+                    encoding,
+                    num_nulls,
+                    num_rows,
+                    def_levels_byte_len,
+                    rep_levels_byte_len,
+                    is_compressed: false,
+                    statistics,
+                }
+            }
+        })
+    }
+}
+
+impl Iterator for Pages {
+    type Item = PqResult<Page>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.get_next_page().transpose()
+    }
+}
+
+impl PageReader for Pages {
+    fn get_next_page(&mut self) -> PqResult<Option<Page>> {
+        let page = match self.peeked.take() {
+            Some(p) => Some(p),
+            None => self.inner.get_next_page()?,
+        };
+        page.map(|p| self.inflate(p)).transpose()
+    }
+
+    fn peek_next_page(&mut self) -> PqResult<Option<PageMetadata>> {
+        if self.peeked.is_none() {
+            self.peeked = self.inner.get_next_page()?;
+        }
+        Ok(self.peeked.as_ref().map(|p| match p {
+            Page::DataPage { num_values, .. } => PageMetadata {
+                num_rows: None,
+                num_levels: Some(*num_values as usize),
+                is_dict: false,
+            },
+            Page::DataPageV2 {
+                num_values,
+                num_rows,
+                ..
+            } => PageMetadata {
+                num_rows: Some(*num_rows as usize),
+                num_levels: Some(*num_values as usize),
+                is_dict: false,
+            },
+            Page::DictionaryPage { .. } => PageMetadata {
+                num_rows: None,
+                num_levels: None,
+                is_dict: true,
+            },
+        }))
+    }
+
+    fn skip_next_page(&mut self) -> PqResult<()> {
+        if self.peeked.take().is_none() {
+            self.inner.get_next_page()?;
+        }
+        Ok(())
+    }
+}
+
+/// Rows `wanted` (ascending, distinct) of a flat column chunk of physical
+/// type `T`, `None` where null.
+pub(crate) fn column<T: DataType>(
+    chunk: &Chunk,
+    wanted: &[usize],
+) -> Result<Vec<Option<T::T>>, String> {
+    let descr = chunk.meta.column_descr_ptr();
+    if descr.max_rep_level() != 0 {
+        return Err("a repeated column".into());
+    }
+    if descr.physical_type() != T::get_physical_type() {
+        return Err(format!(
+            "{} stored as {:?}",
+            descr.path(),
+            descr.physical_type()
+        ));
+    }
+    let zstd = match chunk.meta.compression() {
+        Compression::UNCOMPRESSED => false,
+        Compression::ZSTD(_) => true,
+        other => return Err(format!("{other:?} compression")),
+    };
+    let limit = usize::try_from(chunk.meta.uncompressed_size()).map_err(|_| "a negative size")?;
+    // The page reader is told the chunk is uncompressed, so that it makes no
+    // codec: its pages come out as stored and `Pages` inflates them.
+    let meta = chunk
+        .meta
+        .clone()
+        .into_builder()
+        .set_compression(Compression::UNCOMPRESSED)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let at = At {
+        start: meta.byte_range().0,
+        data: chunk.data.clone(),
+    };
+    let inner = SerializedPageReader::new(Arc::new(at), &meta, chunk.rows, None)
+        .map_err(|e| e.to_string())?;
+    let max_def = descr.max_def_level();
+    let pages = Pages {
+        inner,
+        peeked: None,
+        zstd,
+        limit,
+        byte_array: T::get_physical_type() == PhysicalType::BYTE_ARRAY,
+        max_def,
+    };
+    let mut reader = ColumnReaderImpl::<T>::new(descr, Box::new(pages));
+    let (mut next, mut def, mut values) = (0, Vec::new(), Vec::new());
+    let mut out = Vec::with_capacity(wanted.len());
+    for &row in wanted {
+        if row < next || row >= chunk.rows {
+            return Err(format!(
+                "row {row} out of order or past {} rows",
+                chunk.rows
+            ));
+        }
+        let skip = row - next;
+        if skip > 0 && reader.skip_records(skip).map_err(|e| e.to_string())? != skip {
+            return Err("fewer rows than the footer says".into());
+        }
+        def.clear();
+        values.clear();
+        let (records, _, _) = reader
+            .read_records(1, (max_def > 0).then_some(&mut def), None, &mut values)
+            .map_err(|e| e.to_string())?;
+        if records != 1 {
+            return Err("fewer rows than the footer says".into());
+        }
+        let present = max_def == 0 || def.first() == Some(&max_def);
+        out.push(match (present, values.pop()) {
+            (true, Some(v)) => Some(v),
+            (false, None) => None,
+            _ => return Err("levels and values disagree".into()),
+        });
+        next = row + 1;
+    }
+    Ok(out)
+}
