@@ -1238,6 +1238,10 @@ mod tests {
             .into_builder()
             .set_writer_version(version)
             .set_encoding(parquet::basic::Encoding::PLAIN)
+            // Pages of 256 rows, as other writers make them: pages without
+            // a chosen row are skipped, the others read from the middle.
+            .set_data_page_row_count_limit(256)
+            .set_write_batch_size(256)
             .build();
         let mut buf = Vec::new();
         let mut w = ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).unwrap();

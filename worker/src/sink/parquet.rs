@@ -23,17 +23,6 @@ use crate::error::Result;
 /// (compacted) file skips most of it.
 pub const CHIP_ROW_GROUP_ROWS: usize = 8192;
 
-/// Rows per data page of every column but the embedding. A search reads its
-/// hits' other columns (id, footprint, source...) back with a row selection,
-/// and Parquet decompresses whole pages: with one page per column chunk,
-/// every hit cost decompressing its whole row group's footprints and ids.
-/// Pages of 256 rows cut that to the hits' pages (the reader skips the
-/// others from their headers, no offset index needed) for 3.3 bytes of page
-/// headers and lost compression a row (10⁶ rows of D = 768, 0.1 % of the
-/// file; docs/benchmarks.md). The embedding keeps size-limited pages: the
-/// scan reads all of it.
-pub const CHIP_PAGE_ROWS: usize = 256;
-
 /// Writer settings for chip files (see [`CHIP_ROW_GROUP_ROWS`]).
 ///
 /// Statistics are kept where a filter can use them (ids, windows, `bbox`,
@@ -72,9 +61,6 @@ pub fn chip_writer_properties_for(
     Ok(WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
         .set_max_row_group_row_count(Some(CHIP_ROW_GROUP_ROWS))
-        .set_data_page_row_count_limit(CHIP_PAGE_ROWS)
-        .set_write_batch_size(CHIP_PAGE_ROWS)
-        .set_column_data_page_row_count_limit(embedding.clone(), usize::MAX)
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_column_statistics_enabled(embedding.clone(), EnabledStatistics::None)
         .set_column_compression(embedding.clone(), Compression::UNCOMPRESSED)
@@ -229,80 +215,4 @@ pub fn read_error_rows(
         }
     }
     Ok(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use bytes::Bytes;
-    use parquet::column::page::Page;
-    use parquet::file::reader::FileReader;
-    use parquet::file::serialized_reader::SerializedFileReader;
-    use rsembed_schemas::ids::Window;
-
-    use super::*;
-    use crate::sink::rows::{chip_batch, ChipRow};
-
-    /// Rows of every data page of each leaf column of row group 0.
-    fn page_rows(file: Vec<u8>) -> Vec<(String, Vec<u32>)> {
-        let reader = SerializedFileReader::new(Bytes::from(file)).unwrap();
-        let group = reader.get_row_group(0).unwrap();
-        let columns = group.metadata().columns().to_vec();
-        columns
-            .iter()
-            .enumerate()
-            .map(|(c, meta)| {
-                let mut pages = group.get_column_page_reader(c).unwrap();
-                let mut rows = Vec::new();
-                while let Some(page) = pages.get_next_page().unwrap() {
-                    match page {
-                        Page::DataPage { num_values, .. } => rows.push(num_values),
-                        Page::DataPageV2 { num_rows, .. } => rows.push(num_rows),
-                        Page::DictionaryPage { .. } => {}
-                    }
-                }
-                (meta.column_path().string(), rows)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn answer_columns_are_paged_by_rows_and_the_embedding_by_size() {
-        let n = 1000;
-        let rows: Vec<ChipRow> = (0..n)
-            .map(|i| ChipRow {
-                chip_id: format!("{i:032x}"),
-                source_uri: format!("file:///x/{}.tif", i / 300),
-                source_version: Some("1".into()),
-                window: Window {
-                    x: i * 8,
-                    y: 0,
-                    width: 8,
-                    height: 8,
-                },
-                valid_fraction: 1.0,
-                crs: Some("EPSG:4326".into()),
-                footprint: None,
-                embedding: vec![0.5; 16],
-                stac: Default::default(),
-            })
-            .collect();
-        for ty in [EmbeddingType::F32, EmbeddingType::Int8] {
-            let batch = chip_batch(&rows, 16, ty).unwrap();
-            let columns = page_rows(encode_chips(&batch, Vec::new()).unwrap());
-            for (path, pages) in &columns {
-                if path.starts_with(chip_col::EMBEDDING) && !path.ends_with("scale") {
-                    // 16 values a row: one page of 16,000 values, far under 1 MiB.
-                    assert_eq!(pages, &[16 * n as u32], "{path}");
-                } else {
-                    let n = n as usize;
-                    assert_eq!(pages.len(), n.div_ceil(CHIP_PAGE_ROWS), "{path}: {pages:?}");
-                    assert!(
-                        pages.iter().all(|&r| r as usize <= CHIP_PAGE_ROWS),
-                        "{path}: {pages:?}"
-                    );
-                    assert_eq!(pages.iter().sum::<u32>() as usize, n, "{path}");
-                }
-            }
-        }
-    }
 }
