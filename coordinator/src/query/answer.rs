@@ -109,6 +109,15 @@ fn check_plain_bytes(buf: &[u8], n: usize) -> PqResult<()> {
     Ok(())
 }
 
+/// The bytes of a version 2 page's levels, which it keeps uncompressed
+/// before its values; checked to fit the page.
+fn v2_levels(buf: &[u8], def: u32, rep: u32) -> PqResult<usize> {
+    (def as usize)
+        .checked_add(rep as usize)
+        .filter(|&l| l <= buf.len())
+        .ok_or_else(|| bad("levels longer than the page"))
+}
+
 fn bad(why: impl Into<String>) -> ParquetError {
     ParquetError::General(why.into())
 }
@@ -117,45 +126,36 @@ impl Pages {
     /// The page decompressed, and for byte arrays checked.
     fn inflate(&self, page: Page) -> PqResult<Page> {
         let page = self.decompress(page)?;
-        let plain_or_dict = |e: Encoding| {
-            matches!(
-                e,
-                Encoding::PLAIN | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY
-            )
-        };
-        match &page {
+        let (encoding, n, levels, values): (Encoding, usize, &[u8], &[u8]) = match &page {
             Page::DictionaryPage {
                 buf, num_values, ..
-            } if self.byte_array => check_plain_bytes(buf, *num_values as usize)?,
-            Page::DictionaryPage { .. } => {}
+            } => {
+                if self.byte_array {
+                    check_plain_bytes(buf, *num_values as usize)?;
+                }
+                return Ok(page);
+            }
             Page::DataPage {
                 buf,
                 num_values,
                 encoding,
                 ..
             } => {
-                if !plain_or_dict(*encoding) {
-                    return Err(bad(format!("{encoding:?} values")));
-                }
-                if self.byte_array && *encoding == Encoding::PLAIN {
-                    let n = *num_values as usize;
-                    let (present, values) = if self.max_def > 0 {
-                        let (len, rest) = buf
-                            .split_first_chunk::<4>()
-                            .ok_or_else(|| bad("a page shorter than its levels"))?;
-                        let len = u32::from_le_bytes(*len) as usize;
-                        if len > rest.len() {
-                            return Err(bad("levels longer than the page"));
-                        }
-                        let (levels, values) = rest.split_at(len);
-                        let present = pages::count_at_max(levels, self.max_def, n)
-                            .map_err(|e| bad(format!("{e:?}")))?;
-                        (present, values)
-                    } else {
-                        (n, &buf[..])
-                    };
-                    check_plain_bytes(values, present)?;
-                }
+                // Version 1: the definition levels behind a 4-byte length
+                // (a flat column has no repetition levels).
+                let (levels, values) = if self.max_def > 0 {
+                    let (len, rest) = buf
+                        .split_first_chunk::<4>()
+                        .ok_or_else(|| bad("a page shorter than its levels"))?;
+                    let len = u32::from_le_bytes(*len) as usize;
+                    if len > rest.len() {
+                        return Err(bad("levels longer than the page"));
+                    }
+                    rest.split_at(len)
+                } else {
+                    (&[][..], &buf[..])
+                };
+                (*encoding, *num_values as usize, levels, values)
             }
             Page::DataPageV2 {
                 buf,
@@ -165,23 +165,29 @@ impl Pages {
                 rep_levels_byte_len,
                 ..
             } => {
-                if !plain_or_dict(*encoding) {
-                    return Err(bad(format!("{encoding:?} values")));
-                }
-                if self.byte_array && *encoding == Encoding::PLAIN {
-                    let (r, d) = (*rep_levels_byte_len as usize, *def_levels_byte_len as usize);
-                    // `decompress` checked that the levels fit the page.
-                    let (levels, values) = (&buf[r..r + d], &buf[r + d..]);
-                    let n = *num_values as usize;
-                    let present = if self.max_def > 0 {
-                        pages::count_at_max(levels, self.max_def, n)
-                            .map_err(|e| bad(format!("{e:?}")))?
-                    } else {
-                        n
-                    };
-                    check_plain_bytes(values, present)?;
-                }
+                // `decompress` checked that the levels fit the page.
+                let (r, d) = (*rep_levels_byte_len as usize, *def_levels_byte_len as usize);
+                (
+                    *encoding,
+                    *num_values as usize,
+                    &buf[r..r + d],
+                    &buf[r + d..],
+                )
             }
+        };
+        if !matches!(
+            encoding,
+            Encoding::PLAIN | Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY
+        ) {
+            return Err(bad(format!("{encoding:?} values")));
+        }
+        if self.byte_array && encoding == Encoding::PLAIN {
+            let present = if self.max_def > 0 {
+                pages::count_at_max(levels, self.max_def, n).map_err(|e| bad(format!("{e:?}")))?
+            } else {
+                n
+            };
+            check_plain_bytes(values, present)?;
         }
         Ok(page)
     }
@@ -195,11 +201,7 @@ impl Pages {
                 ..
             } = &page
             {
-                let levels =
-                    (*def_levels_byte_len as usize).checked_add(*rep_levels_byte_len as usize);
-                if levels.is_none_or(|l| l > buf.len()) {
-                    return Err(bad("levels longer than the page"));
-                }
+                v2_levels(buf, *def_levels_byte_len, *rep_levels_byte_len)?;
             }
             return Ok(page);
         }
@@ -246,11 +248,7 @@ impl Pages {
                 is_compressed,
                 statistics,
             } => {
-                // Version 2 keeps its levels uncompressed before the values.
-                let levels = (def_levels_byte_len as usize)
-                    .checked_add(rep_levels_byte_len as usize)
-                    .filter(|&l| l <= buf.len())
-                    .ok_or_else(|| ParquetError::General("levels longer than the page".into()))?;
+                let levels = v2_levels(&buf, def_levels_byte_len, rep_levels_byte_len)?;
                 let buf = if is_compressed {
                     let mut out = buf[..levels].to_vec();
                     unzstd(&buf[levels..], self.limit, &mut out)?;

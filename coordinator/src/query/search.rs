@@ -848,42 +848,45 @@ async fn details(
         .collect()
 }
 
+/// The columns of a result, of every chip file.
+const ANSWER_BASE: [&str; 11] = [
+    col::CHIP_ID,
+    col::SOURCE_URI,
+    col::X,
+    col::Y,
+    col::WIDTH,
+    col::HEIGHT,
+    col::VALID_FRACTION,
+    col::CRS,
+    col::CENTRE_LON,
+    col::CENTRE_LAT,
+    col::GEOMETRY,
+];
+
+/// The columns of a result schema version 2 appended, where a file has them.
+const ANSWER_STAC: [&str; 5] = [
+    col::ITEM_ID,
+    col::COLLECTION,
+    col::DATETIME,
+    col::END_DATETIME,
+    col::CLOUD_FRACTION,
+];
+
 /// The answer columns of rows `wanted` of row group `g`.
 async fn group_details(
     index: &Index,
     g: GroupRef,
     mut wanted: Vec<usize>,
 ) -> Result<Vec<((GroupRef, usize), SearchResult)>> {
-    let base = [
-        col::CHIP_ID,
-        col::SOURCE_URI,
-        col::X,
-        col::Y,
-        col::WIDTH,
-        col::HEIGHT,
-        col::VALID_FRACTION,
-        col::CRS,
-        col::CENTRE_LON,
-        col::CENTRE_LAT,
-        col::GEOMETRY,
-    ];
-    // Schema version 2's columns, where a file has them.
-    let stac = [
-        col::ITEM_ID,
-        col::COLLECTION,
-        col::DATETIME,
-        col::END_DATETIME,
-        col::CLOUD_FRACTION,
-    ];
     let mut rows = Vec::with_capacity(wanted.len());
     wanted.sort_unstable();
     wanted.dedup();
     let part = &index.parts[g.part];
     let sel = selection_of(&wanted, part.group_rows(g.row_group));
     let tiling = part.file_meta.as_ref().map(|m| Arc::new(m.tiling.clone()));
-    let columns: Vec<&str> = base
+    let columns: Vec<&str> = ANSWER_BASE
         .iter()
-        .chain(stac.iter().filter(|c| part.has_column(c)))
+        .chain(ANSWER_STAC.iter().filter(|c| part.has_column(c)))
         .copied()
         .collect();
     if columns.iter().all(|c| answer_type_ok(part, c)) {
@@ -1177,24 +1180,10 @@ mod tests {
     use rsembed_worker::sink::parquet::chip_writer_properties_for;
     use rsembed_worker::sink::rows::{chip_batch, ChipRow, StacColumns};
 
-    const ANSWER: [&str; 16] = [
-        col::CHIP_ID,
-        col::SOURCE_URI,
-        col::X,
-        col::Y,
-        col::WIDTH,
-        col::HEIGHT,
-        col::VALID_FRACTION,
-        col::CRS,
-        col::CENTRE_LON,
-        col::CENTRE_LAT,
-        col::GEOMETRY,
-        col::ITEM_ID,
-        col::COLLECTION,
-        col::DATETIME,
-        col::END_DATETIME,
-        col::CLOUD_FRACTION,
-    ];
+    /// Every answer column, both schema versions'.
+    fn answer() -> Vec<&'static str> {
+        ANSWER_BASE.iter().chain(&ANSWER_STAC).copied().collect()
+    }
 
     /// 1,000 chip rows, nulls in every nullable answer column.
     fn chip_rows() -> Vec<ChipRow> {
@@ -1253,7 +1242,7 @@ mod tests {
             .unwrap();
         let rg = meta.row_group(0);
         let leaves = meta.file_metadata().schema_descr().columns().to_vec();
-        ANSWER
+        answer()
             .iter()
             .map(|name| {
                 let leaf = leaves
@@ -1284,7 +1273,7 @@ mod tests {
             assert!(chunks
                 .iter()
                 .all(|c| matches!(c.meta.compression(), parquet::basic::Compression::ZSTD(_))));
-            let got = answer_rows(g, &wanted, &ANSWER, &chunks, &None).unwrap();
+            let got = answer_rows(g, &wanted, &answer(), &chunks, &None).unwrap();
             assert_eq!(got.len(), wanted.len());
             for (((gg, row), r), &w) in got.iter().zip(&wanted) {
                 let e = &rows[w];
@@ -1308,8 +1297,8 @@ mod tests {
                 assert_eq!(r.cloud_fraction, e.stac.cloud_fraction, "row {w}");
             }
             // Rows out of order or past the group are refused, not read.
-            assert!(answer_rows(g, &[5, 4], &ANSWER, &chunks, &None).is_err());
-            assert!(answer_rows(g, &[1000], &ANSWER, &chunks, &None).is_err());
+            assert!(answer_rows(g, &[5, 4], &answer(), &chunks, &None).is_err());
+            assert!(answer_rows(g, &[1000], &answer(), &chunks, &None).is_err());
         }
     }
 
@@ -1346,7 +1335,7 @@ mod tests {
                 data[at] ^= 1 << (next() % 8);
             }
             chunks[c].data = data.into();
-            match answer_rows(g, &[2, 300, 700], &ANSWER, &chunks, &None) {
+            match answer_rows(g, &[2, 300, 700], &answer(), &chunks, &None) {
                 Ok(_) => ok += 1,
                 Err(_) => refused += 1,
             }
