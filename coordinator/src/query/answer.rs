@@ -192,83 +192,34 @@ impl Pages {
         Ok(page)
     }
 
-    fn decompress(&self, page: Page) -> PqResult<Page> {
-        if !self.zstd {
-            if let Page::DataPageV2 {
-                buf,
-                def_levels_byte_len,
-                rep_levels_byte_len,
-                ..
-            } = &page
-            {
-                v2_levels(buf, *def_levels_byte_len, *rep_levels_byte_len)?;
+    /// The page with its values decompressed (a version 2 page's levels
+    /// are stored uncompressed before them), its other fields as they were.
+    fn decompress(&self, mut page: Page) -> PqResult<Page> {
+        match &mut page {
+            Page::DataPage { buf, .. } | Page::DictionaryPage { buf, .. } => {
+                if self.zstd {
+                    let mut out = Vec::new();
+                    unzstd(buf, self.limit, &mut out)?;
+                    *buf = out.into();
+                }
             }
-            return Ok(page);
-        }
-        let whole = |buf: &[u8]| -> PqResult<bytes::Bytes> {
-            let mut out = Vec::new();
-            unzstd(buf, self.limit, &mut out)?;
-            Ok(out.into())
-        };
-        Ok(match page {
-            Page::DataPage {
-                buf,
-                num_values,
-                encoding,
-                def_level_encoding,
-                rep_level_encoding,
-                statistics,
-            } => Page::DataPage {
-                buf: whole(&buf)?,
-                num_values,
-                encoding,
-                def_level_encoding,
-                rep_level_encoding,
-                statistics,
-            },
-            Page::DictionaryPage {
-                buf,
-                num_values,
-                encoding,
-                is_sorted,
-            } => Page::DictionaryPage {
-                buf: whole(&buf)?,
-                num_values,
-                encoding,
-                is_sorted,
-            },
             Page::DataPageV2 {
                 buf,
-                num_values,
-                encoding,
-                num_nulls,
-                num_rows,
                 def_levels_byte_len,
                 rep_levels_byte_len,
                 is_compressed,
-                statistics,
+                ..
             } => {
-                let levels = v2_levels(&buf, def_levels_byte_len, rep_levels_byte_len)?;
-                let buf = if is_compressed {
+                let levels = v2_levels(buf, *def_levels_byte_len, *rep_levels_byte_len)?;
+                if self.zstd && *is_compressed {
                     let mut out = buf[..levels].to_vec();
                     unzstd(&buf[levels..], self.limit, &mut out)?;
-                    out.into()
-                } else {
-                    buf
-                };
-                Page::DataPageV2 {
-                    buf,
-                    num_values,
-                    encoding,
-                    num_nulls,
-                    num_rows,
-                    def_levels_byte_len,
-                    rep_levels_byte_len,
-                    is_compressed: false,
-                    statistics,
+                    *buf = out.into();
+                    *is_compressed = false;
                 }
             }
-        })
+        }
+        Ok(page)
     }
 }
 

@@ -299,16 +299,7 @@ impl Index {
         if start.checked_add(len).is_none_or(|end| end > part.size) {
             return Ok(Err("a column chunk past the end of the file".into()));
         }
-        let data = match self.read_local(part, start, len as usize).await {
-            Some(data) => data,
-            None => {
-                self.root
-                    .store
-                    .get_range(&part.path, start..start + len)
-                    .await?
-            }
-        };
-        self.read.fetch_add(data.len() as u64, Ordering::Relaxed);
+        let data = self.fetch(part, start, start + len).await?;
         Ok(Ok(Chunk {
             data,
             meta: chunk.clone(),
@@ -360,12 +351,7 @@ impl Index {
         }
         let mut out: Vec<Option<Chunk>> = (0..want.len()).map(|_| None).collect();
         for (start, end, members) in spans {
-            let len = end - start;
-            let data = match self.read_local(part, start, len as usize).await {
-                Some(data) => data,
-                None => self.root.store.get_range(&part.path, start..end).await?,
-            };
-            self.read.fetch_add(data.len() as u64, Ordering::Relaxed);
+            let data = self.fetch(part, start, end).await?;
             for i in members {
                 let (from, n, chunk) = want[i];
                 let from = (from - start) as usize;
@@ -377,6 +363,17 @@ impl Index {
             }
         }
         Ok(Ok(out.into_iter().flatten().collect()))
+    }
+
+    /// Bytes `start..end` of `part`, into a reused buffer where the index is
+    /// local, counted in [`Index::bytes_read`].
+    async fn fetch(&self, part: &Part, start: u64, end: u64) -> Result<Bytes> {
+        let data = match self.read_local(part, start, (end - start) as usize).await {
+            Some(data) => data,
+            None => self.root.store.get_range(&part.path, start..end).await?,
+        };
+        self.read.fetch_add(data.len() as u64, Ordering::Relaxed);
+        Ok(data)
     }
 
     /// `len` bytes at `start` of a part of a local index, read into one of
