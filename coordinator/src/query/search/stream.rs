@@ -188,7 +188,9 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
             }
         }
         if !queries.is_empty() {
-            let (results, stats) = searcher.answer(args, &queries, None, t0).await?;
+            let (results, stats) = searcher
+                .answer(args, &queries, searcher.probed(&queries), None, t0)
+                .await?;
             let mut by_query: BTreeMap<usize, Vec<SearchResult>> = queries
                 .iter()
                 .map(|(n, _)| (n.expect("numbered"), Vec::new()))
