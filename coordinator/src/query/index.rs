@@ -242,13 +242,7 @@ impl Index {
         let part = &self.parts[pi];
         let load = async {
             tracing::debug!(part = %part.uri, groups = part.groups.len(), "footer read again: not held");
-            let mut reader = self.reader(part);
-            let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default())
-                .await
-                .map_err(|source| QueryError::NotParquet {
-                    uri: part.uri.clone(),
-                    source,
-                })?;
+            let meta = load_footer(&mut self.reader(part), &part.uri).await?;
             let groups = meta.metadata().row_groups();
             let same = groups.len() == part.groups.len()
                 && groups
@@ -580,6 +574,19 @@ fn warn_unfinished(root: &Location, files: usize) {
     }
 }
 
+/// The parsed footer of the file `reader` reads, `uri` naming it in the error.
+async fn load_footer(reader: &mut StoreReader, uri: &str) -> Result<ArrowReaderMetadata> {
+    ArrowReaderMetadata::load_async(reader, ArrowReaderOptions::default())
+        .await
+        .map_err(|source| {
+            QueryError::NotParquet {
+                uri: uri.to_owned(),
+                source,
+            }
+            .into()
+        })
+}
+
 async fn open_part(
     store: Arc<dyn ObjectStore>,
     path: Path,
@@ -608,12 +615,7 @@ async fn open_part(
                         "the file's size is not the manifest's: it changed since the job finished"
                     );
                     (size, reader.size) = (real, real);
-                    ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default())
-                        .await
-                        .map_err(|source| QueryError::NotParquet {
-                            uri: uri.clone(),
-                            source,
-                        })?
+                    load_footer(&mut reader, &uri).await?
                 }
                 None => return Err(QueryError::NotParquet { uri, source: e }.into()),
             }

@@ -175,11 +175,12 @@ fn nearest_generic(cents: &[f32], dim: usize, rows: &[f32], out: &mut [(u32, f32
     }
 }
 
-/// SplitMix64: the seeded choices of k-means++.
-struct Rng(u64);
+/// SplitMix64: the seeded choices of k-means++ (and the tests' seeded
+/// mutations).
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

@@ -1326,14 +1326,8 @@ mod tests {
             row_group: 0,
         };
         let clean = answer_chunks(&rows, WriterVersion::PARQUET_1_0);
-        let mut seed = 0x5eed_u64;
-        let mut next = move || {
-            seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = seed;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
+        let mut rng = crate::query::ivf::Rng(0x5eed);
+        let mut next = move || rng.next();
         let (mut ok, mut refused) = (0, 0);
         for _ in 0..1500 {
             let mut chunks: Vec<Chunk> = clean
