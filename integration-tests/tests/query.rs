@@ -858,3 +858,61 @@ fn classify_labels_every_chip_of_both_schema_versions() {
         Some(duck_count(&index, "datetime IS NOT NULL"))
     );
 }
+
+/// A chip file with a page header that parquet-rs 60 panics on when it skips
+/// rows (a dictionary page retyped as a data page, which a mutation run of
+/// `search` produced) fails the search with an error naming the file: never
+/// a crash. The in-place answer reader refuses the page and hands the group
+/// to the arrow reader, whose `peek_next_page` unwraps the missing header.
+#[test]
+fn a_page_header_the_parquet_reader_panics_on_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = fixture_index(tmp.path());
+    let file = std::fs::read_dir(out.join("chips"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .min()
+        .expect("a chip file");
+    // The query is row 1's own embedding, so its one hit is row 1 and the
+    // arrow reader skips row 0 to reach it.
+    let row1 = duckdb(&format!(
+        "SELECT embedding::FLOAT[] FROM read_parquet('{}') LIMIT 1 OFFSET 1",
+        file.display()
+    ));
+    let query = tmp.path().join("query.json");
+    std::fs::write(&query, row1[0][0].to_string()).unwrap();
+    let at = duckdb(&format!(
+        "SELECT dictionary_page_offset FROM parquet_metadata('{}') \
+         WHERE path_in_schema = 'chip_id' AND row_group_id = 0",
+        file.display()
+    ))[0][0]
+        .as_u64()
+        .expect("chip_id has a dictionary page") as usize;
+    let mut bytes = std::fs::read(&file).unwrap();
+    // Thrift compact: field 1 (i32) = zigzag(2), DICTIONARY_PAGE; 0 is DATA_PAGE.
+    assert_eq!(
+        &bytes[at..at + 2],
+        &[0x15, 0x04],
+        "a dictionary page header"
+    );
+    bytes[at + 1] = 0x00;
+    std::fs::write(&file, &bytes).unwrap();
+
+    let mut c = rsembed();
+    c.arg("search")
+        .arg("--index")
+        .arg(&out)
+        .arg("--vector")
+        .arg(&query)
+        .args(["--top-k", "1", "--json"]);
+    let o = run(&mut c);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "an error, not a crash: {err}");
+    let name = file.file_name().unwrap().to_string_lossy();
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains(name.as_ref()) && last.contains("corrupt pages"),
+        "the error names the file and what is wrong with it: {last}"
+    );
+}

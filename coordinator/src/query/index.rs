@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::FutureExt;
 
 use arrow_array::{Array, FixedSizeListArray, Float16Array, Float32Array, Int8Array, RecordBatch};
@@ -404,7 +405,21 @@ impl Index {
     /// A stream of the columns `columns` (top-level names) of one row group,
     /// in batches of at most [`SCAN_BATCH_ROWS`] rows, optionally only the
     /// rows `selection` picks.
+    ///
+    /// A panic inside parquet-rs ends the stream with an error: it has
+    /// panics that corrupt pages reach (`peek_next_page` unwraps header
+    /// fields a corrupt page header may lack, found by a mutation run of
+    /// `search`), and a corrupt file must be an error, never a crash.
     pub(crate) async fn stream(
+        &self,
+        g: GroupRef,
+        columns: &[&str],
+        selection: Option<RowSelection>,
+    ) -> Result<BoxStream<'static, parquet::errors::Result<RecordBatch>>> {
+        Ok(guarded(self.arrow_stream(g, columns, selection).await?))
+    }
+
+    async fn arrow_stream(
         &self,
         g: GroupRef,
         columns: &[&str],
@@ -572,6 +587,30 @@ fn warn_unfinished(root: &Location, files: usize) {
             "no manifest.json (a job still running, or not finalized): reading the chip files listed now"
         );
     }
+}
+
+/// `batches` ended by an error where parquet-rs panics inside it: every
+/// arrow-reader stream over a file we did not write goes through this.
+pub(crate) fn guarded<S>(batches: S) -> BoxStream<'static, parquet::errors::Result<RecordBatch>>
+where
+    S: futures::Stream<Item = parquet::errors::Result<RecordBatch>> + Send + 'static,
+{
+    std::panic::AssertUnwindSafe(batches)
+        .catch_unwind()
+        .map(|r| r.unwrap_or_else(|panic| Err(reader_panicked(panic.as_ref()))))
+        .boxed()
+}
+
+/// The error for a panic of parquet-rs while reading pages, with its message.
+fn reader_panicked(panic: &(dyn std::any::Any + Send)) -> parquet::errors::ParquetError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into());
+    parquet::errors::ParquetError::General(format!(
+        "corrupt pages: the Parquet reader failed on them ({message})"
+    ))
 }
 
 /// The parsed footer of the file `reader` reads, `uri` naming it in the error.
@@ -921,4 +960,65 @@ pub(crate) fn bbox_mask(batch: &RecordBatch, b: [f64; 4], uri: &str) -> Result<V
                 && y0.value(i) <= n
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow_array::{RecordBatch, StringArray};
+    use futures::StreamExt;
+    use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+    use parquet::arrow::{ArrowWriter, ParquetRecordBatchStreamBuilder};
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    use super::guarded;
+
+    /// A page header that says DATA_PAGE but carries a dictionary page's
+    /// header: parquet-rs 60 unwraps the missing data page header when it
+    /// skips rows (`peek_next_page`), the panic a mutation run of `search`
+    /// found in its answer's arrow fallback.
+    #[tokio::test]
+    async fn a_panic_of_the_parquet_reader_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("dict.parquet");
+        let names: StringArray = (0..1000).map(|i| Some(format!("chip-{}", i % 7))).collect();
+        let batch = RecordBatch::try_from_iter([("s", Arc::new(names) as _)]).unwrap();
+        let mut w =
+            ArrowWriter::try_new(std::fs::File::create(&path).unwrap(), batch.schema(), None)
+                .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let reader = SerializedFileReader::new(std::fs::File::open(&path).unwrap()).unwrap();
+        let at = reader
+            .metadata()
+            .row_group(0)
+            .column(0)
+            .dictionary_page_offset();
+        let at = at.expect("a dictionary page") as usize;
+        // Thrift compact: field 1 (i32) = zigzag(2), DICTIONARY_PAGE; 0 is DATA_PAGE.
+        assert_eq!(&bytes[at..at + 2], &[0x15, 0x04]);
+        bytes[at + 1] = 0x00;
+        std::fs::write(&path, &bytes).unwrap();
+
+        let file = tokio::fs::File::open(&path).await.unwrap();
+        let skip_some = RowSelection::from(vec![RowSelector::skip(10), RowSelector::select(10)]);
+        let stream = ParquetRecordBatchStreamBuilder::new(file)
+            .await
+            .unwrap()
+            .with_row_selection(skip_some)
+            .build()
+            .unwrap();
+        let results: Vec<_> = guarded(stream).collect().await;
+        let err = results
+            .iter()
+            .find_map(|r| r.as_ref().err())
+            .expect("the corrupt page is an error");
+        assert!(
+            err.to_string().contains("corrupt pages"),
+            "{err}: should say the pages are corrupt"
+        );
+        assert!(results.last().unwrap().is_err(), "nothing after the error");
+    }
 }

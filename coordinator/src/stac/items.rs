@@ -146,12 +146,15 @@ async fn geoparquet(stores: &StoreCache, doc: &Url, emit: &mut Emit<'_>) -> Resu
         meta.size,
         Arc::default(),
     );
-    let mut batches = ParquetRecordBatchStreamBuilder::new(reader)
-        .await
-        .map_err(parquet_error)?
-        .with_batch_size(PARQUET_BATCH)
-        .build()
-        .map_err(parquet_error)?;
+    // A hostile document must not reach parquet-rs's panics.
+    let mut batches = crate::query::index::guarded(
+        ParquetRecordBatchStreamBuilder::new(reader)
+            .await
+            .map_err(parquet_error)?
+            .with_batch_size(PARQUET_BATCH)
+            .build()
+            .map_err(parquet_error)?,
+    );
     let mut n = 0u64;
     while let Some(batch) = batches.next().await {
         let batch = batch.map_err(parquet_error)?;

@@ -292,11 +292,13 @@ async fn read_span(output: &Location, file: &ManifestFile) -> Result<(ChipSpan, 
         .filter_map(|c| schema.index_of(c).ok())
         .collect();
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    let mut stream = builder
-        .with_projection(mask)
-        .with_batch_size(BATCH_ROWS)
-        .build()
-        .map_err(bad)?;
+    let mut stream = crate::query::index::guarded(
+        builder
+            .with_projection(mask)
+            .with_batch_size(BATCH_ROWS)
+            .build()
+            .map_err(bad)?,
+    );
     let mut span = ChipSpan::default();
     while let Some(batch) = stream.next().await {
         add_batch(&mut span, &batch.map_err(bad)?).map_err(|why| {
