@@ -540,8 +540,16 @@ impl Probe {
             .into());
         }
         let read = manifest_bytes + bytes.len() as u64;
-        let (centroids, rows) =
-            decode_centroids(bytes, index.embed_dim, layout.lists as usize, &uri)?;
+        // The sha256 ties the file to the manifest, not to a writer that
+        // made it well: parquet-rs panics on some corrupt pages.
+        let (dim, lists) = (index.embed_dim, layout.lists as usize);
+        let decoded = std::panic::catch_unwind(|| decode_centroids(bytes, dim, lists, &uri));
+        let (centroids, rows) = decoded.unwrap_or_else(|_| {
+            Err(
+                QueryError::dataset(&uri, "corrupt pages: the Parquet reader failed on them")
+                    .into(),
+            )
+        })?;
         let lists = centroids.lists();
         let probes = match nprobe {
             Some(NProbe::Lists(p)) => p.min(lists),
