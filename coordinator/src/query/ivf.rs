@@ -591,8 +591,20 @@ impl Probe {
                 by_list[l as usize].push(qi as u32);
             }
         }
+        // Lists no query probes share one empty slice: a thousand
+        // allocations a resident query otherwise.
+        let none: Arc<[u32]> = Arc::from([]);
         Probed {
-            by_list: by_list.into_iter().map(Arc::from).collect(),
+            by_list: by_list
+                .into_iter()
+                .map(|qs| {
+                    if qs.is_empty() {
+                        none.clone()
+                    } else {
+                        Arc::from(qs)
+                    }
+                })
+                .collect(),
             all: (0..queries.len() as u32).collect(),
         }
     }
