@@ -596,7 +596,7 @@ where
 }
 
 /// The error for a panic of parquet-rs while reading pages, with its message.
-fn reader_panicked(panic: &(dyn std::any::Any + Send)) -> parquet::errors::ParquetError {
+pub(crate) fn reader_panicked(panic: &(dyn std::any::Any + Send)) -> parquet::errors::ParquetError {
     let message = panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())

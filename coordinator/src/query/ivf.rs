@@ -31,7 +31,7 @@ use rsembed_schemas::job::{IvfLayout, CENTROIDS_FILE, MANIFEST_FILE};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::query::index::Index;
+use crate::query::index::{reader_panicked, Index};
 use crate::query::scan::{dot4, dots};
 use crate::query::Error as QueryError;
 
@@ -544,11 +544,12 @@ impl Probe {
         // made it well: parquet-rs panics on some corrupt pages.
         let (dim, lists) = (index.embed_dim, layout.lists as usize);
         let decoded = std::panic::catch_unwind(|| decode_centroids(bytes, dim, lists, &uri));
-        let (centroids, rows) = decoded.unwrap_or_else(|_| {
-            Err(
-                QueryError::dataset(&uri, "corrupt pages: the Parquet reader failed on them")
-                    .into(),
-            )
+        let (centroids, rows) = decoded.unwrap_or_else(|panic| {
+            Err(QueryError::Read {
+                uri: uri.clone(),
+                source: reader_panicked(panic.as_ref()),
+            }
+            .into())
         })?;
         let lists = centroids.lists();
         let probes = match nprobe {
