@@ -15,6 +15,7 @@ Uses the data of bench/ivf.py (`--work`: `ivf/` and `queries-head.json`);
 run that first. Needs faiss-cpu, numpy and pyarrow (the venv of .ci/run).
 
     .cache/venv/bin/python bench/resident.py --work /tmp/rsembed-ivf-1e6 --nprobe 2,63
+    .cache/venv/bin/python bench/resident.py --work /tmp/rsembed-ivf-1e6 --nprobe 1,2,8 --passes 4
 
 `--index ivf8` searches another compaction of the same chips (int8, say) against
 the same truth and the same FAISS; `--baseline BIN` runs an older binary's
@@ -48,23 +49,27 @@ def vm_hwm_mib(pid: int) -> float:
 
 def session(args, nprobe: str, queries: list[str], index: str = "ivf",
             rsembed: Path | None = None) -> dict:
-    """One resident search answering `queries` (JSON lines) one at a time."""
+    """One resident search answering `queries` (JSON lines) one at a time,
+    `args.passes` times over."""
     cmd = [str(rsembed or args.rsembed), "search", "--index", str(args.work / index), "--vectors",
            "-", "--nprobe", nprobe, "--top-k", "10"]
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, bufsize=1)
     times, hits = [], []
-    for q in queries:
-        s = time.perf_counter()
-        p.stdin.write(q + "\n")
-        p.stdin.flush()
-        line = p.stdout.readline()
-        times.append(time.perf_counter() - s)
-        a = json.loads(line)
-        if "results" not in a:
-            raise SystemExit(f"rsembed answered {line!r}")
-        hits.append([r["chip_id"] for r in a["results"]])
+    for _ in range(args.passes):
+        for q in queries:
+            s = time.perf_counter()
+            p.stdin.write(q + "\n")
+            p.stdin.flush()
+            line = p.stdout.readline()
+            times.append(time.perf_counter() - s)
+            a = json.loads(line)
+            if "results" not in a:
+                raise SystemExit(f"rsembed answered {line!r}")
+            hits.append([r["chip_id"] for r in a["results"]])
+    later = times[len(queries):]
+    times, hits = times[:len(queries)], hits[:len(queries)]
     rss = vm_hwm_mib(p.pid)
     p.stdin.close()
     err = p.stderr.read()
@@ -73,6 +78,7 @@ def session(args, nprobe: str, queries: list[str], index: str = "ivf",
     # The first answer includes opening the index (footers, centroids).
     rest = sorted(times[1:])
     return {"nprobe": nprobe, "first_s": times[0], "median_s": statistics.median(rest),
+            "again_s": statistics.median(later) if later else None,
             "p90_s": rest[int(0.9 * (len(rest) - 1))], "rss_mib": rss,
             "wall": time.perf_counter() - t0, "hits": hits, "closing": err.strip().splitlines()[-1]}
 
@@ -88,6 +94,10 @@ def main() -> None:
                     help="the folder under --work the sessions search (e.g. an int8 compaction "
                          "of the same chips); recall is always against the exact answer of "
                          "`ivf`, and FAISS always reads `ivf`'s float32 chips")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="answer the queries this many times in each session: the first pass "
+                         "reads every list for the first time, later ones (the 'again' columns) "
+                         "read lists the session has read before, as FAISS holds all of them")
     ap.add_argument("--baseline", type=Path,
                     help="another rsembed binary whose sessions run alternately with ours, "
                          "for ratios from the same run")
@@ -147,6 +157,15 @@ def main() -> None:
         print(f"| {s['nprobe']} | {s['first_s'] * 1e3:.1f} | {s['median_s'] * 1e3:.2f} | "
               f"{s['p90_s'] * 1e3:.2f} | {fm} | {ratio} | {s['recall']:.3f} | {fr} | "
               f"{s['rss_mib']:.0f} | {rr} |")
+    if args.passes > 1:
+        print(f"\nPasses 2-{args.passes} (lists read before):")
+        print("| nprobe | rsembed again ms | FAISS median ms | again / FAISS |")
+        print("| ---: | ---: | ---: | ---: |")
+        for s in res["rsembed"]:
+            f = fs.get(int(s["nprobe"]))
+            fm = f"{f['median_s'] * 1e3:.2f}" if f else "-"
+            ratio = f"{s['again_s'] / f['median_s']:.2f}" if f else "-"
+            print(f"| {s['nprobe']} | {s['again_s'] * 1e3:.2f} | {fm} | {ratio} |")
     if args.baseline or args.baseline_index:
         print("| nprobe | baseline median ms | ours median ms | ours / baseline | baseline RSS MiB |")
         print("| ---: | ---: | ---: | ---: | ---: |")

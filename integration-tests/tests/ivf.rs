@@ -868,4 +868,33 @@ fn an_index_beyond_the_footer_budget_answers_the_same() {
         err.contains("; 4000 chips without a datetime excluded by --datetime"),
         "{err}"
     );
+
+    // A resident search reads warm chunks through maps of the files. Files
+    // cut short under it (a touch past the new end would be SIGBUS) fail
+    // the query with an error naming a file: never a crash.
+    let mut session = LineSession::start(
+        rsembed().args(["search", "--index"]).arg(&many).args([
+            "--vectors",
+            "-",
+            "--nprobe",
+            "all",
+        ]),
+        std::time::Duration::from_secs(120),
+    );
+    session.send(&format!("{}\n", lines[0].trim()));
+    assert_eq!(hits(&session.answer()), search(&many, &["--vector", q0]).0);
+    for e in std::fs::read_dir(many.join("chips")).unwrap() {
+        let path = e.unwrap().path();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(f.metadata().unwrap().len() / 2).unwrap();
+    }
+    session.send(&format!("{}\n", lines[0].trim()));
+    let out = session.finish();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "an error, not a crash: {err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("part-") && last.contains("shrank while it was being searched"),
+        "{last}"
+    );
 }

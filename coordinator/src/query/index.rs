@@ -105,6 +105,9 @@ pub(crate) struct Index {
     footers: Arc<Footers>,
     /// Buffers for column chunks read from local files.
     buffers: Arc<Buffers>,
+    /// Maps of local files, for a resident search ([`Index::map_files`]).
+    #[cfg(target_os = "linux")]
+    maps: Option<Arc<crate::query::mapped::Maps>>,
 }
 
 impl Index {
@@ -187,7 +190,38 @@ impl Index {
             read,
             footers,
             buffers: Arc::default(),
+            #[cfg(target_os = "linux")]
+            maps: None,
         })
+    }
+
+    /// Reads the column chunks of local files that the page cache holds
+    /// through maps of the files from now on, keeping up to
+    /// [`crate::query::mapped::MAPPED_BYTES`] of them mapped: for a resident
+    /// search, which reads the same lists again and again
+    /// ([`crate::query::mapped`]). A no-op elsewhere than on Linux, or for
+    /// another store.
+    pub(crate) fn map_files(&mut self) {
+        #[cfg(target_os = "linux")]
+        if self.root.url.scheme() == "file" {
+            self.maps =
+                crate::query::mapped::Maps::new(crate::query::mapped::MAPPED_BYTES).map(Arc::new);
+        }
+    }
+
+    /// An error naming a file that shrank while it was mapped, if one did
+    /// since the last call: what a search read of it is not to be trusted.
+    pub(crate) fn check_maps(&self) -> Result<()> {
+        #[cfg(target_os = "linux")]
+        if let Some(p) = self.maps.as_ref().and_then(|m| m.torn().first().copied()) {
+            return Err(QueryError::dataset(
+                &self.parts[p].uri,
+                "the file shrank while it was being searched: it was rewritten or \
+                 truncated under the search; search it again once it is whole",
+            )
+            .into());
+        }
+        Ok(())
     }
 
     /// The model name and sha256 recorded in the files, when they say.
@@ -294,7 +328,7 @@ impl Index {
         if start.checked_add(len).is_none_or(|end| end > part.size) {
             return Ok(Err("a column chunk past the end of the file".into()));
         }
-        let data = self.fetch(part, start, start + len).await?;
+        let data = self.fetch(g.part, start, start + len).await?;
         Ok(Ok(Chunk {
             data,
             meta: chunk.clone(),
@@ -346,7 +380,7 @@ impl Index {
         }
         let mut out: Vec<Option<Chunk>> = (0..want.len()).map(|_| None).collect();
         for (start, end, members) in spans {
-            let data = self.fetch(part, start, end).await?;
+            let data = self.fetch(g.part, start, end).await?;
             for i in members {
                 let (from, n, chunk) = want[i];
                 let from = (from - start) as usize;
@@ -362,8 +396,9 @@ impl Index {
 
     /// Bytes `start..end` of `part`, into a reused buffer where the index is
     /// local, counted in [`Index::bytes_read`].
-    async fn fetch(&self, part: &Part, start: u64, end: u64) -> Result<Bytes> {
-        let data = match self.read_local(part, start, (end - start) as usize).await {
+    async fn fetch(&self, pi: usize, start: u64, end: u64) -> Result<Bytes> {
+        let part = &self.parts[pi];
+        let data = match self.read_local(pi, start, (end - start) as usize).await {
             Some(data) => data,
             None => self.root.store.get_range(&part.path, start..end).await?,
         };
@@ -374,10 +409,19 @@ impl Index {
     /// `len` bytes at `start` of a part of a local index, read into one of
     /// the index's reused buffers; `None` for another store, or when the
     /// file cannot be read so (the store then reads it, and reports why).
-    async fn read_local(&self, part: &Part, start: u64, len: usize) -> Option<Bytes> {
+    async fn read_local(&self, pi: usize, start: u64, len: usize) -> Option<Bytes> {
+        let part = &self.parts[pi];
         #[cfg(unix)]
         if self.root.url.scheme() == "file" {
             let path = url::Url::parse(&part.uri).ok()?.to_file_path().ok()?;
+            #[cfg(target_os = "linux")]
+            if let Some(data) = self
+                .maps
+                .as_ref()
+                .and_then(|m| m.read(pi, &path, part.size, start, len))
+            {
+                return Some(data);
+            }
             let file = std::fs::File::open(path).ok()?;
             let mut buf = self.buffers.take(len);
             let cached = read_cached(&file, &mut buf[..len], start);

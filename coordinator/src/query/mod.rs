@@ -16,6 +16,8 @@ pub(crate) mod footer;
 pub(crate) mod html;
 pub(crate) mod index;
 pub mod ivf;
+#[cfg(target_os = "linux")]
+pub(crate) mod mapped;
 pub(crate) mod pages;
 pub(crate) mod scan;
 pub mod search;

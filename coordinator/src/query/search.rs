@@ -346,7 +346,7 @@ fn print_results(
 pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats)> {
     let t0 = Instant::now();
     one_query_source(args)?;
-    let mut searcher = Searcher::open(args, FOOTER_BUDGET_GROUPS).await?;
+    let mut searcher = Searcher::open(args, false).await?;
     let index = &searcher.index;
     let dim = index.embed_dim;
     let need_model = |what: &str| -> Result<&ModelDir> {
@@ -419,12 +419,23 @@ struct Searcher {
 }
 
 impl Searcher {
-    /// Opens the index of `args`, holding up to `footer_budget` row groups'
-    /// footers beyond those being read.
-    async fn open(args: &SearchArgs, footer_budget: usize) -> Result<Searcher> {
+    /// Opens the index of `args`. A `resident` search (queries line by line)
+    /// holds every footer, and reads warm chunks of local files through maps;
+    /// another holds [`FOOTER_BUDGET_GROUPS`] row groups' footers beyond those
+    /// being read.
+    async fn open(args: &SearchArgs, resident: bool) -> Result<Searcher> {
         let model = args.model.as_ref().map(ModelDir::open).transpose()?;
         let stores = StoreCache::default();
-        let index = Arc::new(Index::open(&stores, &args.index, footer_budget).await?);
+        let footer_budget = if resident {
+            usize::MAX
+        } else {
+            FOOTER_BUDGET_GROUPS
+        };
+        let mut index = Index::open(&stores, &args.index, footer_budget).await?;
+        if resident {
+            index.map_files();
+        }
+        let index = Arc::new(index);
         if let Some(m) = &model {
             check_model(&index, m)?;
         }
@@ -464,6 +475,23 @@ impl Searcher {
     /// `exclude`; and what the scan did, with the bytes fetched since the
     /// index opened and the seconds since `t0`.
     async fn answer(
+        &self,
+        args: &SearchArgs,
+        queries: &[(Option<usize>, Vec<f32>)],
+        probed: Option<Probed>,
+        exclude: Option<(GroupRef, usize)>,
+        t0: Instant,
+    ) -> Result<(Vec<SearchResult>, SearchStats)> {
+        let answer = self
+            .answer_from_files(args, queries, probed, exclude, t0)
+            .await;
+        // A file that shrank under a map read as zeros: whatever the answer
+        // (or its error) says, that is the error.
+        self.index.check_maps()?;
+        answer
+    }
+
+    async fn answer_from_files(
         &self,
         args: &SearchArgs,
         queries: &[(Option<usize>, Vec<f32>)],

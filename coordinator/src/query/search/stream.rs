@@ -118,8 +118,9 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
         ));
     }
     let t0 = Instant::now();
-    // Every footer held: a resident search reads each once.
-    let searcher = Searcher::open(args, usize::MAX).await?;
+    // Every footer held, and warm chunks read through maps: a resident
+    // search reads each footer once, and the same lists again and again.
+    let searcher = Searcher::open(args, true).await?;
     let dim = searcher.index.embed_dim;
     let mut texts = match &args.queries {
         Some(_) => {
