@@ -14,6 +14,7 @@
 //!
 //! Compaction's side is in `compact/lists.rs`; search's is `Probe`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -21,17 +22,18 @@ use arrow_array::types::{Float32Type, Int32Type, Int64Type};
 use arrow_array::{Array, ArrayRef, FixedSizeListArray, Float32Array, Int32Array, Int64Array};
 use arrow_array::{RecordBatch, RecordBatchOptions};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use bytes::Bytes;
-use object_store::ObjectStoreExt;
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{GetResult, GetResultPayload, ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ArrowWriter;
+use parquet::arrow::{ArrowWriter, ParquetRecordBatchStreamBuilder};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use rsembed_schemas::chip::embedding_type;
 use rsembed_schemas::job::{IvfLayout, CENTROIDS_FILE, MANIFEST_FILE};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::query::index::{reader_panicked, Index};
+use crate::query::index::{guarded, reader_panicked, Index, StoreReader};
 use crate::query::scan::{dot4, dots};
 use crate::query::Error as QueryError;
 
@@ -355,6 +357,7 @@ pub fn encode_centroids(c: &Centroids, rows: &[u64]) -> Result<Vec<u8>> {
     .map_err(|e| encode_err(Box::new(e)))?;
     let props = WriterProperties::builder()
         .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_max_row_group_row_count(Some(CENTROID_GROUP_ROWS))
         .build();
     let mut w = ArrowWriter::try_new(Vec::new(), schema, Some(props))
         .map_err(|e| encode_err(Box::new(e)))?;
@@ -370,73 +373,215 @@ fn encode_err(source: Box<dyn std::error::Error + Send + Sync>) -> Error {
     .into()
 }
 
-/// Reads `centroids.parquet` bytes of dimension `dim` with `lists` lists:
-/// the centroids and each list's rows.
-pub fn decode_centroids(
-    bytes: Bytes,
-    dim: usize,
-    lists: usize,
+/// Centroids a row group of `centroids.parquet` holds: a search that ranks
+/// them as they are read holds one group (768 KiB at D = 768), not the file
+/// (9.7 MiB at 3,162 lists).
+pub const CENTROID_GROUP_ROWS: usize = 256;
+
+/// Files of centroids up to this size are read once, into memory, and
+/// decoded from there; larger ones are read twice a piece at a time
+/// ([`read_centroids`]). At D = 768 that is up to about 1,300 lists.
+const WHOLE_CENTROIDS_BYTES: u64 = 4 << 20;
+
+/// Reads `centroids.parquet` (`path` in `store`, named `uri` in messages)
+/// of `lists` centroids of dimension `dim` (read whole when at most `whole`
+/// bytes, [`WHOLE_CENTROIDS_BYTES`] but in tests), checking it is the file whose
+/// sha256 the manifest recorded, and hands each batch of centroids to `each`
+/// as it is read: the first list's number, the values (row-major), each
+/// list's rows. Returns the bytes fetched.
+///
+/// Never more than [`WHOLE_CENTROIDS_BYTES`] of the file and one batch of
+/// values are held. A larger file is read twice, both times a piece at a
+/// time: whole for its sha256, then its row groups for the centroids.
+/// Holding the file and its decoded values was the peak of a single search
+/// at 10^7 rows (19 MiB at 3,162 lists, where a group's scan needs 2;
+/// docs/benchmarks.md); a small file is read once, as the bytes fetched by
+/// a search of a small index are mostly its centroids. A file larger than
+/// `lists` centroids can be is refused before it is read.
+pub(crate) async fn read_centroids(
+    store: &Arc<dyn ObjectStore>,
+    path: &Path,
     uri: &str,
-) -> Result<(Centroids, Vec<u64>)> {
+    sha256: &str,
+    (dim, lists, whole): (usize, usize, u64),
+    mut each: impl FnMut(u32, &[f32], &[u64]),
+) -> Result<u64> {
     let bad = |problem: String| -> Error { QueryError::dataset(uri, problem).into() };
-    // Small batches: a batch of the default 1,024 centroids at D = 768 is
-    // 3 MiB of values and 6 MiB of list levels, on top of the file and the
-    // decoded table, at the peak of a search that probes a few lists.
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .map(|b| b.with_batch_size(64))
-        .and_then(|b| b.build())
-        .map_err(|source| QueryError::NotParquet {
-            uri: uri.to_owned(),
-            source,
-        })?;
-    let mut values = Vec::with_capacity(lists * dim);
-    let mut rows = Vec::with_capacity(lists);
-    let mut next = 0i32;
-    for batch in reader {
-        let batch = batch.map_err(|source| QueryError::Rows {
-            uri: uri.to_owned(),
-            source,
-        })?;
-        let ids = batch
-            .column_by_name(LIST)
-            .and_then(|c| c.as_primitive_opt::<Int32Type>())
-            .ok_or_else(|| QueryError::column(uri, LIST, "int32"))?;
-        let cents = batch
-            .column_by_name("centroid")
-            .and_then(|c| c.as_fixed_size_list_opt())
-            .filter(|c| c.value_length() as usize == dim && c.null_count() == 0)
-            .ok_or_else(|| {
-                bad(format!(
-                    "`centroid` is not a FixedSizeList<Float32, {dim}> without nulls"
-                ))
-            })?;
-        let counts = batch
-            .column_by_name("rows")
-            .and_then(|c| c.as_primitive_opt::<Int64Type>())
-            .filter(|c| c.null_count() == 0)
-            .ok_or_else(|| QueryError::column(uri, "rows", "int64 without nulls"))?;
-        rows.extend(counts.values().iter().map(|&n| n.max(0) as u64));
-        let v = cents
-            .values()
-            .as_primitive_opt::<Float32Type>()
-            .ok_or_else(|| QueryError::column(uri, "centroid values", "float32"))?;
-        let start = cents.offset() * dim;
-        values.extend_from_slice(&v.values()[start..start + cents.len() * dim]);
-        for i in 0..ids.len() {
-            if ids.is_null(i) || ids.value(i) != next {
-                return Err(bad(format!(
-                    "its lists are not 0, 1, 2, … in order (row {next})"
-                )));
-            }
-            next += 1;
-        }
+    if lists == 0 || lists > MAX_LISTS as usize {
+        return Err(bad(format!(
+            "the manifest says {lists} lists: a layout has 1 to {MAX_LISTS}"
+        )));
     }
+    let got = store.get(path).await?;
+    let size = got.meta.size;
+    // Values, a page header every 64 KiB of them at most, and the footer's
+    // statistics of a group every 256 lists, with room to spare.
+    let most = (lists * (dim * 4 + 64) + (1 << 20)) as u64;
+    if size > most {
+        return Err(bad(format!(
+            "{size} bytes: more than {lists} centroids of {dim} floats take ({most} at most)"
+        )));
+    }
+    let same = |hash: Sha256| -> Result<()> {
+        let sha = hex::encode(hash.finalize());
+        if sha != sha256 {
+            return Err(bad(format!(
+                "sha256 {sha}, but the manifest says {sha256}: the dataset changed since it was compacted"
+            )));
+        }
+        Ok(())
+    };
+    let not_parquet = |source| QueryError::NotParquet {
+        uri: uri.to_owned(),
+        source,
+    };
+    let mut next = 0i32;
+    let mut take = |batch: &RecordBatch| -> Result<()> {
+        let first = next;
+        let (values, rows) = centroid_batch(batch, dim, &mut next, uri)?;
+        if next as usize > lists {
+            return Err(bad(format!(
+                "more than {lists} centroids, but the manifest says {lists} lists"
+            )));
+        }
+        each(first as u32, values, &rows);
+        Ok(())
+    };
+    let read = if size <= whole {
+        let bytes = got.bytes().await?;
+        same(Sha256::new_with_prefix(&bytes))?;
+        // The sha256 ties the file to the manifest, not to a writer that
+        // made it well: parquet-rs panics on some corrupt pages.
+        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<()> {
+            let batches = ParquetRecordBatchReaderBuilder::try_new(bytes)
+                .map(|b| b.with_batch_size(CENTROID_GROUP_ROWS))
+                .and_then(|b| b.build())
+                .map_err(not_parquet)?;
+            for batch in batches {
+                take(&batch.map_err(|source| QueryError::Rows {
+                    uri: uri.to_owned(),
+                    source,
+                })?)?;
+            }
+            Ok(())
+        }));
+        decoded.unwrap_or_else(|panic| {
+            Err(QueryError::Read {
+                uri: uri.to_owned(),
+                source: reader_panicked(panic.as_ref()),
+            }
+            .into())
+        })?;
+        size
+    } else {
+        same(sha256_of(got, uri).await?)?;
+        let read = Arc::new(AtomicU64::new(size));
+        let reader = StoreReader::new(store.clone(), path.clone(), size, read.clone());
+        let builder = std::panic::AssertUnwindSafe(ParquetRecordBatchStreamBuilder::new(reader))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(reader_panicked(panic.as_ref())))
+            .map_err(not_parquet)?;
+        let batches = builder
+            .with_batch_size(CENTROID_GROUP_ROWS)
+            .build()
+            .map_err(not_parquet)?;
+        let mut batches = guarded(batches);
+        while let Some(batch) = batches.next().await {
+            take(&batch.map_err(|source| QueryError::Read {
+                uri: uri.to_owned(),
+                source,
+            })?)?;
+        }
+        read.load(Ordering::Relaxed)
+    };
     if next as usize != lists {
         return Err(bad(format!(
             "{next} centroids, but the manifest says {lists} lists"
         )));
     }
-    Ok((Centroids { dim, values }, rows))
+    Ok(read)
+}
+
+/// The sha256 of the whole of `got`, read a piece at a time: a local file
+/// in 1 MiB reads on the blocking pool (object_store's stream of it is
+/// 8 KiB reads, a blocking task each: 1,200 for the centroids of 3,162
+/// lists), another store's body as it streams in.
+async fn sha256_of(got: GetResult, uri: &str) -> Result<Sha256> {
+    let mut hash = Sha256::new();
+    match got.payload {
+        GetResultPayload::File(mut file, _) => {
+            let hashed = tokio::task::spawn_blocking(move || {
+                use std::io::Read;
+                let mut buf = vec![0u8; 1 << 20];
+                loop {
+                    match file.read(&mut buf) {
+                        Ok(0) => return Ok(hash),
+                        Ok(n) => hash.update(&buf[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+            })
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|r| r);
+            hashed.map_err(|e| QueryError::dataset(uri, format!("reading it: {e}")).into())
+        }
+        GetResultPayload::Stream(mut pieces) => {
+            while let Some(piece) = pieces.try_next().await? {
+                hash.update(&piece);
+            }
+            Ok(hash)
+        }
+    }
+}
+
+/// The values and row counts of one batch of `centroids.parquet`, whose
+/// lists must be `next`, `next + 1`, …; `next` moves past them.
+fn centroid_batch<'a>(
+    batch: &'a RecordBatch,
+    dim: usize,
+    next: &mut i32,
+    uri: &str,
+) -> Result<(&'a [f32], Vec<u64>)> {
+    let bad = |problem: String| -> Error { QueryError::dataset(uri, problem).into() };
+    let ids = batch
+        .column_by_name(LIST)
+        .and_then(|c| c.as_primitive_opt::<Int32Type>())
+        .ok_or_else(|| QueryError::column(uri, LIST, "int32"))?;
+    let cents = batch
+        .column_by_name("centroid")
+        .and_then(|c| c.as_fixed_size_list_opt())
+        .filter(|c| c.value_length() as usize == dim && c.null_count() == 0)
+        .ok_or_else(|| {
+            bad(format!(
+                "`centroid` is not a FixedSizeList<Float32, {dim}> without nulls"
+            ))
+        })?;
+    let counts = batch
+        .column_by_name("rows")
+        .and_then(|c| c.as_primitive_opt::<Int64Type>())
+        .filter(|c| c.null_count() == 0)
+        .ok_or_else(|| QueryError::column(uri, "rows", "int64 without nulls"))?;
+    let v = cents
+        .values()
+        .as_primitive_opt::<Float32Type>()
+        .ok_or_else(|| QueryError::column(uri, "centroid values", "float32"))?;
+    for i in 0..ids.len() {
+        if ids.is_null(i) || ids.value(i) != *next {
+            return Err(bad(format!(
+                "its lists are not 0, 1, 2, … in order (row {next})"
+            )));
+        }
+        *next += 1;
+    }
+    let start = cents.offset() * dim;
+    let values = &v.values()[start..start + cents.len() * dim];
+    Ok((
+        values,
+        counts.values().iter().map(|&n| n.max(0) as u64).collect(),
+    ))
 }
 
 // ---- Search --------------------------------------------------------------------
@@ -449,16 +594,25 @@ struct WithIvf {
 }
 
 /// An IVF dataset's centroids, opened for a search.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Probe {
-    /// The centroids.
-    pub(crate) centroids: Centroids,
+    /// The centroids and each list's rows, when held (a resident search
+    /// ranks them for every query); a single pass reads them as it ranks.
+    held: Option<(Centroids, Vec<u64>)>,
+    /// The index's store.
+    store: Arc<dyn ObjectStore>,
+    /// `centroids.parquet`: path, URI and the sha256 the manifest records.
+    file: (Path, String, String),
+    /// Embedding dimension.
+    dim: usize,
+    /// Lists in the layout.
+    lists: usize,
+    /// [`WHOLE_CENTROIDS_BYTES`], but in tests.
+    whole: u64,
     /// Lists probed.
     pub(crate) nprobe: usize,
-    /// Rows of each list: empty lists are never probed (they have no row group).
-    rows: Vec<u64>,
     /// Bytes fetched for it (manifest and centroids).
-    pub(crate) bytes_read: u64,
+    bytes_read: AtomicU64,
 }
 
 /// The lists a batch of queries probes, and which queries probe each.
@@ -477,10 +631,15 @@ pub(crate) struct Probed {
 
 impl Probe {
     /// The IVF layout of `index`, when its manifest records one and `nprobe`
-    /// asks for fewer than all lists. `--nprobe P` on a dataset without
+    /// asks for fewer than all lists, with its centroids read and `held`
+    /// when asked (a resident search). `--nprobe P` on a dataset without
     /// lists is refused (it would silently be an exact scan); `--nprobe
     /// all` is what such a dataset does anyway.
-    pub(crate) async fn open(index: &Index, nprobe: Option<NProbe>) -> Result<Option<Probe>> {
+    pub(crate) async fn open(
+        index: &Index,
+        nprobe: Option<NProbe>,
+        hold: bool,
+    ) -> Result<Option<Probe>> {
         let layout = match &index.manifest {
             Some(_) => {
                 let loc = &index.root;
@@ -522,73 +681,182 @@ impl Probe {
             loc.url.as_str().trim_end_matches('/'),
             layout.centroids.path
         );
-        let bytes = loc
-            .store
-            .get(&loc.child(&layout.centroids.path))
-            .await?
-            .bytes()
-            .await?;
-        let sha = hex::encode(Sha256::digest(&bytes));
-        if sha != layout.centroids.sha256 {
-            return Err(QueryError::dataset(
-                &uri,
-                format!(
-                    "sha256 {sha}, but the manifest says {}: the dataset changed since it was compacted",
-                    layout.centroids.sha256
-                ),
-            )
-            .into());
-        }
-        let read = manifest_bytes + bytes.len() as u64;
-        // The sha256 ties the file to the manifest, not to a writer that
-        // made it well: parquet-rs panics on some corrupt pages.
-        let (dim, lists) = (index.embed_dim, layout.lists as usize);
-        let decoded = std::panic::catch_unwind(|| decode_centroids(bytes, dim, lists, &uri));
-        let (centroids, rows) = decoded.unwrap_or_else(|panic| {
-            Err(QueryError::Read {
-                uri: uri.clone(),
-                source: reader_panicked(panic.as_ref()),
-            }
-            .into())
-        })?;
-        let lists = centroids.lists();
-        let probes = match nprobe {
-            Some(NProbe::Lists(p)) => p.min(lists),
-            _ => default_nprobe(lists),
+        let lists = layout.lists as usize;
+        let mut probe = Probe {
+            held: None,
+            store: loc.store.clone(),
+            file: (
+                loc.child(&layout.centroids.path),
+                uri,
+                layout.centroids.sha256,
+            ),
+            dim: index.embed_dim,
+            lists,
+            whole: WHOLE_CENTROIDS_BYTES,
+            nprobe: match nprobe {
+                Some(NProbe::Lists(p)) => p.min(lists),
+                _ => default_nprobe(lists),
+            },
+            bytes_read: AtomicU64::new(manifest_bytes),
         };
-        Ok(Some(Probe {
-            centroids,
-            nprobe: probes,
-            rows,
-            bytes_read: read,
-        }))
+        if hold {
+            probe.hold().await?;
+        }
+        Ok(Some(probe))
+    }
+
+    /// Reads the centroids into memory, to rank them for query after query.
+    async fn hold(&mut self) -> Result<()> {
+        let (mut values, mut rows) = (Vec::new(), Vec::new());
+        self.read(|_, v, r| {
+            values.extend_from_slice(v);
+            rows.extend_from_slice(r);
+        })
+        .await?;
+        let dim = self.dim;
+        self.held = Some((Centroids { dim, values }, rows));
+        Ok(())
+    }
+
+    /// Bytes fetched for the probe so far (manifest and centroids).
+    pub(crate) fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    async fn read(&self, each: impl FnMut(u32, &[f32], &[u64])) -> Result<()> {
+        let (path, uri, sha) = &self.file;
+        let dims = (self.dim, self.lists, self.whole);
+        let n = read_centroids(&self.store, path, uri, sha, dims, each).await?;
+        self.bytes_read.fetch_add(n, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The lists each of the unit `queries` probes: its `nprobe` best
     /// non-empty lists by dot product with the centroids (ties to the lower
-    /// list), on several threads when there is enough work.
-    pub(crate) fn probe(&self, queries: &[&[f32]]) -> Probed {
-        let lists = self.centroids.lists();
-        let per = per_thread(queries.len(), queries.len() * self.centroids.values.len());
-        // One chunk is ranked here: a thread started and joined for it was
-        // 4 % of a resident query at `--nprobe 1` (`clone3` alone).
-        let chosen: Vec<Vec<u32>> = if per >= queries.len() {
-            self.best_lists(queries)
-        } else {
-            std::thread::scope(|s| {
-                let handles: Vec<_> = queries
-                    .chunks(per)
-                    .map(|chunk| s.spawn(move || self.best_lists(chunk)))
-                    .collect();
-                handles
-                    .into_iter()
-                    .flat_map(|h| h.join().expect("a probe thread panicked"))
-                    .collect()
-            })
-        };
+    /// list), on several threads when there is enough work; centroids not
+    /// held are read as they are ranked.
+    pub(crate) async fn probe(&self, queries: &[&[f32]]) -> Result<Probed> {
+        let dim = self.dim;
+        let per = per_thread(queries.len(), queries.len() * self.lists * dim);
+        let chunks: Vec<&[&[f32]]> = queries.chunks(per).collect();
+        let mut bests: Vec<Best> = chunks
+            .iter()
+            .map(|c| Best::new(c.len(), self.nprobe))
+            .collect();
+        match &self.held {
+            Some((c, rows)) => offer(&mut bests, &chunks, dim, (0, &c.values, rows)),
+            None => {
+                self.read(|first, values, rows| {
+                    offer(&mut bests, &chunks, dim, (first, values, rows));
+                })
+                .await?
+            }
+        }
+        let chosen = bests.into_iter().flat_map(Best::finish);
+        Ok(Probed::of(chosen, self.lists, queries.len()))
+    }
+}
+
+/// Offers centroids (first list, values, rows) to each chunk of queries'
+/// [`Best`]; one chunk on this thread (a thread started and joined for it
+/// was 4 % of a resident query at `--nprobe 1`, `clone3` alone), more on
+/// one thread each.
+fn offer(bests: &mut [Best], chunks: &[&[&[f32]]], dim: usize, cents: (u32, &[f32], &[u64])) {
+    if let [best] = bests {
+        best.offer(chunks[0], dim, cents);
+        return;
+    }
+    std::thread::scope(|s| {
+        for (best, chunk) in bests.iter_mut().zip(chunks) {
+            s.spawn(move || best.offer(chunk, dim, cents));
+        }
+    });
+}
+
+/// Each query's best lists among the centroids offered so far: at most
+/// `nprobe` after each offer, in the order "higher dot product, then lower
+/// list", a total order, so that the lists chosen do not depend on how the
+/// centroids came in.
+struct Best {
+    nprobe: usize,
+    kept: Vec<Vec<(f32, u32)>>,
+    scores: Vec<[f32; 4]>,
+    one: Vec<f32>,
+}
+
+impl Best {
+    fn new(queries: usize, nprobe: usize) -> Best {
+        Best {
+            nprobe,
+            kept: vec![Vec::new(); queries],
+            scores: Vec::new(),
+            one: Vec::new(),
+        }
+    }
+
+    fn offer(
+        &mut self,
+        queries: &[&[f32]],
+        dim: usize,
+        (first, values, rows): (u32, &[f32], &[u64]),
+    ) {
+        let lists = rows.len().min(values.len() / dim);
+        self.scores.resize(lists, [0f32; 4]);
+        self.one.resize(lists, 0.0);
+        let values = &values[..lists * dim];
+        for (ci, chunk) in queries.chunks(4).enumerate() {
+            if let [q] = chunk {
+                // One query (a resident search's line): a quarter of the
+                // work of four lanes of the same query, 13 % of such a
+                // query's time before.
+                dots(values, dim, q, &mut self.one);
+                for (s, &d) in self.scores.iter_mut().zip(&self.one) {
+                    s[0] = d;
+                }
+            } else {
+                let q = |k: usize| chunk[k.min(chunk.len() - 1)];
+                let four = [q(0), q(1), q(2), q(3)];
+                for (s, c) in self.scores.iter_mut().zip(values.chunks_exact(dim)) {
+                    *s = dot4(four, c);
+                }
+            }
+            for k in 0..chunk.len() {
+                let kept = &mut self.kept[ci * 4 + k];
+                kept.extend(
+                    (0..lists)
+                        .filter(|&l| rows[l] > 0)
+                        .map(|l| (self.scores[l][k], first + l as u32)),
+                );
+                keep_best(kept, self.nprobe);
+            }
+        }
+    }
+
+    /// Each query's lists, ascending.
+    fn finish(self) -> impl Iterator<Item = Vec<u32>> {
+        self.kept.into_iter().map(|kept| {
+            let mut ls: Vec<u32> = kept.into_iter().map(|(_, l)| l).collect();
+            ls.sort_unstable();
+            ls
+        })
+    }
+}
+
+/// Keeps the `n` best of `kept`: higher score first, then lower list.
+fn keep_best(kept: &mut Vec<(f32, u32)>, n: usize) {
+    if kept.len() > n {
+        kept.select_nth_unstable_by(n, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        kept.truncate(n);
+    }
+}
+
+impl Probed {
+    /// The probe of `queries` queries over `lists` lists, from each query's
+    /// lists.
+    fn of(chosen: impl Iterator<Item = Vec<u32>>, lists: usize, queries: usize) -> Probed {
         let mut by_list = vec![Vec::new(); lists];
-        for (qi, ls) in chosen.iter().enumerate() {
-            for &l in ls {
+        for (qi, ls) in chosen.enumerate() {
+            for l in ls {
                 by_list[l as usize].push(qi as u32);
             }
         }
@@ -606,57 +874,10 @@ impl Probe {
                     }
                 })
                 .collect(),
-            all: (0..queries.len() as u32).collect(),
+            all: (0..queries as u32).collect(),
         }
     }
 
-    /// [`Probe::probe`]'s choice for each of `queries`, on this thread.
-    fn best_lists(&self, queries: &[&[f32]]) -> Vec<Vec<u32>> {
-        let dim = self.centroids.dim;
-        let lists = self.centroids.lists();
-        let mut scores = vec![[0f32; 4]; lists];
-        let mut one = vec![0f32; lists];
-        let mut out = Vec::with_capacity(queries.len());
-        for chunk in queries.chunks(4) {
-            if let [q] = chunk {
-                // One query (a resident search's line): a quarter of the
-                // work of four lanes of the same query, 13 % of such a
-                // query's time before.
-                dots(&self.centroids.values, dim, q, &mut one);
-                for (s, &d) in scores.iter_mut().zip(&one) {
-                    s[0] = d;
-                }
-            } else {
-                let q = |k: usize| chunk[k.min(chunk.len() - 1)];
-                let four = [q(0), q(1), q(2), q(3)];
-                for (s, c) in scores
-                    .iter_mut()
-                    .zip(self.centroids.values.chunks_exact(dim))
-                {
-                    *s = dot4(four, c);
-                }
-            }
-            for (k, _) in chunk.iter().enumerate() {
-                let better = |a: &u32, b: &u32| {
-                    let (a, b) = (*a as usize, *b as usize);
-                    scores[b][k].total_cmp(&scores[a][k]).then(a.cmp(&b))
-                };
-                let mut ls: Vec<u32> = (0..lists as u32)
-                    .filter(|&l| self.rows[l as usize] > 0)
-                    .collect();
-                if self.nprobe < ls.len() {
-                    ls.select_nth_unstable_by(self.nprobe, better);
-                    ls.truncate(self.nprobe);
-                }
-                ls.sort_unstable();
-                out.push(ls);
-            }
-        }
-        out
-    }
-}
-
-impl Probed {
     /// The queries that score a row group whose `list` statistics give
     /// `list` (least and greatest): those probing a list in it, ascending;
     /// every query when it has no usable statistics (such a group is read).
@@ -765,9 +986,43 @@ mod tests {
         assert!(k.centroids.values.iter().all(|v| v.is_finite()));
     }
 
-    #[test]
-    fn a_batch_probes_each_query_s_best_non_empty_lists() {
+    /// `centroids` written as `centroids.parquet` in `dir`: its store, path
+    /// and sha256.
+    fn centroids_file(
+        dir: &std::path::Path,
+        c: &Centroids,
+        rows: &[u64],
+    ) -> (Arc<dyn ObjectStore>, Path, String) {
+        let bytes = encode_centroids(c, rows).unwrap();
+        std::fs::write(dir.join(CENTROIDS_FILE), &bytes).unwrap();
+        let store = object_store::local::LocalFileSystem::new_with_prefix(dir).unwrap();
+        let sha = hex::encode(Sha256::digest(&bytes));
+        (Arc::new(store), Path::from(CENTROIDS_FILE), sha)
+    }
+
+    fn probe_of(
+        file: &(Arc<dyn ObjectStore>, Path, String),
+        dim: usize,
+        lists: usize,
+        nprobe: usize,
+        whole: u64,
+    ) -> Probe {
+        Probe {
+            held: None,
+            store: file.0.clone(),
+            file: (file.1.clone(), "c".into(), file.2.clone()),
+            dim,
+            lists,
+            whole,
+            nprobe,
+            bytes_read: AtomicU64::new(0),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_probes_each_query_s_best_non_empty_lists_held_or_read_as_ranked() {
         let dim = 24;
+        // Two row groups of the file (256 and 44 centroids).
         let lists = 300;
         let cents = Centroids {
             dim,
@@ -777,17 +1032,17 @@ mod tests {
         for l in (0..lists).step_by(7) {
             rows[l] = 0;
         }
-        let probe = Probe {
-            centroids: cents.clone(),
-            nprobe: 9,
-            rows: rows.clone(),
-            bytes_read: 0,
-        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = centroids_file(dir.path(), &cents, &rows);
+        let streamed = probe_of(&file, dim, lists, 9, 0);
+        let whole = probe_of(&file, dim, lists, 9, u64::MAX);
+        let mut held = probe_of(&file, dim, lists, 9, 0);
+        held.hold().await.unwrap();
+        assert_eq!(held.held, Some((cents.clone(), rows.clone())));
         // Enough queries for the threaded path (work ≥ 2^22), and a ragged last chunk.
         let qs = unit(gen(6, 1_003, dim, 50, 0.3));
         let queries: Vec<&[f32]> = qs.chunks_exact(dim).collect();
         assert!(queries.len() * cents.values.len() >= 1 << 22);
-        let probed = probe.probe(&queries);
         let mut want = vec![Vec::new(); lists];
         for (qi, q) in queries.iter().enumerate() {
             let d: Vec<f32> = cents.values.chunks_exact(dim).map(|c| dot(c, q)).collect();
@@ -797,23 +1052,103 @@ mod tests {
                 want[l].push(qi as u32);
             }
         }
-        let got: Vec<Vec<u32>> = probed.by_list.iter().map(|q| q.to_vec()).collect();
-        assert_eq!(got, want);
-        assert_eq!(probed.all.len(), queries.len());
+        for probe in [&streamed, &whole, &held] {
+            for qs in [&queries[..], &queries[..1], &queries[..3]] {
+                let probed = probe.probe(qs).await.unwrap();
+                let got: Vec<Vec<u32>> = probed.by_list.iter().map(|q| q.to_vec()).collect();
+                let want: Vec<Vec<u32>> = want
+                    .iter()
+                    .map(|w| {
+                        w.iter()
+                            .copied()
+                            .filter(|&q| (q as usize) < qs.len())
+                            .collect()
+                    })
+                    .collect();
+                assert_eq!(got, want);
+                assert_eq!(probed.all.len(), qs.len());
+            }
+        }
+        // Read as ranked: the file for each probe, streamed twice over.
+        let size = std::fs::metadata(dir.path().join(CENTROIDS_FILE))
+            .unwrap()
+            .len();
+        assert!(
+            streamed.bytes_read() > 3 * 2 * size - 3 * 1000,
+            "{}",
+            streamed.bytes_read()
+        );
+        assert_eq!(whole.bytes_read(), 3 * size);
     }
 
-    #[test]
-    fn centroids_round_trip_through_parquet() {
+    #[tokio::test]
+    async fn centroids_round_trip_through_parquet_and_a_wrong_file_is_refused() {
         let c = Centroids {
             dim: 3,
             values: vec![1.0, 0.0, 0.0, 0.0, 1.0, 0.0],
         };
         let bytes = encode_centroids(&c, &[5, 0]).unwrap();
         assert_eq!(bytes, encode_centroids(&c, &[5, 0]).unwrap());
-        let back = decode_centroids(Bytes::from(bytes.clone()), 3, 2, "c").unwrap();
-        assert_eq!(back, (c, vec![5, 0]));
-        let err = decode_centroids(Bytes::from(bytes), 3, 3, "c").unwrap_err();
-        assert!(err.to_string().contains("2 centroids"), "{err}");
+        let dir = tempfile::tempdir().unwrap();
+        let (store, path, sha) = centroids_file(dir.path(), &c, &[5, 0]);
+        // Each case read both ways: streamed twice over, and whole.
+        let read = |sha: String, (dim, lists): (usize, usize)| {
+            let (store, path) = (store.clone(), path.clone());
+            async move {
+                let mut got = Vec::new();
+                for whole in [0, u64::MAX] {
+                    let (mut values, mut rows) = (Vec::new(), Vec::new());
+                    let r = read_centroids(
+                        &store,
+                        &path,
+                        "c",
+                        &sha,
+                        (dim, lists, whole),
+                        |first, v, r| {
+                            assert_eq!(first as usize, rows.len());
+                            values.extend_from_slice(v);
+                            rows.extend_from_slice(r);
+                        },
+                    )
+                    .await;
+                    got.push(r.map(|_| (values, rows)));
+                }
+                let whole = got.pop().unwrap();
+                match (got.pop().unwrap(), whole) {
+                    (Ok(a), Ok(b)) => {
+                        assert_eq!(a, b, "streamed or whole");
+                        Ok(a)
+                    }
+                    (Err(a), Err(b)) => {
+                        assert_eq!(a.to_string(), b.to_string(), "streamed or whole");
+                        Err(a)
+                    }
+                    (a, b) => panic!("streamed {a:?}, whole {b:?}"),
+                }
+            }
+        };
+        let back = read(sha.clone(), (3, 2)).await.unwrap();
+        assert_eq!(back, (c.values.clone(), vec![5, 0]));
+        let err = |r: Result<(Vec<f32>, Vec<u64>)>| r.unwrap_err().to_string();
+        let e = err(read(sha.clone(), (3, 3)).await);
+        assert!(e.contains("2 centroids, but the manifest says 3"), "{e}");
+        let e = err(read(sha.clone(), (3, 1)).await);
+        assert!(e.contains("more than 1 centroids"), "{e}");
+        let e = err(read(sha.clone(), (4, 2)).await);
+        assert!(e.contains("FixedSizeList<Float32, 4>"), "{e}");
+        let e = err(read("0".repeat(64), (3, 2)).await);
+        assert!(
+            e.contains("the dataset changed since it was compacted"),
+            "{e}"
+        );
+        let e = err(read(sha.clone(), (3, 1 << 20)).await);
+        assert!(e.contains("a layout has 1 to 65536"), "{e}");
+        // A file larger than its lists' centroids can be is not read.
+        let mut big = bytes.clone();
+        big.resize((1 << 20) + 4096, 0);
+        std::fs::write(dir.path().join(CENTROIDS_FILE), &big).unwrap();
+        let e = err(read(sha, (3, 2)).await);
+        assert!(e.contains("more than 2 centroids of 3 floats take"), "{e}");
     }
 
     #[test]

@@ -346,7 +346,7 @@ fn print_results(
 pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats)> {
     let t0 = Instant::now();
     one_query_source(args)?;
-    let mut searcher = Searcher::open(args, false).await?;
+    let searcher = Searcher::open(args, false).await?;
     let index = &searcher.index;
     let dim = index.embed_dim;
     let need_model = |what: &str| -> Result<&ModelDir> {
@@ -380,10 +380,7 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         (qs, None)
     };
 
-    let probed = searcher.probed(&queries);
-    // Not held through the scan: lists × D × 4 bytes (9 MiB at 3,162 lists
-    // of D = 768) that would otherwise grow a search's peak with the lists.
-    searcher.probe = None;
+    let probed = searcher.probed(&queries).await?;
     searcher.answer(args, &queries, probed, exclude, t0).await
 }
 
@@ -409,11 +406,11 @@ fn one_query_source(args: &SearchArgs) -> Result<()> {
 struct Searcher {
     model: Option<ModelDir>,
     index: Arc<Index>,
-    /// The centroids, while queries may still come; a single pass lets
-    /// them go once its lists are chosen.
+    /// The IVF layout's centroids: held by a resident search, read as
+    /// they are ranked by a single pass (held through the scan they were
+    /// lists × D × 4 bytes, 9 MiB at 3,162 lists of D = 768, that grew a
+    /// search's peak with the lists).
     probe: Option<Probe>,
-    /// Bytes fetched for the probe (manifest and centroids).
-    probe_bytes: u64,
     filters: Filters,
     concurrency: usize,
 }
@@ -449,11 +446,10 @@ impl Searcher {
                 .map_err(Error::Usage)?,
             max_cloud: args.max_cloud,
         };
-        let probe = Probe::open(&index, args.nprobe).await?;
+        let probe = Probe::open(&index, args.nprobe, resident).await?;
         Ok(Searcher {
             model,
             index,
-            probe_bytes: probe.as_ref().map_or(0, |p| p.bytes_read),
             probe,
             filters,
             concurrency: args.concurrency.unwrap_or_else(default_concurrency),
@@ -462,11 +458,12 @@ impl Searcher {
 
     /// The lists each of `queries` probes; `None` when the search is not
     /// an IVF probe.
-    fn probed(&self, queries: &[(Option<usize>, Vec<f32>)]) -> Option<Probed> {
-        self.probe.as_ref().map(|p| {
-            let qs: Vec<&[f32]> = queries.iter().map(|(_, v)| v.as_slice()).collect();
-            p.probe(&qs)
-        })
+    async fn probed(&self, queries: &[(Option<usize>, Vec<f32>)]) -> Result<Option<Probed>> {
+        let Some(p) = &self.probe else {
+            return Ok(None);
+        };
+        let qs: Vec<&[f32]> = queries.iter().map(|(_, v)| v.as_slice()).collect();
+        Ok(Some(p.probe(&qs).await?))
     }
 
     /// The top-K results of each of `queries` (line number, unit vector),
@@ -635,7 +632,7 @@ impl Searcher {
             pruning,
             rows_scored: scored,
             missing,
-            bytes_read: index.bytes_read() + self.probe_bytes,
+            bytes_read: index.bytes_read() + self.probe.as_ref().map_or(0, Probe::bytes_read),
             seconds: t0.elapsed().as_secs_f64(),
         };
         Ok((results, stats))

@@ -190,7 +190,7 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
         }
         if !queries.is_empty() {
             let (results, stats) = searcher
-                .answer(args, &queries, searcher.probed(&queries), None, t0)
+                .answer(args, &queries, searcher.probed(&queries).await?, None, t0)
                 .await?;
             let mut by_query: BTreeMap<usize, Vec<SearchResult>> = queries
                 .iter()
