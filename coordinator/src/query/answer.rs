@@ -72,7 +72,7 @@ fn unzstd(src: &[u8], limit: usize, out: &mut Vec<u8>) -> PqResult<()> {
 /// A column chunk's pages, decompressed here when they are read and passed
 /// over from their headers when they are skipped.
 struct Pages {
-    inner: SerializedPageReader<At>,
+    inner: Source,
     /// The next page as stored, once peeked: parquet-rs's own peek unwraps
     /// a header field a corrupt page may lack (a panic, found by
     /// `corrupt_answer_chunks_are_errors_never_panics`); reading the page
@@ -123,6 +123,52 @@ fn bad(why: impl Into<String>) -> ParquetError {
 }
 
 impl Pages {
+    /// The next page as its source holds it.
+    fn next_stored(&mut self) -> PqResult<Option<Page>> {
+        match &mut self.inner {
+            Source::Stored(r) => r.get_next_page(),
+            Source::Inflated(pages) => Ok(pages.next()),
+        }
+    }
+
+    /// A reader of `chunk`'s pages, inflated as they are read.
+    fn of(chunk: &Chunk) -> Result<Pages, String> {
+        let descr = chunk.meta.column_descr_ptr();
+        if descr.max_rep_level() != 0 {
+            return Err("a repeated column".into());
+        }
+        let zstd = match chunk.meta.compression() {
+            Compression::UNCOMPRESSED => false,
+            Compression::ZSTD(_) => true,
+            other => return Err(format!("{other:?} compression")),
+        };
+        let limit =
+            usize::try_from(chunk.meta.uncompressed_size()).map_err(|_| "a negative size")?;
+        // The page reader is told the chunk is uncompressed, so that it makes
+        // no codec: its pages come out as stored and `Pages` inflates them.
+        let meta = chunk
+            .meta
+            .clone()
+            .into_builder()
+            .set_compression(Compression::UNCOMPRESSED)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let at = At {
+            start: meta.byte_range().0,
+            data: chunk.data.clone(),
+        };
+        let inner = SerializedPageReader::new(Arc::new(at), &meta, chunk.rows, None)
+            .map_err(|e| e.to_string())?;
+        Ok(Pages {
+            inner: Source::Stored(inner),
+            peeked: None,
+            zstd,
+            limit,
+            byte_array: descr.physical_type() == PhysicalType::BYTE_ARRAY,
+            max_def: descr.max_def_level(),
+        })
+    }
+
     /// The page decompressed, and for byte arrays checked.
     fn inflate(&self, page: Page) -> PqResult<Page> {
         let page = self.decompress(page)?;
@@ -223,6 +269,14 @@ impl Pages {
     }
 }
 
+/// Where a reader's pages come from.
+enum Source {
+    /// The chunk as stored: each page is inflated as it is read.
+    Stored(SerializedPageReader<At>),
+    /// Pages inflated before (by [`inflate`]), handed out as they are.
+    Inflated(std::vec::IntoIter<Page>),
+}
+
 impl Iterator for Pages {
     type Item = PqResult<Page>;
 
@@ -235,14 +289,17 @@ impl PageReader for Pages {
     fn get_next_page(&mut self) -> PqResult<Option<Page>> {
         let page = match self.peeked.take() {
             Some(p) => Some(p),
-            None => self.inner.get_next_page()?,
+            None => self.next_stored()?,
         };
-        page.map(|p| self.inflate(p)).transpose()
+        match self.inner {
+            Source::Stored(_) => page.map(|p| self.inflate(p)).transpose(),
+            Source::Inflated(_) => Ok(page),
+        }
     }
 
     fn peek_next_page(&mut self) -> PqResult<Option<PageMetadata>> {
         if self.peeked.is_none() {
-            self.peeked = self.inner.get_next_page()?;
+            self.peeked = self.next_stored()?;
         }
         Ok(self.peeked.as_ref().map(|p| match p {
             Page::DataPage { num_values, .. } => PageMetadata {
@@ -269,22 +326,30 @@ impl PageReader for Pages {
 
     fn skip_next_page(&mut self) -> PqResult<()> {
         if self.peeked.take().is_none() {
-            self.inner.get_next_page()?;
+            self.next_stored()?;
         }
         Ok(())
     }
 }
 
+/// Every page of a flat column chunk, decompressed and checked, for
+/// [`column`] to read later: a search reads a likely hit group's answer
+/// columns so on an idle core while its list is scored.
+pub(crate) fn inflate(chunk: &Chunk) -> Result<Vec<Page>, String> {
+    Pages::of(chunk)?
+        .collect::<PqResult<Vec<Page>>>()
+        .map_err(|e| e.to_string())
+}
+
 /// Rows `wanted` (ascending, distinct) of a flat column chunk of physical
-/// type `T`, `None` where null.
+/// type `T`, `None` where null; from its pages as [`inflate`] gave them
+/// when `inflated`, which must be that chunk's.
 pub(crate) fn column<T: DataType>(
     chunk: &Chunk,
     wanted: &[usize],
+    inflated: Option<Vec<Page>>,
 ) -> Result<Vec<Option<T::T>>, String> {
     let descr = chunk.meta.column_descr_ptr();
-    if descr.max_rep_level() != 0 {
-        return Err("a repeated column".into());
-    }
     if descr.physical_type() != T::get_physical_type() {
         return Err(format!(
             "{} stored as {:?}",
@@ -292,36 +357,11 @@ pub(crate) fn column<T: DataType>(
             descr.physical_type()
         ));
     }
-    let zstd = match chunk.meta.compression() {
-        Compression::UNCOMPRESSED => false,
-        Compression::ZSTD(_) => true,
-        other => return Err(format!("{other:?} compression")),
-    };
-    let limit = usize::try_from(chunk.meta.uncompressed_size()).map_err(|_| "a negative size")?;
-    // The page reader is told the chunk is uncompressed, so that it makes no
-    // codec: its pages come out as stored and `Pages` inflates them.
-    let meta = chunk
-        .meta
-        .clone()
-        .into_builder()
-        .set_compression(Compression::UNCOMPRESSED)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let at = At {
-        start: meta.byte_range().0,
-        data: chunk.data.clone(),
-    };
-    let inner = SerializedPageReader::new(Arc::new(at), &meta, chunk.rows, None)
-        .map_err(|e| e.to_string())?;
-    let max_def = descr.max_def_level();
-    let pages = Pages {
-        inner,
-        peeked: None,
-        zstd,
-        limit,
-        byte_array: T::get_physical_type() == PhysicalType::BYTE_ARRAY,
-        max_def,
-    };
+    let mut pages = Pages::of(chunk)?;
+    if let Some(inflated) = inflated {
+        pages.inner = Source::Inflated(inflated.into_iter());
+    }
+    let max_def = pages.max_def;
     let mut reader = ColumnReaderImpl::<T>::new(descr, Box::new(pages));
     let (mut next, mut def, mut values) = (0, Vec::new(), Vec::new());
     let mut out = Vec::with_capacity(wanted.len());
