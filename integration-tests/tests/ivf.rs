@@ -847,17 +847,17 @@ fn an_index_beyond_the_footer_budget_answers_the_same() {
     // Chips a filter excludes for lacking its property are counted on the
     // session's closing line, as a search of a file counts them: these have
     // no datetime, and `--nprobe all` reads every group.
-    let mut session = LineSession::start(
-        rsembed().args(["search", "--index"]).arg(&many).args([
-            "--vectors",
-            "-",
-            "--nprobe",
-            "all",
-            "--datetime",
-            "2024-01-01T00:00:00Z/..",
-        ]),
-        std::time::Duration::from_secs(120),
-    );
+    let resident = |more: &[&str]| {
+        LineSession::start(
+            rsembed()
+                .args(["search", "--index"])
+                .arg(&many)
+                .args(["--vectors", "-", "--nprobe", "all"])
+                .args(more),
+            std::time::Duration::from_secs(120),
+        )
+    };
+    let mut session = resident(&["--datetime", "2024-01-01T00:00:00Z/.."]);
     session.send(&format!("{}\n", lines[0].trim()));
     let a = session.answer();
     assert_eq!(a["results"].as_array().map(Vec::len), Some(0), "{a}");
@@ -872,15 +872,7 @@ fn an_index_beyond_the_footer_budget_answers_the_same() {
     // A resident search reads warm chunks through maps of the files. Files
     // cut short under it (a touch past the new end would be SIGBUS) fail
     // the query with an error naming a file: never a crash.
-    let mut session = LineSession::start(
-        rsembed().args(["search", "--index"]).arg(&many).args([
-            "--vectors",
-            "-",
-            "--nprobe",
-            "all",
-        ]),
-        std::time::Duration::from_secs(120),
-    );
+    let mut session = resident(&[]);
     session.send(&format!("{}\n", lines[0].trim()));
     assert_eq!(hits(&session.answer()), search(&many, &["--vector", q0]).0);
     for e in std::fs::read_dir(many.join("chips")).unwrap() {

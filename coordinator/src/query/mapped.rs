@@ -79,6 +79,8 @@ fn page() -> usize {
 fn install() -> bool {
     static INSTALLED: OnceLock<bool> = OnceLock::new();
     *INSTALLED.get_or_init(|| {
+        // The handler reads the page size: made here, never there.
+        page();
         // SAFETY: sigaction with valid pointers to zero-initialised (a
         // valid state for the C struct) actions; the handler only touches
         // atomics and makes async-signal-safe system calls.
