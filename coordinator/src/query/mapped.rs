@@ -495,6 +495,61 @@ mod tests {
         assert!(maps.read(0, &path, size, 1000, 100).is_none());
     }
 
+    /// A SIGBUS on a page that is not one of ours still kills the process
+    /// (the handler hands it on): run in a child process of this test.
+    #[test]
+    fn a_sigbus_elsewhere_still_kills_the_process() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::ExitStatusExt;
+        const CHILD: &str = "RSEMBED_TEST_SIGBUS_CHILD";
+        if std::env::var_os(CHILD).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "--exact",
+                    "query::mapped::tests::a_sigbus_elsewhere_still_kills_the_process",
+                    "--nocapture",
+                ])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.signal(),
+                Some(libc::SIGBUS),
+                "{:?}: {err}",
+                out.status
+            );
+            assert!(err.contains("handler installed"), "{err}");
+            return;
+        }
+        let _maps = Maps::new(1 << 20).unwrap();
+        eprintln!("handler installed");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("other");
+        std::fs::write(&path, vec![7u8; 3 * 4096]).unwrap();
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        // SAFETY: a map of our own, read past the file's end on purpose.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                3 * 4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        file.set_len(0).unwrap();
+        // SAFETY: deliberately faults (SIGBUS): the page is past the end.
+        let b = unsafe { std::ptr::read_volatile(p.cast::<u8>().add(4096)) };
+        panic!("read {b} past the end of a file without SIGBUS");
+    }
+
     #[test]
     fn chunks_beyond_the_budget_are_read_until_a_kept_one_goes_cold() {
         let cold = COLD_BUDGETS * 100;
