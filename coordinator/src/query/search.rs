@@ -955,7 +955,9 @@ type Ahead = Option<(Vec<Chunk>, Vec<Vec<Page>>)>;
 /// query that scores fewer groups than there are cores leaves a core idle
 /// while it scores, and its hits are in those groups.
 fn read_ahead_groups() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()) - 1
+    // Asked once: `available_parallelism` reads the cgroup's files each call.
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get())) - 1
 }
 
 /// [`Ahead`] for row group `g`.
