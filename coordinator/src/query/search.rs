@@ -946,10 +946,11 @@ fn answer_columns(part: &crate::query::index::Part) -> Vec<&'static str> {
         .collect()
 }
 
-/// A row group's answer columns fetched and every page of them inflated
-/// ahead of its hits, or `None` where the in-place reader does not take them
-/// (the group's answer is then read as any other's).
-type Ahead = Option<(Vec<Chunk>, Vec<Vec<Page>>)>;
+/// A row group's answer columns fetched ahead of its hits, with every page
+/// of them inflated where they all inflate; `None` where the in-place reader
+/// does not take them or the fetch failed (the group's answer is then read
+/// as any other's, which reports the failure).
+type Ahead = Option<(Vec<Chunk>, Option<Vec<Vec<Page>>>)>;
 
 /// Most row groups a single query reads ahead the answer columns of: a
 /// query that scores fewer groups than there are cores leaves a core idle
@@ -962,18 +963,30 @@ fn read_ahead_groups() -> usize {
 
 /// [`Ahead`] for row group `g`.
 async fn read_ahead(index: Arc<Index>, g: GroupRef) -> Ahead {
-    let part = &index.parts[g.part];
-    let columns = answer_columns(part);
-    if !columns.iter().all(|c| answer_type_ok(part, c)) {
-        return None;
-    }
-    let chunks = index.flat_chunks(g, &columns).await.ok()?.ok()?;
+    let columns = answer_columns(&index.parts[g.part]);
+    let chunks = answer_chunks(&index, g, &columns).await.ok()??;
     let pages = chunks
         .iter()
         .map(answer::inflate)
         .collect::<std::result::Result<Vec<_>, _>>()
-        .ok()?;
+        .ok();
     Some((chunks, pages))
+}
+
+/// The chunks of the answer `columns` of row group `g` for the in-place
+/// reader ([`answer_rows`]); `None` where it does not take them.
+async fn answer_chunks(index: &Index, g: GroupRef, columns: &[&str]) -> Result<Option<Vec<Chunk>>> {
+    let part = &index.parts[g.part];
+    if !columns.iter().all(|c| answer_type_ok(part, c)) {
+        return Ok(None);
+    }
+    Ok(match index.flat_chunks(g, columns).await? {
+        Ok(chunks) => Some(chunks),
+        Err(why) => {
+            tracing::debug!(uri = %part.uri, %why, "answer read by the arrow reader");
+            None
+        }
+    })
 }
 
 /// The answer columns of rows `wanted` of row group `g`, from `ahead` when
@@ -991,22 +1004,17 @@ async fn group_details(
     let sel = selection_of(&wanted, part.group_rows(g.row_group));
     let tiling = part.file_meta.as_ref().map(|m| Arc::new(m.tiling.clone()));
     let columns = answer_columns(part);
-    if let Some(Ok(Some((chunks, pages)))) = match ahead {
-        Some(h) => Some(h.await),
+    let ahead = match ahead {
+        Some(h) => h.await.ok().flatten(),
         None => None,
-    } {
-        if let Ok(rows) = answer_rows(g, &wanted, &columns, (&chunks, Some(&pages)), &tiling) {
-            return Ok(rows);
-        }
-    }
-    if columns.iter().all(|c| answer_type_ok(part, c)) {
-        match index.flat_chunks(g, &columns).await? {
-            Ok(chunks) => match answer_rows(g, &wanted, &columns, (&chunks, None), &tiling) {
-                Ok(rows) => return Ok(rows),
-                Err(why) => {
-                    tracing::debug!(uri = %part.uri, %why, "answer read by the arrow reader")
-                }
-            },
+    };
+    let chunks = match ahead {
+        Some(read) => Some(read),
+        None => answer_chunks(index, g, &columns).await?.map(|c| (c, None)),
+    };
+    if let Some((chunks, pages)) = chunks {
+        match answer_rows(g, &wanted, &columns, (&chunks, pages.as_deref()), &tiling) {
+            Ok(rows) => return Ok(rows),
             Err(why) => tracing::debug!(uri = %part.uri, %why, "answer read by the arrow reader"),
         }
     }
