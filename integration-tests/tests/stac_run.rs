@@ -382,6 +382,13 @@ fn an_item_collection_on_s3_with_cogs_on_s3() {
     s3.configure(&mut c);
     let o = run_timeout(&mut c, LIMIT);
     assert_eq!(o.status.code(), Some(0), "{}", s3.log());
+    // Both items gave chips: an item of an item collection
+    // (`items.ndjson#<id>`) is not an input "without chips".
+    let summary = String::from_utf8_lossy(&o.stdout);
+    assert!(!summary.contains("without chips"), "{summary}");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["inputs_without_chips"], 0, "{manifest}");
 
     let rows = duckdb(&format!(
         "SELECT item_id, epoch_us(datetime), epoch_us(end_datetime), cloud_fraction IS NULL \

@@ -232,12 +232,16 @@ pub struct TaskReport {
 
 /// The whole inputs of `task` that no row and no failure came from.
 fn empty_inputs(task: &Task, rows: &[ChipRow], failures: &[ErrorRow]) -> Vec<String> {
+    // A row names its input exactly, or, for an archive member
+    // (`<archive>#<member>`), the archive before the `#`. Both are kept: an
+    // input may hold a `#` itself (an item of an item collection is
+    // `items.json#<id>`), and only its exact name says it gave chips.
     let produced: std::collections::HashSet<&str> = rows
         .iter()
         .map(|r| r.source_uri.as_str())
         .chain(failures.iter().map(|f| f.source_uri.as_str()))
-        // An archive member is `<archive>#<member>`: it counts for the archive.
-        .map(|u| u.split_once('#').map_or(u, |(a, _)| a))
+        .flat_map(|u| [Some(u), u.split_once('#').map(|(a, _)| a)])
+        .flatten()
         .collect();
     task.inputs
         .iter()
@@ -326,5 +330,66 @@ impl TaskRunner {
             failures,
             cloudy_chips_dropped: read.cloudy_chips_dropped,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rsembed_schemas::ids::Window;
+    use rsembed_schemas::task::TaskInput;
+
+    use super::*;
+
+    fn input(uri: &str) -> TaskInput {
+        TaskInput {
+            uri: uri.into(),
+            size: 1,
+            version: None,
+            chips: None,
+            parts: vec![],
+            item: None,
+        }
+    }
+
+    fn row(uri: &str) -> ChipRow {
+        ChipRow {
+            chip_id: "0".repeat(32),
+            source_uri: uri.into(),
+            source_version: None,
+            window: Window {
+                x: 0,
+                y: 0,
+                width: 8,
+                height: 8,
+            },
+            valid_fraction: 1.0,
+            crs: None,
+            footprint: None,
+            embedding: vec![1.0],
+            stac: Default::default(),
+        }
+    }
+
+    #[test]
+    fn an_input_with_a_hash_in_its_name_that_gave_chips_is_not_empty() {
+        // Items of an item collection are `<file>#<item id>`; archive members
+        // are `<archive>#<member>` and count for their archive.
+        let task = Task::new(
+            "job",
+            vec![
+                input("file:///items.json#aerial-1"),
+                input("file:///items.json#aerial-2"),
+                input("file:///chips.tar"),
+                input("file:///quiet.tar"),
+            ],
+        );
+        let rows = [
+            row("file:///items.json#aerial-1"),
+            row("file:///chips.tar#a/b.png"),
+        ];
+        assert_eq!(
+            empty_inputs(&task, &rows, &[]),
+            ["file:///items.json#aerial-2", "file:///quiet.tar"]
+        );
     }
 }
