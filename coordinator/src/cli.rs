@@ -244,10 +244,10 @@ pub struct TilingArgs {
     /// Other files are skipped. Bands on a coarser grid are resampled onto the finest.
     #[arg(long, env = "RSEMBED_BAND_FILES", value_delimiter = ',')]
     pub band_files: Option<Vec<String>>,
-    /// GeoTIFFs at least this large (bytes) are split into tasks of chip blocks
+    /// GeoTIFFs at least this large (`16MiB`, `1GB`, bytes) are split into tasks of chip blocks
     /// of about `--task-chips` chips each, so one scene spreads over many workers and
     /// a task reads only its region. Smaller TIFFs are one task input.
-    #[arg(long, env = "RSEMBED_SHARD_BYTES", default_value_t = 16 << 20)]
+    #[arg(long, env = "RSEMBED_SHARD_BYTES", default_value = "16MiB", value_parser = parse_byte_size)]
     pub shard_bytes: u64,
     /// STAC inputs: asset keys or band common names in R,G,B order
     /// (`B04,B03,B02`, `red,green,blue`), or one 3-band asset (`visual`).
@@ -276,39 +276,42 @@ pub struct TilingArgs {
     #[arg(long, env = "RSEMBED_EMBEDDING_TYPE", default_value = "f32")]
     pub embedding_type: EmbeddingType,
     /// STAC search.
-    #[command(
-        flatten,
-        next_help_heading = "STAC search (STAC API, catalog or item collection inputs)"
-    )]
+    #[command(flatten)]
     pub stac: StacArgs,
 }
 
+/// The help heading of the STAC search flags.
+const STAC_SEARCH: &str = "STAC search (STAC API, catalog or item collection inputs)";
+
 /// The search of a STAC input: sent to a STAC API, applied on the client to
 /// static catalogs and item collections.
+// Each flag names its heading: a `next_help_heading`, on this struct or on
+// the `flatten` field, would head every flag declared after these too
+// (`--device`, `--json`, ...).
 #[derive(Debug, Clone, Default, Args)]
 pub struct StacArgs {
     /// Collection ids, comma-separated.
-    #[arg(long, env = "RSEMBED_COLLECTIONS", value_delimiter = ',')]
+    #[arg(long, help_heading = STAC_SEARCH, env = "RSEMBED_COLLECTIONS", value_delimiter = ',')]
     pub collections: Vec<String>,
     /// W,S,E,N in degrees (write `--bbox=-122.5,37.5,-122,38` when W is negative).
-    #[arg(long, env = "RSEMBED_BBOX", value_parser = parse_stac_bbox, allow_hyphen_values = true)]
+    #[arg(long, help_heading = STAC_SEARCH, env = "RSEMBED_BBOX", value_parser = parse_stac_bbox, allow_hyphen_values = true)]
     pub bbox: Option<[f64; 4]>,
     /// An RFC 3339 instant or interval: `2024-06-01T00:00:00Z/2024-08-31T23:59:59Z`,
     /// open ends as `..`.
-    #[arg(long, env = "RSEMBED_DATETIME")]
+    #[arg(long, help_heading = STAC_SEARCH, env = "RSEMBED_DATETIME")]
     pub datetime: Option<String>,
     /// Item ids, comma-separated.
-    #[arg(long, env = "RSEMBED_IDS", value_delimiter = ',')]
+    #[arg(long, help_heading = STAC_SEARCH, env = "RSEMBED_IDS", value_delimiter = ',')]
     pub ids: Vec<String>,
     /// A CQL2 text filter (`"eo:cloud_cover < 10 AND platform = 'sentinel-2a'"`);
     /// a STAC API must conform to the filter extension.
-    #[arg(long, env = "RSEMBED_FILTER")]
+    #[arg(long, help_heading = STAC_SEARCH, env = "RSEMBED_FILTER")]
     pub filter: Option<String>,
     /// At most this many items.
-    #[arg(long, env = "RSEMBED_MAX_ITEMS")]
+    #[arg(long, help_heading = STAC_SEARCH, env = "RSEMBED_MAX_ITEMS")]
     pub max_items: Option<u64>,
     /// Scenes whose `eo:cloud_cover` is at most this percentage.
-    #[arg(long, env = "RSEMBED_CLOUD_COVER_MAX")]
+    #[arg(long, help_heading = STAC_SEARCH, env = "RSEMBED_CLOUD_COVER_MAX")]
     pub cloud_cover_max: Option<f64>,
 }
 
@@ -535,8 +538,8 @@ pub struct SearchArgs {
     /// `chips/`), its `chips/` folder, or one Parquet file.
     #[arg(long, env = "RSEMBED_INDEX")]
     pub(crate) index: String,
-    /// Results to print.
-    #[arg(long, env = "RSEMBED_TOP_K", default_value_t = 10)]
+    /// Results to print (at least 1).
+    #[arg(long, env = "RSEMBED_TOP_K", default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub(crate) top_k: usize,
     /// Only chips whose footprint's bbox intersects W,S,E,N (lon/lat degrees).
     #[arg(long, env = "RSEMBED_BBOX", value_parser = parse_bbox, allow_hyphen_values = true)]
@@ -623,8 +626,8 @@ pub struct ClassifyArgs {
     /// Prompt template; `{}` is replaced by the label (e.g. "a satellite image of {}").
     #[arg(long, env = "RSEMBED_TEMPLATE", default_value = "{}")]
     pub(crate) template: String,
-    /// Labels kept per chip, best first.
-    #[arg(long, env = "RSEMBED_TOP", default_value_t = 3)]
+    /// Labels kept per chip, best first (at least 1).
+    #[arg(long, env = "RSEMBED_TOP", default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub(crate) top: usize,
     /// The output Parquet file (local path or object store URL).
     #[arg(long, env = "RSEMBED_OUTPUT")]

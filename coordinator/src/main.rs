@@ -114,7 +114,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
                     );
                     // Not a return: the runtime would wait for decoders and the
                     // inference thread to finish their work first.
-                    std::process::exit(130);
+                    rsembed_worker::exit::interrupted(130);
                 }
             };
             if json {

@@ -41,6 +41,30 @@ pub fn shared_data() -> Option<PathBuf> {
     p.join("MANIFEST.txt").is_file().then_some(p)
 }
 
+/// Says that the calling test skips, and why: `SKIPPED: <reason>` on stderr,
+/// and a line `<test>: <reason>` appended to the file `RSEMBED_SKIP_LOG`
+/// names, so the suite's closing line counts the test as skipped rather than
+/// passed (`scripts/test.sh`). The caller returns after it.
+pub fn skipped(reason: &str) {
+    eprintln!("SKIPPED: {reason}");
+    let Some(log) = std::env::var_os("RSEMBED_SKIP_LOG") else {
+        return;
+    };
+    // libtest names each test's thread after the test.
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    let line = format!(
+        "{test}: {}\n",
+        reason.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
+    use std::io::Write as _;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+        .unwrap_or_else(|e| panic!("RSEMBED_SKIP_LOG {}: {e}", Path::new(&log).display()));
+}
+
 /// The ONNX Runtime library the tests use: ORT_DYLIB_PATH, or `.cache/ort`.
 pub fn ort_lib() -> PathBuf {
     if let Some(p) = std::env::var_os("ORT_DYLIB_PATH") {

@@ -99,7 +99,7 @@ fn band(dir: &Path, b: &str) -> String {
 #[test]
 fn band_files_equal_a_gdal_composite() {
     let Some(dir) = landsat_dir() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -124,7 +124,7 @@ fn band_files_equal_a_gdal_composite() {
 #[test]
 fn a_coarser_band_is_upsampled_onto_the_finest_grid() {
     let Some(dir) = landsat_dir() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -156,7 +156,7 @@ fn a_coarser_band_is_upsampled_onto_the_finest_grid() {
 #[test]
 fn misaligned_band_files_are_an_error_for_the_scene() {
     let Some(dir) = landsat_dir() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -182,7 +182,7 @@ fn misaligned_band_files_are_an_error_for_the_scene() {
 #[test]
 fn a_band_file_scene_is_split_into_chip_block_tasks() {
     let Some(dir) = landsat_dir() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

@@ -167,3 +167,122 @@ fn plan_prints_a_chip_estimate_and_human_sizes() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["chips_estimate"], inputs as u64, "{v}");
 }
+
+/// The flags under each heading of a help text, by heading (`Options` for
+/// the unheaded ones).
+fn sections(help: &str) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for line in help.lines() {
+        if !line.starts_with(' ') && line.ends_with(':') {
+            out.push((line.trim_end_matches(':').to_owned(), Vec::new()));
+        } else if let (Some(flag), Some(last)) = (
+            line.trim_start()
+                .split([' ', ','])
+                .find(|w| w.starts_with("--")),
+            out.last_mut(),
+        ) {
+            // A flag's own line starts with it (`-h, --help` or `--input <..>`),
+            // never a line of help text that names one.
+            if line.trim_start().starts_with('-') {
+                last.1.push(flag.trim_end_matches(['=', '<']).to_owned());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_stac_search_heading_holds_only_the_stac_search_flags() {
+    let stac = [
+        "--collections",
+        "--bbox",
+        "--datetime",
+        "--ids",
+        "--filter",
+        "--max-items",
+        "--cloud-cover-max",
+    ];
+    for cmd in ["run", "plan", "submit"] {
+        let help = cli_help(&binary("rsembed"), &[cmd]);
+        let secs = sections(&help);
+        let (heading, flags) = secs
+            .iter()
+            .find(|(h, _)| h.starts_with("STAC search"))
+            .unwrap_or_else(|| panic!("`{cmd} --help` has a STAC search heading:\n{help}"));
+        assert_eq!(flags, &stac, "`{cmd} --help`, under {heading}:\n{help}");
+        // The flags declared after the STAC group are headed elsewhere.
+        let later = ["--json", "--overwrite", "--device", "--tasks-in-flight"];
+        for (h, flags) in &secs {
+            for f in later {
+                assert!(
+                    !h.starts_with("STAC") || !flags.iter().any(|x| x == f),
+                    "`{cmd} --help` lists {f} under {h}"
+                );
+            }
+        }
+        assert!(help_has_flag(&help, "--json"), "{help}");
+    }
+}
+
+#[test]
+fn every_byte_sized_flag_takes_units() {
+    use rsembed_integration_tests::rasters::{make_geotiff16, Scene16};
+    // A scene of a few MiB: one task input under the default --shard-bytes
+    // (16 MiB), split into chip blocks under 1 MiB.
+    let tmp = tempfile::tempdir().unwrap();
+    let scene = tmp.path().join("scene.tif");
+    make_geotiff16(
+        &scene,
+        Scene16 {
+            width: 1024,
+            height: 1024,
+            tile: 256,
+            nodata: None,
+        },
+    );
+    let size = std::fs::metadata(&scene).unwrap().len();
+    assert!((1 << 20..16 << 20).contains(&size), "{size} bytes");
+    let plan = |flags: &[&str]| {
+        let o = run(rsembed()
+            .args(["plan", "--json", "--task-chips", "4", "--input"])
+            .arg(&scene)
+            .args(flags));
+        assert!(
+            o.status.success(),
+            "{flags:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    assert_eq!(plan(&[])["sharded_scenes"], 0);
+    for value in ["1MiB", "1 MiB", "1048576", "1M"] {
+        let p = plan(&["--shard-bytes", value]);
+        assert_eq!(p["sharded_scenes"], 1, "--shard-bytes {value}: {p}");
+    }
+    assert_eq!(
+        plan(&["--shard-bytes", "1GiB", "--task-bytes", "1GiB"])["sharded_scenes"],
+        0
+    );
+    let o = run(rsembed()
+        .args(["plan", "--input"])
+        .arg(&scene)
+        .args(["--shard-bytes", "1 parsec"]));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("unknown unit"));
+}
+
+#[test]
+fn a_result_count_of_zero_is_refused() {
+    for args in [
+        &["search", "--index", "x", "--top-k", "0", "a"][..],
+        &[
+            "classify", "--index", "x", "--model", "m", "--labels", "l", "--output", "o", "--top",
+            "0",
+        ][..],
+    ] {
+        let o = run(rsembed().args(args));
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("0") && err.contains("1.."), "{args:?}: {err}");
+    }
+}

@@ -223,7 +223,7 @@ fn search(index: &Path, extra: &[&str]) -> Vec<(String, String)> {
 #[test]
 fn shared_geotiffs_compact_into_hilbert_sorted_files() {
     let Some(data) = shared_data() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

@@ -646,6 +646,13 @@ fn ctrl_c_on_run_says_that_a_rerun_resumes() {
         err.contains("run the same command again to resume"),
         "{err}"
     );
+    // The batch in flight is cancelled on purpose: no error is logged for it
+    // (ONNX Runtime's "Non-zero status code ... GetElementType" came from
+    // its destructors running under the inference thread).
+    assert!(
+        !err.contains("ERROR") && !err.contains("Non-zero status"),
+        "{err}"
+    );
     let s = run_ok(&input, &output, &["--task-files", "1"]);
     assert!(s["tasks_resumed"].as_u64().unwrap() >= 1, "{s}");
     assert_exact(&output, 40);

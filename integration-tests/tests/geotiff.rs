@@ -102,7 +102,7 @@ fn three_encodings_give_identical_chips_and_embeddings() {
         "rasterio/rgb_deflate.tif",
     ];
     let Some(paths) = files.iter().map(|f| geotiff(f)).collect::<Option<Vec<_>>>() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -143,7 +143,7 @@ fn three_encodings_give_identical_chips_and_embeddings() {
 #[test]
 fn rgb_byte_grid_and_footprints_match_gdal() {
     let Some(file) = geotiff("rasterio/RGB.byte.tif") else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -257,7 +257,7 @@ fn pixels_off_outline(file: &Path, ring: &[(f64, f64)], (x, y): (f64, f64), size
 #[test]
 fn every_shared_geotiff_is_processed_or_rejected() {
     let Some(data) = shared_data() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -303,7 +303,7 @@ fn every_shared_geotiff_is_processed_or_rejected() {
 #[test]
 fn goes_interior_chips_get_footprints() {
     let Some(file) = geotiff("rasterio/goes.tif") else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -320,7 +320,7 @@ fn goes_interior_chips_get_footprints() {
 #[test]
 fn a_scene_split_into_chip_blocks_gives_the_same_rows() {
     let Some(file) = geotiff("rasterio/RGB.byte.tif") else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

@@ -253,6 +253,66 @@ impl Pki {
     }
 }
 
+impl Pki {
+    /// A self-signed X.509 v1 certificate made as OpenSSL 3.0 makes one from
+    /// a request without extensions: `<name>.pem` and `<name>-key.pem`.
+    fn v1_leaf(&self, name: &str) {
+        let (cert, key, csr) = (
+            self.path(&format!("{name}.pem")),
+            self.path(&format!("{name}-key.pem")),
+            self.path(&format!("{name}.csr")),
+        );
+        let openssl = |args: &[&std::ffi::OsStr]| {
+            let o = run(std::process::Command::new("openssl").args(args));
+            assert!(
+                o.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            String::from_utf8_lossy(&o.stdout).into_owned()
+        };
+        let os = |s: &'static str| std::ffi::OsStr::new(s);
+        openssl(&[
+            os("req"),
+            os("-new"),
+            os("-newkey"),
+            os("ec"),
+            os("-pkeyopt"),
+            os("ec_paramgen_curve:P-256"),
+            os("-nodes"),
+            os("-subj"),
+            os("/CN=rsembed v1"),
+            os("-keyout"),
+            key.as_os_str(),
+            os("-out"),
+            csr.as_os_str(),
+        ]);
+        openssl(&[
+            os("x509"),
+            os("-req"),
+            os("-days"),
+            os("1"),
+            os("-in"),
+            csr.as_os_str(),
+            os("-signkey"),
+            key.as_os_str(),
+            os("-out"),
+            cert.as_os_str(),
+        ]);
+        let text = openssl(&[
+            os("x509"),
+            os("-noout"),
+            os("-text"),
+            os("-in"),
+            cert.as_os_str(),
+        ]);
+        assert!(
+            text.contains("Version: 1 (0x0)"),
+            "the fixture is v1:\n{text}"
+        );
+    }
+}
+
 #[test]
 fn tls_with_client_certificates_every_command_connects() {
     use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
@@ -293,6 +353,29 @@ fn tls_with_client_certificates_every_command_connects() {
         .arg("--nats-tls-cert", pki.path("client.pem"))
         .arg("--nats-tls-key", pki.path("client-key.pem"));
     refused(&wrong_ca, "TLS failed", &mut log);
+    // An X.509 v1 client certificate, as OpenSSL 3.0's `x509 -req` makes
+    // without extensions: no handshake takes place, and the error says why.
+    pki.v1_leaf("v1-client");
+    let v1 = Auth::new(&nats.url())
+        .arg("--nats-tls-ca", pki.path("ca.pem"))
+        .arg("--nats-tls-cert", pki.path("v1-client.pem"))
+        .arg("--nats-tls-key", pki.path("v1-client-key.pem"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = run_timeout(
+        v1.rsembed("status").arg("--output").arg(dir.path()),
+        REFUSED,
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    for says in ["v1-client.pem", "X.509 v1", "need v3", "-extfile"] {
+        assert!(stderr.contains(says), "says `{says}`:\n{stderr}");
+    }
+    log.add("v1 certificate", &out);
+    let mut w = v1.worker("v1", &[]);
+    let st = w.wait(REFUSED);
+    let text = w.log();
+    assert_eq!(st.code(), Some(1), "worker exits 1:\n{text}");
+    assert!(text.contains("X.509 v1"), "{text}");
 
     // The private key's body is the secret of this method.
     let key = std::fs::read_to_string(pki.path("client-key.pem")).unwrap();

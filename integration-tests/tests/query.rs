@@ -102,7 +102,7 @@ fn build_dataset(data: &Path, out: &Path) {
 #[test]
 fn search_and_classify_agree_with_numpy_on_shared_geotiffs() {
     let Some(data) = shared_data() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

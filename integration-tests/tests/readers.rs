@@ -82,7 +82,7 @@ fn python_script(cmd: &mut Command) {
 #[allow(clippy::print_stderr)]
 fn python_readers_read_the_dataset() {
     let Some(data) = shared_data() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();
@@ -110,7 +110,7 @@ fn python_readers_read_the_dataset() {
 #[allow(clippy::print_stderr)]
 fn documented_queries_run() {
     let Some(data) = shared_data() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

@@ -161,7 +161,7 @@ fn embeddings_match_hugging_face_end_to_end() {
 #[allow(clippy::print_stderr)]
 fn shared_chips_one_row_per_image() {
     let Some(data) = shared_data() else {
-        eprintln!("SKIPPED: ../shared/data is not in this checkout");
+        skipped("../shared/data is not in this checkout");
         return;
     };
     let chips = data.join("chips");

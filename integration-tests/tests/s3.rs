@@ -406,7 +406,7 @@ fn shared_rgb_byte_via_s3_equals_local() {
         .map(|d| d.join("geotiff/rasterio/RGB.byte.tif"))
         .filter(|p| p.is_file())
     else {
-        eprintln!("SKIPPED: ../shared/data/geotiff/rasterio/RGB.byte.tif is not in this checkout");
+        skipped("../shared/data/geotiff/rasterio/RGB.byte.tif is not in this checkout");
         return;
     };
     let tmp = tempfile::tempdir().unwrap();

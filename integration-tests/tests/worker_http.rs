@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rsembed_integration_tests::cluster::Worker;
 use rsembed_integration_tests::nats::NatsServer;
-use rsembed_integration_tests::{free_port, http_get};
+use rsembed_integration_tests::{free_port, http_get, skipped};
 
 /// Status code and body of one GET; `None` while nothing listens.
 fn get(port: u16, path: &str) -> Option<(u16, String)> {
@@ -131,9 +131,9 @@ fn promtool_check(text: &str) -> (std::process::ExitStatus, String) {
 #[test]
 fn metrics_pass_promtool_check() {
     if Command::new("promtool").arg("--version").output().is_err() {
-        eprintln!(
-            "SKIPPED: promtool is not installed (Debian package `prometheus`; \
-             scripts/setup-test-env.sh installs it)"
+        skipped(
+            "promtool is not installed (Debian package `prometheus`; \
+             scripts/setup-test-env.sh installs it)",
         );
         return;
     }

@@ -31,9 +31,23 @@ pub fn finish(code: ExitCode) -> ExitCode {
         return code;
     }
     let status = status_of(code);
+    tracing::debug!(status, "leaving without teardown (CUDA was loaded)");
+    leave(status)
+}
+
+/// Ends an interrupted process (Ctrl-C) with `status` at once, skipping
+/// teardown whatever device it used. `exit` would run ONNX Runtime's C++
+/// destructors while the inference thread is inside a run, and that run then
+/// fails and logs an error ("Non-zero status code ... GetElementType is not
+/// implemented") for a batch cancelled on purpose. Finished tasks are already
+/// committed; an unfinished one has written nothing under its final name.
+pub fn interrupted(status: i32) -> ! {
+    leave(status)
+}
+
+fn leave(status: i32) -> ! {
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
-    tracing::debug!(status, "leaving without teardown (CUDA was loaded)");
     // SAFETY: _exit ends the process at once; nothing after it runs.
     unsafe { libc::_exit(status) }
 }

@@ -20,3 +20,21 @@ pub mod scale;
 pub mod scene;
 pub mod tar;
 pub mod tiff;
+
+/// Says that the calling test skips, as `rsembed_integration_tests::skipped`
+/// does (this crate cannot depend on that one): `SKIPPED: <reason>`, and a
+/// line in the file `RSEMBED_SKIP_LOG` names, which `scripts/test.sh` counts.
+#[cfg(test)]
+pub(crate) fn skipped(reason: &str) {
+    use std::io::Write as _;
+    println!("SKIPPED: {reason}");
+    if let Some(log) = std::env::var_os("RSEMBED_SKIP_LOG") {
+        let test = std::thread::current().name().unwrap_or("a test").to_owned();
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .and_then(|mut f| writeln!(f, "{test}: {reason}"))
+            .expect("RSEMBED_SKIP_LOG is writable");
+    }
+}

@@ -267,6 +267,36 @@ fn classify(text: &str) -> Option<ConnectionProblem> {
     }
 }
 
+/// Refuses a client certificate rustls cannot present, with why and how to
+/// mend it: an X.509 v1 certificate (OpenSSL's `x509 -req` without
+/// extensions makes one) fails inside the client before any handshake, which
+/// the connection error would only call a refused handshake.
+fn check_client_certificate(path: &std::path::Path) -> Result<(), QueueError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let bad = |message: String| QueueError::Option {
+        option: "--nats-tls-cert",
+        message: format!("{}: {message}", path.display()),
+    };
+    let first = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(format!("cannot read it as PEM: {e}")))?
+        .next()
+        .ok_or_else(|| bad("holds no PEM certificate".into()))?
+        .map_err(|e| bad(format!("cannot read it as PEM: {e}")))?;
+    match webpki::EndEntityCert::try_from(&first) {
+        Ok(_) => Ok(()),
+        Err(webpki::Error::UnsupportedCertVersion) => Err(bad(
+            "the certificate is X.509 v1, and TLS clients need v3 (no handshake was attempted). \
+             OpenSSL's `x509 -req` makes v1 when no extensions are given: re-issue it with \
+             extensions, e.g. `openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key \
+             -CAcreateserial -days 365 -out client.pem -extfile <(printf \
+             'basicConstraints=CA:FALSE\\nkeyUsage=digitalSignature\\nextendedKeyUsage=clientAuth')`"
+                .into(),
+        )),
+        Err(e) => Err(bad(format!("not a certificate TLS can use: {e}"))),
+    }
+}
+
 /// Whether a nats-server version string (`2.10.3`, `v2.15.1`, `2.11.0-beta.1`)
 /// is at least [`MIN_SERVER`]. A version that does not parse is refused.
 pub fn server_supported(version: &str) -> bool {
@@ -401,6 +431,7 @@ impl NatsArgs {
         }
         match (&self.nats_tls_cert, &self.nats_tls_key) {
             (Some(c), Some(k)) => {
+                check_client_certificate(c)?;
                 o = o
                     .add_client_certificate(c.clone(), k.clone())
                     .require_tls(true)

@@ -66,7 +66,7 @@ fn read_geotiff_tags(data: &[u8]) -> GeoTiffTags {
 #[test]
 fn fixture_tags_are_those_of_the_shared_files() {
     if !std::path::Path::new(SHARED).is_dir() {
-        println!("SKIPPED: ../shared/data not present");
+        crate::skipped("../shared/data not present");
         return;
     }
     let mut checked = 0;

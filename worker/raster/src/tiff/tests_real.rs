@@ -8,7 +8,7 @@ use super::*;
 fn shared_present() -> bool {
     let ok = std::path::Path::new(SHARED).is_dir();
     if !ok {
-        println!("SKIPPED: ../shared/data not present");
+        crate::skipped("../shared/data not present");
     }
     ok
 }
