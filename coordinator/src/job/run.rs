@@ -191,7 +191,7 @@ fn not_writable(out: &Location, e: impl Into<crate::error::BoxError>) -> Error {
 /// What resuming finds of a task at the output.
 enum Found {
     /// Its chip file (and errors file, if any): the task is not run again.
-    Done(TaskReport),
+    Done(Box<TaskReport>),
     /// Finished with failed inputs, and `--retry-failed` asks to run it again.
     Retry,
     /// No chip file: the task runs.
@@ -207,14 +207,14 @@ async fn finished(out: &Location, task: &Task, retry_failed: bool) -> Result<Fou
     if retry_failed && errors_file.is_some() {
         return Ok(Found::Retry);
     }
-    Ok(Found::Done(TaskReport {
+    Ok(Found::Done(Box::new(TaskReport {
         task_id: task.task_id.clone(),
         chips_file,
         errors_file,
         failures: vec![],
         empty_inputs,
         cloudy_chips_dropped: 0,
-    }))
+    })))
 }
 
 /// Runs `task` and, when none of its inputs failed, removes the errors file
@@ -304,7 +304,6 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     // before anything is created or written.
     let model = ModelDir::open(&args.model)?;
     let tiling = tiling_spec(&args.tiling, &model)?;
-    check_input_exists(&stores, &args.input).await?;
     let resolved = crate::stac::resolve(&stores, &args.input, &tiling, &args.tiling.stac).await?;
     let input = resolved.location.clone();
     let scale: ScaleSpec = tiling.scale.parse().map_err(Error::Usage)?;
@@ -324,6 +323,8 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let given = args.tiling.footprint_tolerance.is_some();
     let mut spec = out.as_resumed(spec, given, replace).await?;
     let tiling = spec.tiling.clone();
+    // A mistyped --input is named as such, not as another job.
+    check_input_exists(&stores, &args.input).await?;
     let claim = out.check(&spec, replace, "--overwrite").await?;
     if let Some(t) = claim.created_at() {
         spec.created_at = t.to_owned();
@@ -406,7 +407,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
                 let report = match finished(&output, &task, retry_failed).await? {
                     Found::Done(report) => {
                         done.resumed.fetch_add(1, Ordering::Relaxed);
-                        report
+                        *report
                     }
                     Found::Retry => {
                         retried.fetch_add(1, Ordering::Relaxed);

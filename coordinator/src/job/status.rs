@@ -113,8 +113,8 @@ impl JobStatus {
 }
 
 impl JobStatus {
-    /// ` (1 silent 52 s, redelivered in about 8 s)` after the in-flight count
-    /// of a `--watch` line, when a holder is silent; empty otherwise.
+    /// ` (1 held by a silent worker, 52 s, redelivered in about 8 s)` after
+    /// the in-flight count of a `--watch` line; empty without a silent holder.
     fn silent_note(&self) -> String {
         let Some(first) = self.silent_holders.first() else {
             return String::new();
@@ -266,6 +266,13 @@ pub(crate) fn summarize(
         }
         _ => None,
     };
+    // A silent holder's task cannot finish before it goes back to a worker.
+    let back = h
+        .listed
+        .iter()
+        .map(|s| s.redelivery_in_s)
+        .fold(0.0, f64::max);
+    let eta_s = eta_s.map(|e| e.max(back));
     JobStatus {
         job_id: spec.job_id.clone(),
         output: spec.output.clone(),

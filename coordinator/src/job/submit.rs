@@ -116,7 +116,6 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let output = stores.location(&args.output)?;
     let model = ModelDir::open(&args.model)?;
     let tiling = tiling_spec(&args.tiling, &model)?;
-    crate::job::run::check_input_exists(&stores, &args.input).await?;
     let resolved = crate::stac::resolve(&stores, &args.input, &tiling, &args.tiling.stac).await?;
     let input = resolved.location.clone();
     // Refused here rather than by every worker.
@@ -144,6 +143,8 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let given = args.tiling.footprint_tolerance.is_some();
     let mut spec = out.as_resumed(spec, given, replace).await?;
     let tiling = spec.tiling.clone();
+    // A mistyped --input is named as such, not as another job.
+    crate::job::run::check_input_exists(&stores, &args.input).await?;
     let claim = out.check(&spec, replace, "--force-new-job").await?;
     if let Some(t) = claim.created_at() {
         spec.created_at = t.to_owned();
