@@ -185,6 +185,8 @@ async fn ours(bin: &Path, tasks: Vec<Task>, model: &ModelRef, tiling: &TilingSpe
         done: 0,
         failed: 0,
         requeued: 0,
+        retried: 0,
+        failed_inputs: 0,
         seconds: 0.0,
     };
     // The capacity `submit` gives the planner's channel.

@@ -154,7 +154,9 @@ pub struct SubmitArgs {
     /// restarted, so a retried Kubernetes Job keeps its progress.
     #[arg(long, visible_alias = "overwrite", env = "RSEMBED_FORCE_NEW_JOB")]
     pub(crate) force_new_job: bool,
-    /// Requeue the tasks recorded as failed (dead-lettered).
+    /// Run again every task of this job that did not finish cleanly: tasks
+    /// recorded as failed (dead-lettered), and done tasks with failed inputs
+    /// (an errors/ file), whose files are replaced. Not part of the job's identity.
     #[arg(long, env = "RSEMBED_RETRY_FAILED")]
     pub(crate) retry_failed: bool,
     /// Print the summary as JSON.
@@ -423,6 +425,11 @@ pub struct RunArgs {
     /// another one, naming the flags that differ.
     #[arg(long, env = "RSEMBED_OVERWRITE")]
     pub overwrite: bool,
+    /// Run again every task of this job that did not finish cleanly: tasks
+    /// with failed inputs (an errors/ file). Their files are replaced; the
+    /// other finished tasks are kept. Not part of the job's identity.
+    #[arg(long, env = "RSEMBED_RETRY_FAILED", conflicts_with = "overwrite")]
+    pub retry_failed: bool,
     /// Tasks and decoding.
     #[command(flatten)]
     pub pipeline: PipelineArgs,

@@ -292,6 +292,44 @@ fn fixture_index(tmp: &Path) -> PathBuf {
     out
 }
 
+/// Issue 28.14: `search` over the output of an interrupted job scored what
+/// was there and said nothing. It still does, with a warning on stderr
+/// giving the job's progress; a finished job gets none.
+#[test]
+fn search_warns_when_the_job_is_not_finished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("index");
+    let o = run(run_cmd(&fixture_images(), &out, &tiny_model()).args(["--task-files", "1"]));
+    assert!(matches!(o.status.code(), Some(0) | Some(3)), "run finishes");
+    let model = model_arg();
+    let args = ["--model", model.as_str(), "--top-k", "3", "fields"];
+    let (_, err) = search(&out, &args);
+    assert!(!err.contains("not finished"), "{err}");
+
+    // As an interrupted run leaves it: no manifest, some tasks' files only.
+    std::fs::remove_file(out.join("manifest.json")).unwrap();
+    let mut chips: Vec<_> = std::fs::read_dir(out.join("chips"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    chips.sort();
+    assert!(chips.len() >= 3, "{chips:?}");
+    for c in &chips[..2] {
+        std::fs::remove_file(c).unwrap();
+    }
+    let left = chips.len() - 2;
+    for index in [out.clone(), out.join("chips")] {
+        let (_, err) = search(&index, &args);
+        assert!(
+            err.contains(&format!(
+                "warning: this job is not finished (no manifest.json): {left} tasks have chip files"
+            )),
+            "{err}"
+        );
+        assert!(err.contains("results cover those only"), "{err}");
+    }
+}
+
 #[test]
 fn search_without_footprints_and_bad_queries() {
     let tmp = tempfile::tempdir().unwrap();

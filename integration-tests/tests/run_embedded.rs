@@ -213,6 +213,27 @@ fn output_of_another_job_is_refused() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("must not mix"));
 }
 
+/// Issue 28.5: a mistyped `--input` into a used output was reported as
+/// another job ("holds job …, differs in --input"); it is a missing input,
+/// and the output is left as it was.
+#[test]
+fn a_mistyped_input_into_a_used_output_is_a_missing_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    assert_eq!(run_job(&fixture_images(), &out).status.code(), Some(0));
+    let job = std::fs::read(out.join("job.json")).unwrap();
+    let manifest = std::fs::read(out.join("manifest.json")).unwrap();
+    let typo = tmp.path().join("imagse");
+    let o = run_job(&typo, &out);
+    assert_ne!(o.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("does not exist"), "{err}");
+    assert!(err.contains("imagse"), "the error names the input: {err}");
+    assert!(!err.contains("another job"), "{err}");
+    assert_eq!(std::fs::read(out.join("job.json")).unwrap(), job);
+    assert_eq!(std::fs::read(out.join("manifest.json")).unwrap(), manifest);
+}
+
 #[test]
 fn auto_batch_size_probes_and_matches_fixed_batches() {
     let tmp = tempfile::tempdir().unwrap();

@@ -77,6 +77,10 @@ impl FinalizeReport {
                 self.superseded
             ));
         }
+        if let Some(hint) = super::summary::how_to_retry("submit", self.failed_inputs, self.failed)
+        {
+            s.push_str(&format!("  retry      {hint}\n"));
+        }
         match &self.manifest {
             Some(m) => {
                 s.push_str(&format!("  manifest   {m}\n"));

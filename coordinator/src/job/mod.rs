@@ -11,8 +11,10 @@
 
 pub(crate) mod deadletter;
 pub mod finalize;
+pub(crate) mod holders;
 pub mod output;
 pub mod plan;
+pub(crate) mod progress;
 pub mod run;
 pub mod status;
 pub mod submit;

@@ -271,6 +271,67 @@ impl JobOutput {
     }
 }
 
+/// How far an unfinished job got: its output has `job.json` and no
+/// `manifest.json` (what `compact` refuses).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unfinished {
+    /// Chip files written so far (one per finished task).
+    pub(crate) chip_files: u64,
+    /// Tasks in the plan, when `submit` recorded it (`tasks.txt`).
+    pub(crate) planned: Option<u64>,
+}
+
+impl Unfinished {
+    /// The warning `search` prints on stderr.
+    pub(crate) fn warning(&self) -> String {
+        let progress = match self.planned {
+            Some(t) => format!("{} of {t} tasks have chip files", self.chip_files),
+            None => format!(
+                "{} tasks have chip files so far (the plan's total is known once it finishes)",
+                self.chip_files
+            ),
+        };
+        format!(
+            "warning: this job is not finished (no {MANIFEST_FILE}): {progress}; \
+             results cover those only"
+        )
+    }
+}
+
+impl JobOutput {
+    /// `Some` when the output holds a job that has not finished (a
+    /// `job.json` and no `manifest.json`), with how far it got. Cheap: two
+    /// HEADs and the listing of `chips/`; the plan's size comes from the
+    /// size of `tasks.txt` (fixed-width lines), not its contents.
+    pub(crate) async fn unfinished(&self) -> Result<Option<Unfinished>> {
+        let head = |rel: &'static str| async move {
+            match self.loc.store.head(&self.loc.child(rel)).await {
+                Ok(m) => Ok(Some(m.size)),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(Error::from(e)),
+            }
+        };
+        if head(JOB_FILE).await?.is_none() || head(MANIFEST_FILE).await?.is_some() {
+            return Ok(None);
+        }
+        let planned = head(TASKS_FILE).await?.map(|b| b / TASK_LINE);
+        let mut chip_files = 0;
+        let mut list = self.loc.store.list(Some(&self.loc.child("chips/")));
+        while let Some(meta) = list.next().await {
+            if meta?.location.as_ref().ends_with(".parquet") {
+                chip_files += 1;
+            }
+        }
+        Ok(Some(Unfinished {
+            chip_files,
+            planned,
+        }))
+    }
+}
+
+/// Bytes of one line of `tasks.txt`: a task id (32 hex digits) and `\n`.
+const TASK_LINE: u64 = 33;
+
 /// Builds a job's manifest from its tasks' files, sorted by path so the
 /// manifest does not depend on the order tasks finished in.
 pub(crate) fn manifest(
@@ -372,9 +433,32 @@ pub(crate) async fn put_json<T: serde::Serialize>(out: &Location, rel: &str, v: 
     Ok(())
 }
 
-async fn delete_if_present(out: &Location, rel: &str) -> Result<()> {
+pub(crate) async fn delete_if_present(out: &Location, rel: &str) -> Result<()> {
     match out.store.delete(&out.child(rel)).await {
         Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_unfinished_warning_gives_the_progress_it_knows() {
+        let u = Unfinished {
+            chip_files: 12,
+            planned: Some(96),
+        };
+        assert_eq!(
+            u.warning(),
+            "warning: this job is not finished (no manifest.json): 12 of 96 tasks have \
+             chip files; results cover those only"
+        );
+        let u = Unfinished {
+            chip_files: 3,
+            planned: None,
+        };
+        assert!(u.warning().contains(": 3 tasks have chip files so far"));
     }
 }

@@ -1,10 +1,9 @@
 //! `rsembed run`: the embedded mode. The planner, an in-process queue and the
 //! worker's task runner in one process, with no server.
 
-use std::io::IsTerminal;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
@@ -22,12 +21,13 @@ use rsembed_worker::model::ModelDir;
 use rsembed_worker::sink::commit::describe_bytes;
 use rsembed_worker::sink::parquet::empty_inputs_of;
 use rsembed_worker::store::{Location, StoreCache};
-use rsembed_worker::task::{Counters, JobContext, Mode, TaskReport, TaskRunner};
+use rsembed_worker::task::{JobContext, Mode, TaskReport, TaskRunner};
 
 use crate::cli::{RunArgs, TilingArgs};
 use crate::error::{Error, Result};
 use crate::job::output::{self, Claim, JobOutput, Replace, MANIFEST_FAILURES_LISTED};
 use crate::job::plan::{self, ListStats};
+use crate::job::progress::{Progress, TaskCounts};
 use crate::job::summary::Summary;
 
 /// The tiling a job records, with defaults filled from the model.
@@ -188,20 +188,90 @@ fn not_writable(out: &Location, e: impl Into<crate::error::BoxError>) -> Error {
     }
 }
 
-/// Looks for a finished task's files, for resume. `None` when the task must run.
-async fn finished(out: &Location, task: &Task) -> Result<Option<TaskReport>> {
+/// What resuming finds of a task at the output.
+enum Found {
+    /// Its chip file (and errors file, if any): the task is not run again.
+    Done(Box<TaskReport>),
+    /// Finished with failed inputs, and `--retry-failed` asks to run it again.
+    Retry,
+    /// No chip file: the task runs.
+    Missing,
+}
+
+/// Looks for a finished task's files, for resume.
+async fn finished(out: &Location, task: &Task, retry_failed: bool) -> Result<Found> {
     let Some((chips_file, empty_inputs)) = describe(out, &task.chips_path()).await? else {
-        return Ok(None);
+        return Ok(Found::Missing);
     };
     let errors_file = describe(out, &task.errors_path()).await?.map(|(f, _)| f);
-    Ok(Some(TaskReport {
+    if retry_failed && errors_file.is_some() {
+        return Ok(Found::Retry);
+    }
+    Ok(Found::Done(Box::new(TaskReport {
         task_id: task.task_id.clone(),
         chips_file,
         errors_file,
         failures: vec![],
         empty_inputs,
         cloudy_chips_dropped: 0,
-    }))
+    })))
+}
+
+/// Runs `task` and, when none of its inputs failed, removes the errors file
+/// an earlier try left (a retry whose inputs now all succeed, or a run cut
+/// off between its two files): the runner only writes one when there are
+/// failures. It goes after the chip file is written, so a crash in between
+/// leaves the old failures listed and the task still to retry, never a task
+/// that looks clean without its chips.
+async fn run_task(runner: &TaskRunner, job: &JobContext, task: &Task) -> Result<TaskReport> {
+    let report = runner.run(job, task).await?;
+    if report.errors_file.is_none() {
+        output::delete_if_present(&job.output, &task.errors_path()).await?;
+    }
+    Ok(report)
+}
+
+/// Fails with "input … does not exist" when `input` names nothing: a local
+/// path that is not there, or an object store prefix with no object at or
+/// under it. Checked before the job is compared with the one at the output,
+/// so a mistyped `--input` into a used output is reported as what it is
+/// rather than as another job. HTTP(S) inputs have no listing; their first
+/// read says whether they exist.
+pub(crate) async fn check_input_exists(stores: &StoreCache, input: &str) -> Result<()> {
+    let loc = stores.location(input)?;
+    let missing = || {
+        Error::Input(format!(
+            "{} does not exist: no file or folder, and no object at or under it; \
+             nothing was written",
+            loc.url
+        ))
+    };
+    if loc.is_http() {
+        return Ok(());
+    }
+    if let Some(path) = loc.local_dir().filter(|_| loc.is_local()) {
+        return match std::fs::metadata(&path) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(missing()),
+            // Unreadable (permissions): the listing reports it with its cause.
+            Err(_) => Ok(()),
+        };
+    }
+    match loc.store.head(&loc.prefix).await {
+        Ok(_) => return Ok(()),
+        Err(object_store::Error::NotFound { .. }) => {}
+        // A prefix is no object: some stores answer a HEAD of it otherwise.
+        Err(e) => tracing::debug!(error = %e, "input is no object; listing it"),
+    }
+    let prefix = (!loc.prefix.as_ref().is_empty()).then_some(&loc.prefix);
+    match loc.store.list(prefix).next().await {
+        Some(Ok(_)) => Ok(()),
+        None => Err(missing()),
+        Some(Err(source)) => Err(Error::InputStore {
+            url: loc.url.to_string(),
+            source,
+        }),
+    }
 }
 
 /// Digest and row count of an existing Parquet file, and the empty inputs
@@ -253,6 +323,8 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     let given = args.tiling.footprint_tolerance.is_some();
     let mut spec = out.as_resumed(spec, given, replace).await?;
     let tiling = spec.tiling.clone();
+    // A mistyped --input is named as such, not as another job.
+    check_input_exists(&stores, &args.input).await?;
     let claim = out.check(&spec, replace, "--overwrite").await?;
     if let Some(t) = claim.created_at() {
         spec.created_at = t.to_owned();
@@ -314,26 +386,37 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     out.begin(&spec, &claim).await?;
     created_dir.keep();
 
-    let progress = Progress::start(counters.clone(), stats.clone(), args.progress_interval);
-    let resumed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let tasks_done = Arc::new(TaskCounts::default());
+    let progress = Progress::start(
+        tasks_done.clone(),
+        counters.clone(),
+        stats.clone(),
+        args.progress_interval,
+    );
+    let retried = Arc::new(AtomicU64::new(0));
     let tasks = futures::stream::once(std::future::ready(first))
         .chain(plan::receiver_stream(planner.tasks));
+    let retry_failed = args.retry_failed;
     let mut results = tasks
         .map(|task| {
             let runner = runner.clone();
             let job = job.clone();
             let output = output.clone();
-            let resumed = resumed.clone();
+            let (done, retried) = (tasks_done.clone(), retried.clone());
             async move {
-                if let Some(done) = finished(&output, &task).await? {
-                    resumed.fetch_add(1, Ordering::Relaxed);
-                    runner
-                        .counters
-                        .inputs
-                        .fetch_add(task.inputs.len() as u64, Ordering::Relaxed);
-                    return Ok::<_, Error>(done);
-                }
-                Ok(runner.run(&job, &task).await?)
+                let report = match finished(&output, &task, retry_failed).await? {
+                    Found::Done(report) => {
+                        done.resumed.fetch_add(1, Ordering::Relaxed);
+                        *report
+                    }
+                    Found::Retry => {
+                        retried.fetch_add(1, Ordering::Relaxed);
+                        run_task(&runner, &job, &task).await?
+                    }
+                    Found::Missing => run_task(&runner, &job, &task).await?,
+                };
+                done.done.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, Error>(report)
             }
         })
         .buffer_unordered(args.pipeline.tasks_in_flight.max(1));
@@ -402,7 +485,8 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         output: output.url.to_string(),
         local_output: output.local_dir(),
         tasks: manifest.tasks,
-        tasks_resumed: resumed.load(Ordering::Relaxed),
+        tasks_resumed: tasks_done.resumed.load(Ordering::Relaxed),
+        tasks_retried: retried.load(Ordering::Relaxed),
         inputs: stats.inputs.load(Ordering::Relaxed),
         skipped: stats.skipped.load(Ordering::Relaxed),
         chips: manifest.rows,
@@ -452,99 +536,4 @@ async fn serve_metrics(addr: &str) -> Result<tokio_util::sync::DropGuard> {
         })?;
     tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");
     Ok(stop.drop_guard())
-}
-
-/// One progress line: inputs done of listed, chips, rate and ETA (once the
-/// listing has ended, from the rate of inputs so far).
-fn progress_line(elapsed: Duration, counters: &Counters, stats: &ListStats) -> String {
-    let secs = elapsed.as_secs_f64().max(1e-3);
-    let done = counters.inputs.load(Ordering::Relaxed);
-    let total = stats.inputs.load(Ordering::Relaxed);
-    let chips = counters.chips.load(Ordering::Relaxed);
-    let listed = stats.listed.load(Ordering::Relaxed);
-    let eta = if listed && done > 0 {
-        let left = total.saturating_sub(done) as f64 * secs / done as f64;
-        crate::job::status::fmt_secs(left)
-    } else {
-        "-".into()
-    };
-    format!(
-        "rsembed run: [{}] {done}/{total}{} inputs, {chips} chips, {:.1} chips/s, {} failed, ETA {eta}",
-        crate::job::status::fmt_secs(secs),
-        if listed { "" } else { "+ (listing)" },
-        chips as f64 / secs,
-        counters.failed.load(Ordering::Relaxed),
-    )
-}
-
-/// A progress bar on a terminal; a line every 30 s otherwise.
-struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-    ticker: Option<tokio::task::JoinHandle<()>>,
-    last_line: Option<Box<dyn Fn() -> String + Send + Sync>>,
-}
-
-impl Progress {
-    fn start(counters: Arc<Counters>, stats: Arc<ListStats>, every: Duration) -> Progress {
-        if !std::io::stderr().is_terminal() {
-            // Logs and CI consoles: a line every `every`, so a long run is
-            // not silent until its summary.
-            let started = Instant::now();
-            let (counters_end, stats_end) = (counters.clone(), stats.clone());
-            let ticker = tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every.max(Duration::from_millis(100)));
-                tick.tick().await;
-                loop {
-                    tick.tick().await;
-                    eprintln!("{}", progress_line(started.elapsed(), &counters, &stats));
-                }
-            });
-            // A last line at the end, so even a short run's log says how
-            // far it got.
-            let last_line: Box<dyn Fn() -> String + Send + Sync> =
-                Box::new(move || progress_line(started.elapsed(), &counters_end, &stats_end));
-            return Progress {
-                bar: None,
-                ticker: Some(ticker),
-                last_line: Some(last_line),
-            };
-        }
-        let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} inputs  {msg}",
-            )
-            .expect("progress template is valid"),
-        );
-        let b = bar.clone();
-        let ticker = tokio::spawn(async move {
-            loop {
-                b.set_length(stats.inputs.load(Ordering::Relaxed));
-                b.set_position(counters.inputs.load(Ordering::Relaxed));
-                b.set_message(format!(
-                    "{} chips, {} failed",
-                    counters.chips.load(Ordering::Relaxed),
-                    counters.failed.load(Ordering::Relaxed)
-                ));
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        });
-        Progress {
-            bar: Some(bar),
-            ticker: Some(ticker),
-            last_line: None,
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(t) = &self.ticker {
-            t.abort();
-        }
-        if let Some(last) = &self.last_line {
-            eprintln!("{}", last());
-        }
-        if let Some(b) = &self.bar {
-            b.finish_and_clear();
-        }
-    }
 }

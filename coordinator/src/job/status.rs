@@ -16,6 +16,7 @@ use serde::Serialize;
 use crate::cli::StatusArgs;
 use crate::error::{Error, Result};
 use crate::job::deadletter;
+use crate::job::holders::{self, SilentHolder};
 use crate::job::output::read_json;
 
 /// Where a job stands.
@@ -29,8 +30,19 @@ pub struct JobStatus {
     pub(crate) tasks: Option<u64>,
     /// Tasks whose files are written.
     pub(crate) done: u64,
-    /// Tasks a worker holds now.
+    /// Tasks a worker holds now (silent holders included, until JetStream
+    /// takes their tasks back).
     pub(crate) in_flight: u64,
+    /// Of those, tasks whose holder has sent no heartbeat for over two
+    /// heartbeat intervals (two thirds of the ack wait): dead or stuck.
+    pub(crate) silent: u64,
+    /// Tasks whose holder has been silent past the ack wait: JetStream gives
+    /// them to the next worker that pulls (counted pending).
+    pub(crate) redelivery_due: u64,
+    /// The silent holders (both kinds), the longest silent first, at most ten.
+    pub(crate) silent_holders: Vec<SilentHolder>,
+    /// The consumer's ack wait, in seconds.
+    pub(crate) ack_wait_s: f64,
     /// Tasks queued and not yet taken.
     pub(crate) pending: u64,
     /// Tasks given up on.
@@ -56,7 +68,7 @@ pub struct JobStatus {
 }
 
 /// What the shared consumer says about the workers.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ConsumerState {
     /// Pull requests waiting (idle workers).
     pub(crate) waiting: u64,
@@ -64,6 +76,8 @@ pub(crate) struct ConsumerState {
     pub(crate) ack_pending: u64,
     /// The consumer's ack wait.
     pub(crate) ack_wait: Duration,
+    /// Its `--backoff` (the ack wait of each delivery), when it has one.
+    pub(crate) backoff: Vec<Duration>,
 }
 
 impl JobStatus {
@@ -77,8 +91,10 @@ impl JobStatus {
             .chips_per_s
             .map_or_else(|| "-".into(), |r| format!("{r:.1}"));
         let eta = self.eta_s.map_or_else(|| "-".into(), fmt_secs);
+        let silent = holders::describe(self.silent, self.redelivery_due, &self.silent_holders)
+            .map_or_else(String::new, |s| format!("  silent     {s}\n"));
         format!(
-            "rsembed status: job {}\n  output     {}\n  tasks      {total}\n  done       {}\n  in flight  {}\n  pending    {}\n  failed     {}\n  chips      {} ({} failed inputs)\n  chips/s    {rate}\n  ETA        {eta}\n  workers    {} waiting for work\n  finished   {}\n{}",
+            "rsembed status: job {}\n  output     {}\n  tasks      {total}\n  done       {}\n  in flight  {}\n{silent}  pending    {}\n  failed     {}\n  chips      {} ({} failed inputs)\n  chips/s    {rate}\n  ETA        {eta}\n  workers    {} waiting for work\n  finished   {}\n{}",
             self.job_id,
             self.output,
             self.done,
@@ -92,6 +108,31 @@ impl JobStatus {
             self.note
                 .as_ref()
                 .map_or_else(String::new, |n| format!("  note       {n}\n"))
+        )
+    }
+}
+
+impl JobStatus {
+    /// ` (1 held by a silent worker, 52 s, redelivered in about 8 s)` after
+    /// the in-flight count of a `--watch` line; empty without a silent holder.
+    fn silent_note(&self) -> String {
+        let Some(first) = self.silent_holders.first() else {
+            return String::new();
+        };
+        let n = self.silent + self.redelivery_due;
+        let next = self
+            .silent_holders
+            .iter()
+            .map(|h| h.redelivery_in_s)
+            .fold(f64::INFINITY, f64::min);
+        let when = if next > 0.0 {
+            format!("redelivered in about {} s", next.ceil() as u64)
+        } else {
+            "redelivery due".to_owned()
+        };
+        format!(
+            " ({n} held by a silent worker, {} s, {when})",
+            first.silent_s.ceil() as u64
         )
     }
 }
@@ -190,31 +231,25 @@ pub(crate) fn summarize(
     let done = snap.done.len() as u64;
     let failed = snap.failed.len() as u64;
     // A running mark is cleared after the ack; one left by a killed worker
-    // stays until the task is run again. A live holder renews the mark's
-    // heartbeat with every progress ack (a third of the ack wait), so a mark
-    // silent for two ack waits is held by no one.
+    // stays until the task is delivered again (see `holders`). Older
+    // workers' marks have no heartbeat: they count as live, and the
+    // consumer's count of unacked deliveries bounds them below.
     let now = time::OffsetDateTime::now_utc();
-    let stale_after = consumer.ack_wait.max(Duration::from_secs(1)) * 2;
-    let (mut live, mut stale) = (0u64, 0u64);
-    for r in snap
+    let marks = snap
         .running
         .iter()
         .filter(|(t, _)| !snap.done.contains_key(*t))
-        .map(|(_, r)| r)
-    {
-        let age = r
-            .heartbeat_at
-            .as_deref()
-            .and_then(parse_time)
-            .map(|t| now - t);
-        match age {
-            Some(a) if a > stale_after => stale += 1,
-            // Older workers' marks have no heartbeat: the consumer's count
-            // of unacked deliveries bounds them below.
-            _ => live += 1,
-        }
-    }
-    let in_flight = live.min(queued).min(consumer.ack_pending);
+        .map(|(t, r)| {
+            let age = r
+                .heartbeat_at
+                .as_deref()
+                .and_then(parse_time)
+                .map(|t| Duration::try_from(now - t).unwrap_or(Duration::ZERO));
+            (t, r, age)
+        });
+    let h = holders::classify(marks, consumer.ack_wait, &consumer.backoff);
+    let in_flight = (h.live + h.silent).min(queued).min(consumer.ack_pending);
+    let silent = h.silent.min(in_flight);
     let chips: u64 = snap.done.values().map(|d| d.chips_file.rows).sum();
     let failed_inputs: u64 = snap
         .done
@@ -231,12 +266,23 @@ pub(crate) fn summarize(
         }
         _ => None,
     };
+    // A silent holder's task cannot finish before it goes back to a worker.
+    let back = h
+        .listed
+        .iter()
+        .map(|s| s.redelivery_in_s)
+        .fold(0.0, f64::max);
+    let eta_s = eta_s.map(|e| e.max(back));
     JobStatus {
         job_id: spec.job_id.clone(),
         output: spec.output.clone(),
         tasks,
         done,
         in_flight,
+        silent,
+        redelivery_due: h.due.min(queued),
+        silent_holders: h.listed,
+        ack_wait_s: consumer.ack_wait.as_secs_f64(),
         pending: queued.saturating_sub(in_flight),
         failed,
         chips,
@@ -246,26 +292,20 @@ pub(crate) fn summarize(
         finished: tasks.is_some_and(|t| done + failed >= t) && queued == 0,
         workers_waiting: consumer.waiting,
         ack_pending: consumer.ack_pending,
-        note: note(stale.min(queued), stale_after, in_flight, queued, consumer),
+        note: note(h.due.min(queued), in_flight, queued, &consumer),
     }
 }
 
-fn note(
-    stale: u64,
-    stale_after: Duration,
-    in_flight: u64,
-    queued: u64,
-    c: ConsumerState,
-) -> Option<String> {
+fn note(due: u64, in_flight: u64, queued: u64, c: &ConsumerState) -> Option<String> {
     if queued == 0 {
         return None;
     }
     let mut parts = Vec::new();
-    if stale > 0 {
+    if due > 0 && c.waiting == 0 {
         parts.push(format!(
-            "{stale} tasks marked running have had no heartbeat for over {}: no worker holds them, \
-             and JetStream delivers them again",
-            fmt_secs(stale_after.as_secs_f64())
+            "{due} tasks marked running have had no heartbeat for over the ack wait ({}): \
+             no worker holds them, and JetStream delivers them again when a worker pulls",
+            fmt_secs(c.ack_wait.as_secs_f64())
         ));
     }
     if in_flight == 0 && c.waiting == 0 {
@@ -292,6 +332,7 @@ pub(crate) async fn consumer_state(q: &Queue) -> Result<ConsumerState> {
         waiting: info.num_waiting as u64,
         ack_pending: info.num_ack_pending as u64,
         ack_wait: info.config.ack_wait,
+        backoff: info.config.backoff.clone(),
     })
 }
 
@@ -362,11 +403,12 @@ pub(crate) async fn status_once(
 /// chips, rate and ETA.
 pub(crate) fn watch_line(s: &JobStatus, elapsed: Duration) -> String {
     format!(
-        "[{}] {}/{} done, {} in flight, {} pending, {} failed, {} chips, {} chips/s, ETA {}",
+        "[{}] {}/{} done, {} in flight{}, {} pending, {} failed, {} chips, {} chips/s, ETA {}",
         fmt_secs(elapsed.as_secs_f64()),
         s.done,
         s.tasks.map_or("?".into(), |t| t.to_string()),
         s.in_flight,
+        s.silent_note(),
         s.pending,
         s.failed,
         s.chips,
@@ -442,8 +484,9 @@ pub async fn status(args: StatusArgs) -> Result<JobStatus> {
                 b.set_length(s.tasks.unwrap_or(0));
                 b.set_position(s.done + s.failed);
                 b.set_message(format!(
-                    "{} in flight, {} pending, {} failed, {} chips, {} chips/s, ETA {}",
+                    "{} in flight{}, {} pending, {} failed, {} chips, {} chips/s, ETA {}",
                     s.in_flight,
+                    s.silent_note(),
                     s.pending,
                     s.failed,
                     s.chips,
@@ -461,5 +504,60 @@ pub async fn status(args: StatusArgs) -> Result<JobStatus> {
             return Ok(s);
         }
         tokio::time::sleep(args.interval.max(Duration::from_millis(100))).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(silent: Vec<SilentHolder>) -> JobStatus {
+        JobStatus {
+            job_id: "j".into(),
+            output: "file:///out".into(),
+            tasks: Some(36),
+            done: 34,
+            in_flight: 2,
+            silent: silent.len() as u64,
+            redelivery_due: 0,
+            silent_holders: silent,
+            ack_wait_s: 60.0,
+            pending: 0,
+            failed: 0,
+            chips: 34,
+            failed_inputs: 0,
+            chips_per_s: Some(1.0),
+            eta_s: Some(1.0),
+            finished: false,
+            workers_waiting: 0,
+            ack_pending: 2,
+            note: None,
+        }
+    }
+
+    #[test]
+    fn a_watch_line_shows_a_silent_holder_beside_the_tasks_in_flight() {
+        let quiet = watch_line(&status(vec![]), Duration::from_secs(5));
+        assert!(
+            quiet.contains("34/36 done, 2 in flight, 0 pending"),
+            "{quiet}"
+        );
+        let held = status(vec![SilentHolder {
+            task_id: "t".into(),
+            worker: "w2".into(),
+            delivery: 1,
+            silent_s: 52.0,
+            redelivery_in_s: 8.0,
+        }]);
+        let line = watch_line(&held, Duration::from_secs(5));
+        assert!(
+            line.contains(
+                "2 in flight (1 held by a silent worker, 52 s, redelivered in about 8 s), 0 pending"
+            ),
+            "{line}"
+        );
+        assert!(held
+            .render()
+            .contains("  silent     1 task held by worker w2"));
     }
 }

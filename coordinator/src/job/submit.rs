@@ -9,7 +9,10 @@
 //! Submitting again is idempotent: tasks recorded done are skipped, tasks
 //! still queued are deduplicated by JetStream (`Nats-Msg-Id` is the task id),
 //! and failed tasks stay failed unless `--retry-failed` requeues them under a
-//! fresh message id.
+//! fresh message id. `--retry-failed` also requeues done tasks with failed
+//! inputs: their files are deleted first (workers create a task's files once
+//! and would keep the old ones), then their done record, so the retry writes
+//! them anew and every chip still lands once.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -60,6 +63,10 @@ pub struct SubmitSummary {
     pub failed: u64,
     /// Failed tasks requeued (`--retry-failed`).
     pub requeued: u64,
+    /// Done tasks with failed inputs requeued (`--retry-failed`).
+    pub retried: u64,
+    /// Failed inputs of the done tasks left as they are (listed in errors/).
+    pub failed_inputs: u64,
     /// Seconds taken.
     pub seconds: f64,
 }
@@ -67,8 +74,8 @@ pub struct SubmitSummary {
 impl SubmitSummary {
     /// One screen of text.
     pub fn render(&self) -> String {
-        format!(
-            "rsembed submit: job {}\n  output     {}\n  tasks      {} ({} inputs)\n  published  {}\n  duplicates {} (already queued)\n  done       {} (skipped)\n  failed     {}{}\n  seconds    {:.1}\n",
+        let mut s = format!(
+            "rsembed submit: job {}\n  output     {}\n  tasks      {} ({} inputs)\n  published  {}\n  duplicates {} (already queued)\n  done       {} (skipped)\n  failed     {}{}\n",
             self.job_id,
             self.output,
             self.tasks,
@@ -80,12 +87,24 @@ impl SubmitSummary {
             if self.requeued > 0 {
                 format!(" ({} requeued)", self.requeued)
             } else if self.failed > 0 {
-                " (not requeued; use --retry-failed)".into()
+                " (not requeued)".into()
             } else {
                 String::new()
             },
-            self.seconds
-        )
+        );
+        if self.retried > 0 {
+            s += &format!(
+                "  retried    {} done tasks with failed inputs requeued\n",
+                self.retried
+            );
+        }
+        if let Some(hint) =
+            crate::job::summary::how_to_retry("submit", self.failed_inputs, self.failed)
+        {
+            s += &format!("  retry      {hint}\n");
+        }
+        s += &format!("  seconds    {:.1}\n", self.seconds);
+        s
     }
 }
 
@@ -124,6 +143,8 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let given = args.tiling.footprint_tolerance.is_some();
     let mut spec = out.as_resumed(spec, given, replace).await?;
     let tiling = spec.tiling.clone();
+    // A mistyped --input is named as such, not as another job.
+    crate::job::run::check_input_exists(&stores, &args.input).await?;
     let claim = out.check(&spec, replace, "--force-new-job").await?;
     if let Some(t) = claim.created_at() {
         spec.created_at = t.to_owned();
@@ -193,6 +214,8 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         done: 0,
         failed: 0,
         requeued: 0,
+        retried: 0,
+        failed_inputs: 0,
         seconds: 0.0,
     };
     let first = futures::stream::once(std::future::ready(first));
@@ -247,7 +270,8 @@ pub struct PublishJob<'a> {
     pub model: &'a ModelRef,
     /// The job's tiling.
     pub tiling: &'a TilingSpec,
-    /// Tasks recorded done: skipped.
+    /// Tasks recorded done: skipped, or requeued with `retry_failed` when
+    /// some of their inputs failed.
     pub done: &'a HashMap<String, TaskDone>,
     /// Tasks recorded failed: skipped, or requeued with `retry_failed`.
     pub failed: &'a HashMap<String, TaskFailed>,
@@ -283,11 +307,22 @@ pub async fn publish_tasks(
                     path: path.to_string(),
                     source,
                 })?;
-            if job.done.contains_key(&task.task_id) {
-                s.done += 1;
-                continue;
-            }
             let mut msg_id = task.task_id.clone();
+            if let Some(d) = job.done.get(&task.task_id) {
+                let failed_inputs = d.errors_file.as_ref().map_or(0, |f| f.rows);
+                if !job.retry_failed || failed_inputs == 0 {
+                    s.done += 1;
+                    s.failed_inputs += failed_inputs;
+                    continue;
+                }
+                if !reopened {
+                    job.output.delete_manifest().await?;
+                    reopened = true;
+                }
+                msg_id = format!("{}.retry.{}", task.task_id, d.finished_at);
+                forget_done(job, &task).await?;
+                s.retried += 1;
+            }
             if let Some(f) = job.failed.get(&task.task_id) {
                 if !job.retry_failed {
                     s.failed += 1;
@@ -335,6 +370,22 @@ pub async fn publish_tasks(
             path: path.to_string(),
             source,
         })
+}
+
+/// Takes a done task with failed inputs back to "not run": its files go
+/// first (a worker creates a task's files once, so it would keep these), then
+/// its done record (a worker acks a task recorded done without running it).
+/// Cut off between the two, the record still names the errors file, and the
+/// next `--retry-failed` does it again.
+async fn forget_done(job: &PublishJob<'_>, task: &Task) -> Result<()> {
+    let out = &job.output.loc;
+    crate::job::output::delete_if_present(out, &task.chips_path()).await?;
+    crate::job::output::delete_if_present(out, &task.errors_path()).await?;
+    job.queue
+        .state
+        .clear_done(&task.job_id, &task.task_id)
+        .await?;
+    Ok(())
 }
 
 fn count(

@@ -17,6 +17,8 @@ pub struct Summary {
     pub(crate) tasks: u64,
     /// Tasks found finished and not run again.
     pub(crate) tasks_resumed: u64,
+    /// Tasks with failed inputs run again (`--retry-failed`).
+    pub(crate) tasks_retried: u64,
     /// Inputs planned.
     pub(crate) inputs: u64,
     /// Objects left out as not images (by extension).
@@ -82,9 +84,13 @@ impl Summary {
         s += &format!("rsembed run: {status} in {:.1} s\n", self.seconds);
         s += &format!("  job             {}\n", self.job_id);
         s += &format!(
-            "  tasks           {} ({} already done)\n",
+            "  tasks           {} ({} already done",
             self.tasks, self.tasks_resumed
         );
+        if self.tasks_retried > 0 {
+            s += &format!(", {} with failed inputs run again", self.tasks_retried);
+        }
+        s += ")\n";
         s += &format!("  inputs          {}", self.inputs);
         if self.skipped > 0 {
             s += &format!(
@@ -105,6 +111,9 @@ impl Summary {
             );
         }
         s += "\n";
+        if let Some(hint) = how_to_retry("run", self.failed_inputs, 0) {
+            s += &format!("  retry           {hint}\n");
+        }
         if self.cloudy_chips_dropped > 0 {
             s += &format!(
                 "  cloudy chips    {} dropped (cloud_fraction over --max-cloud)\n",
@@ -151,6 +160,27 @@ impl Summary {
     }
 }
 
+/// How to retry what failed, for the summaries of `run`, `submit` and
+/// `finalize`; `None` when nothing failed. The same flag of `command` (`run`
+/// or `submit`) covers both kinds: inputs recorded in `errors/` (their tasks
+/// run again) and tasks recorded as failed in distributed mode (requeued).
+pub fn how_to_retry(command: &str, failed_inputs: u64, failed_tasks: u64) -> Option<String> {
+    let n = |n: u64, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+    let what = match (failed_inputs, failed_tasks) {
+        (0, 0) => return None,
+        (i, 0) => format!("{} failed (listed in errors/)", n(i, "input")),
+        (0, t) => format!("{} failed", n(t, "task")),
+        (i, t) => format!(
+            "{} (listed in errors/) and {} failed",
+            n(i, "input"),
+            n(t, "task")
+        ),
+    };
+    Some(format!(
+        "{what}; rerun `rsembed {command}` with the same flags and --retry-failed to retry them"
+    ))
+}
+
 /// The first few of `v`, and how many more.
 fn listed(v: &[String]) -> String {
     const SHOWN: usize = 5;
@@ -180,6 +210,20 @@ pub fn human_bytes(b: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn how_to_retry_names_the_flag_only_when_something_failed() {
+        assert_eq!(how_to_retry("run", 0, 0), None);
+        let h = how_to_retry("run", 2, 0).unwrap();
+        assert!(h.starts_with("2 inputs failed (listed in errors/)"), "{h}");
+        assert!(
+            h.contains("`rsembed run` with the same flags and --retry-failed"),
+            "{h}"
+        );
+        assert!(how_to_retry("submit", 0, 1)
+            .unwrap()
+            .starts_with("1 task failed;"));
+    }
 
     #[test]
     fn human_bytes_units() {

@@ -192,6 +192,9 @@ impl SearchStats {
 /// on a broken pipe the output ends quietly, as in other Unix tools, with no
 /// statistics line either.
 pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
+    if let Some(w) = unfinished_job(&args.index).await {
+        eprintln!("rsembed search: {w}");
+    }
     let stdin = Some(std::path::Path::new("-"));
     if args.vectors.as_deref() == stdin || args.queries.as_deref() == stdin {
         return stream::run(&args, out).await;
@@ -229,6 +232,29 @@ pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
         stats.seconds
     );
     Ok(())
+}
+
+/// The warning for an index that is the output (or its `chips/` folder) of
+/// a job that has not finished: its results cover the tasks done so far.
+/// A failed check only logs: it must not stop a search.
+async fn unfinished_job(index: &str) -> Option<String> {
+    let stores = StoreCache::default();
+    let trimmed = index.trim_end_matches('/');
+    let root = match trimmed.rsplit_once('/') {
+        Some((parent, "chips")) => parent,
+        _ => trimmed,
+    };
+    let check = async {
+        let loc = stores.location(root)?;
+        crate::job::output::JobOutput::new(loc).unfinished().await
+    };
+    match check.await {
+        Ok(u) => u.map(|u| u.warning()),
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot tell whether the index's job is finished");
+            None
+        }
+    }
 }
 
 /// The closing line's counts of chips excluded for lacking the property a

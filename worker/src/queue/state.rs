@@ -134,6 +134,12 @@ impl JobState {
         self.get(Self::key(job, DONE, task)).await
     }
 
+    /// Forgets that a task finished (`submit --retry-failed` runs a task
+    /// with failed inputs again: a worker would ack a task recorded done).
+    pub async fn clear_done(&self, job: &str, task: &str) -> Result<(), QueueError> {
+        self.delete(Self::key(job, DONE, task)).await
+    }
+
     /// Marks a task as held by a worker.
     pub(crate) async fn put_running(
         &self,
