@@ -250,8 +250,8 @@ fn scene_rows(job: &Job, f: usize) -> (Vec<ChipRow>, Vec<(usize, Vec<f32>)>) {
                 footprint: Some(Footprint {
                     wkb: polygon_wkb(&[(x0, y1), (x1, y1), (x1, y0), (x0, y0), (x0, y1)]),
                     bbox: [x0, y0, x1, y1],
-                    centre: [(x0 + x1) / 2.0, (y0 + y1) / 2.0],
                 }),
+                centre: Some([(x0 + x1) / 2.0, (y0 + y1) / 2.0]),
                 embedding,
                 stac: Default::default(),
             }
@@ -297,7 +297,7 @@ fn encode_file(job: &Job, f: usize) -> anyhow::Result<File> {
         })
         .map(|(j, p)| {
             let r = &rows[p.1];
-            let centre = r.footprint.as_ref().map_or([0.0; 2], |fp| fp.centre);
+            let centre = r.centre.unwrap_or([0.0; 2]);
             (j, (r.chip_id.clone(), p.2, centre))
         })
         .collect();

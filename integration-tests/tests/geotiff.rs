@@ -67,6 +67,19 @@ fn gdal_pixel(file: &Path, points: &[(f64, f64)]) -> Vec<(f64, f64)> {
 /// `gdaltransform` between a file's pixel/line grid and lon/lat, from the
 /// grid or (`inverse`) into it.
 fn gdal_transform(file: &Path, points: &[(f64, f64)], inverse: bool) -> Vec<(f64, f64)> {
+    gdal_transform_some(file, points, inverse)
+        .into_iter()
+        .map(|p| p.expect("GDAL transforms every point"))
+        .collect()
+}
+
+/// `gdal_transform`, with `None` for a point GDAL cannot transform (outside
+/// the projection's domain: in space, beside a GOES disk).
+fn gdal_transform_some(
+    file: &Path,
+    points: &[(f64, f64)],
+    inverse: bool,
+) -> Vec<Option<(f64, f64)>> {
     let input: String = points.iter().map(|(x, y)| format!("{x} {y}\n")).collect();
     let mut child = Command::new("gdaltransform")
         .args(inverse.then_some("-i"))
@@ -88,8 +101,11 @@ fn gdal_transform(file: &Path, points: &[(f64, f64)], inverse: bool) -> Vec<(f64
         .unwrap()
         .lines()
         .map(|l| {
+            if l.starts_with("transformation failed") {
+                return None;
+            }
             let v: Vec<f64> = l.split_whitespace().map(|t| t.parse().unwrap()).collect();
-            (v[0], v[1])
+            Some((v[0], v[1]))
         })
         .collect()
 }
@@ -314,6 +330,32 @@ fn goes_interior_chips_get_footprints() {
         with > 0 && with < rows.len(),
         "{with} of {} chips have footprints",
         rows.len()
+    );
+    // Every chip whose centre is on the disk has centre_lon/centre_lat as
+    // GDAL puts it, footprint or not (a corner in space loses the footprint
+    // only); a centre in space has none.
+    let px = |v: &Value| v.as_f64().unwrap();
+    let centres: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (px(&r[0]) + px(&r[2]) / 2.0, px(&r[1]) + px(&r[3]) / 2.0))
+        .collect();
+    let gdal = gdal_transform_some(&file, &centres, false);
+    let mut edge = 0;
+    for (r, g) in rows.iter().zip(&gdal) {
+        let ours = r[7].as_f64().zip(r[8].as_f64());
+        match (ours, g) {
+            (Some(o), Some(g)) => assert!(
+                (o.0 - g.0).abs() < 1e-6 && (o.1 - g.1).abs() < 1e-6,
+                "{r}: ours {o:?}, GDAL {g:?}"
+            ),
+            (None, None) => {}
+            _ => panic!("chip at {}, {}: ours {ours:?}, GDAL {g:?}", r[0], r[1]),
+        }
+        edge += usize::from(r[6].is_null() && ours.is_some());
+    }
+    assert!(
+        edge > 0,
+        "some chips at the disk's edge have a centre and no footprint"
     );
 }
 

@@ -146,8 +146,8 @@ fn write_job(root: &Path, embeddings: &[Vec<f32>], files: usize) {
                         footprint: Some(Footprint {
                             wkb: polygon_wkb(&[(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)]),
                             bbox: [x0, y0, x1, y1],
-                            centre: [(x0 + x1) / 2.0, (y0 + y1) / 2.0],
                         }),
+                        centre: Some([(x0 + x1) / 2.0, (y0 + y1) / 2.0]),
                         embedding: e.clone(),
                         stac: Default::default(),
                     }

@@ -142,6 +142,7 @@ impl TaskRunner {
                     valid_fraction: p.valid_fraction,
                     crs: p.crs,
                     footprint: p.footprint,
+                    centre: p.centre,
                     embedding: emb.row(i).to_vec(),
                 })
                 .collect();

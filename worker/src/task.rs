@@ -365,6 +365,7 @@ mod tests {
             valid_fraction: 1.0,
             crs: None,
             footprint: None,
+            centre: None,
             embedding: vec![1.0],
             stac: Default::default(),
         }

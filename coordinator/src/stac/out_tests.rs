@@ -375,8 +375,8 @@ fn chip(bbox: Option<[f64; 4]>, times: (Option<i64>, Option<i64>)) -> ChipRow {
         footprint: bbox.map(|b| Footprint {
             wkb: vec![],
             bbox: b,
-            centre: [(b[0] + b[2]) / 2.0, (b[1] + b[3]) / 2.0],
         }),
+        centre: bbox.map(|b| [(b[0] + b[2]) / 2.0, (b[1] + b[3]) / 2.0]),
         embedding: vec![0.5; 8],
         stac: StacColumns {
             item_id: item,

@@ -106,8 +106,8 @@ fn rows_of(f: usize, spec: &FileSpec) -> Vec<ChipRow> {
                 footprint: Some(Footprint {
                     wkb: polygon_wkb(&[(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)]),
                     bbox: [x0, y0, x1, y1],
-                    centre: [(x0 + x1) / 2.0, (y0 + y1) / 2.0],
                 }),
+                centre: Some([(x0 + x1) / 2.0, (y0 + y1) / 2.0]),
                 embedding: embedding(f * 1000 + i),
                 stac: match spec.kind {
                     Kind::Stac { base } => stac_of(base, i),

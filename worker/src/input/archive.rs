@@ -154,6 +154,7 @@ pub(crate) async fn produce_archive(
                                 valid_fraction: 1.0,
                                 crs: None,
                                 footprint: None,
+                                centre: None,
                                 pixels,
                                 cloud_fraction: None,
                                 queued: crate::metrics::global().queue_chips.hold(1),

@@ -75,6 +75,7 @@ pub(super) async fn prepare(
             valid_fraction: 1.0,
             crs: None,
             footprint: None,
+            centre: None,
             pixels,
             cloud_fraction: None,
             queued: crate::metrics::global().queue_chips.hold(1),

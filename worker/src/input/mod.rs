@@ -43,6 +43,9 @@ pub(crate) struct Prepared {
     pub(crate) valid_fraction: f32,
     pub(crate) crs: Option<String>,
     pub(crate) footprint: Option<Footprint>,
+    /// Lon/lat of the window's centre (it may lie on Earth when a corner
+    /// does not, and the footprint is `None`).
+    pub(crate) centre: Option<[f64; 2]>,
     /// Share of the valid pixels the `--cloud-mask` marks as cloud.
     pub(crate) cloud_fraction: Option<f32>,
     pub(crate) pixels: Vec<f32>,

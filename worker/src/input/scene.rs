@@ -301,6 +301,7 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
             valid_fraction: chip.valid_fraction,
             crs: chip.crs,
             footprint: chip.footprint,
+            centre: chip.centre,
             pixels,
             cloud_fraction: chip.cloud_fraction,
             queued: crate::metrics::global().queue_chips.hold(1),

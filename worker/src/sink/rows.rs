@@ -34,6 +34,9 @@ pub struct ChipRow {
     pub crs: Option<String>,
     /// Footprint in lon/lat, when the chip has one.
     pub footprint: Option<Footprint>,
+    /// Lon/lat of the window's centre, when it has one (a chip whose corner
+    /// is off a GOES disk has a centre and no footprint).
+    pub centre: Option<[f64; 2]>,
     /// L2-normalized embedding.
     pub embedding: Vec<f32>,
     /// The schema 2 columns; all null for inputs that are not STAC items.
@@ -145,8 +148,6 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize, ty: EmbeddingType) -> Resu
                         .append_value(*v);
                 }
                 bbox.append(true);
-                lon.append_value(f.centre[0]);
-                lat.append_value(f.centre[1]);
             }
             None => {
                 geom.append_null();
@@ -157,10 +158,10 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize, ty: EmbeddingType) -> Resu
                         .append_value(0.0);
                 }
                 bbox.append(false);
-                lon.append_null();
-                lat.append_null();
             }
         }
+        lon.append_option(r.centre.map(|c| c[0]));
+        lat.append_option(r.centre.map(|c| c[1]));
         emb.append(&r.embedding);
     }
     let (embedding, scale) = emb.finish();
@@ -295,6 +296,8 @@ pub fn extent(rows: &[ChipRow]) -> Option<[f64; 4]> {
 
 #[cfg(test)]
 mod tests {
+    use arrow_array::cast::AsArray;
+
     use super::*;
 
     fn row(i: i32, fp: bool) -> ChipRow {
@@ -313,8 +316,8 @@ mod tests {
             footprint: fp.then(|| Footprint {
                 wkb: vec![1, 3, 0, 0, 0],
                 bbox: [i as f64, 0.0, i as f64 + 1.0, 1.0],
-                centre: [i as f64 + 0.5, 0.5],
             }),
+            centre: fp.then(|| [i as f64 + 0.5, 0.5]),
             embedding: vec![0.5; 4],
             stac: Default::default(),
         }
@@ -332,6 +335,27 @@ mod tests {
             Some([1.0, 0.0, 4.0, 1.0])
         );
         assert_eq!(extent(&[row(1, false)]), None);
+    }
+
+    #[test]
+    fn a_centre_without_a_footprint_is_written() {
+        // A GOES chip at the disk's edge: a corner in space, its centre on Earth.
+        let edge = ChipRow {
+            centre: Some([-75.0, 1.5]),
+            ..row(1, false)
+        };
+        let b = chip_batch(&[edge, row(2, false)], 4, EmbeddingType::F32).unwrap();
+        assert!(b.column_by_name("geometry").unwrap().is_null(0));
+        let lon = b
+            .column_by_name("centre_lon")
+            .unwrap()
+            .as_primitive::<arrow_array::types::Float64Type>();
+        let lat = b
+            .column_by_name("centre_lat")
+            .unwrap()
+            .as_primitive::<arrow_array::types::Float64Type>();
+        assert_eq!((lon.value(0), lat.value(0)), (-75.0, 1.5));
+        assert!(lon.is_null(1) && lat.is_null(1));
     }
 
     #[test]

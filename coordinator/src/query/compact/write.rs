@@ -261,8 +261,8 @@ mod tests {
                     footprint: (id % 3 != 0).then(|| Footprint {
                         wkb: vec![1, 3, 0, 0, 0],
                         bbox: [lon, 0.0, lon + 1.0, 1.0],
-                        centre: [lon + 0.5, 0.5],
                     }),
+                    centre: (id % 3 != 0).then(|| [lon + 0.5, 0.5]),
                     embedding: vec![id as f32; dim],
                     stac: Default::default(),
                 }

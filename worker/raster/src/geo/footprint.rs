@@ -62,18 +62,18 @@ impl Default for Tolerance {
 /// OGC:CRS84: WGS 84 geographic, lon/lat.
 const CRS84: &str = "+proj=longlat +datum=WGS84 +no_defs";
 
-/// Where a chip lies on Earth: a chip's footprint, as its row stores it.
+/// Where a chip lies on Earth: a chip's outline, as its row stores it.
 ///
 /// Absent (`None` where it is held) for images without georeferencing and
-/// for chips outside the projection's domain.
+/// for chips whose outline leaves the projection's domain. The window's
+/// centre is apart ([`Projector::centre`]): a GOES chip at the disk's edge
+/// has one even when a corner is in space.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Footprint {
     /// WKB Polygon (little-endian, 2D), closed counter-clockwise ring, lon/lat.
     pub wkb: Vec<u8>,
     /// Bounding box of the ring: xmin, ymin, xmax, ymax (lon/lat).
     pub bbox: [f64; 4],
-    /// Reprojected window centre: lon, lat.
-    pub centre: [f64; 2],
 }
 
 /// Reprojection from a scene's CRS to lon/lat; build once per scene.
@@ -223,7 +223,6 @@ impl Projector {
         if signed_area(&ring) < 0.0 {
             ring.reverse();
         }
-        let centre = self.pixel(gt, (x + w / 2.0, y + h / 2.0))?;
         let mut bbox = [
             f64::INFINITY,
             f64::INFINITY,
@@ -241,8 +240,14 @@ impl Projector {
         Some(Footprint {
             wkb: polygon_wkb(&ring),
             bbox,
-            centre: [centre.0, centre.1],
         })
+    }
+
+    /// The lon/lat of the pixel window (x, y, w, h)'s centre; `None` when it
+    /// is outside the projection's domain (in space, on a GOES disk).
+    pub fn centre(&self, gt: &GeoTransform, x: f64, y: f64, w: f64, h: f64) -> Option<[f64; 2]> {
+        self.pixel(gt, (x + w / 2.0, y + h / 2.0))
+            .map(|(lon, lat)| [lon, lat])
     }
 
     /// Appends the interior vertices of edge a→b (a and b excluded).
@@ -431,8 +436,9 @@ mod tests {
         let ring = decode_polygon(&f.wkb);
         assert!(signed_area(&ring) > 0.0);
         assert!(ring.len() > 5, "UTM edges bend in lon/lat");
-        assert!(f.bbox[0] < f.centre[0] && f.centre[0] < f.bbox[2]);
-        assert!(f.bbox[1] < f.centre[1] && f.centre[1] < f.bbox[3]);
+        let c = p.centre(&gt, 0.0, 0.0, 256.0, 256.0).unwrap();
+        assert!(f.bbox[0] < c[0] && c[0] < f.bbox[2]);
+        assert!(f.bbox[1] < c[1] && c[1] < f.bbox[3]);
     }
 
     #[test]

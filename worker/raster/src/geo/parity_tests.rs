@@ -231,6 +231,16 @@ fn footprints_against_gdal(name: &str, fx: &Value, tolerance: Tolerance) -> f64 
                 fp.is_none(),
                 "{name} {x},{y}: GDAL fails on part of the outline, we gave a footprint"
             );
+            // The centre stands alone: on the disk GDAL gives it, and so must we.
+            let ours = s.projector.centre(&s.gt, x, y, w, h);
+            match (pts[pts.len() - 1].2, ours) {
+                (Some(c), Some(o)) => assert!(
+                    (o[0] - c.0).abs() <= MAX_ERR_DEG && (o[1] - c.1).abs() <= MAX_ERR_DEG,
+                    "{name} {x},{y}: centre {o:?}, GDAL {c:?}"
+                ),
+                (None, None) => {}
+                (c, o) => panic!("{name} {x},{y}: centre {o:?}, GDAL {c:?}"),
+            }
             continue;
         }
         let fp = fp.unwrap_or_else(|| panic!("{name} {x},{y}: no footprint"));
@@ -267,9 +277,8 @@ fn footprints_against_gdal(name: &str, fx: &Value, tolerance: Tolerance) -> f64 
             );
         }
         let c = centre[0].2.unwrap();
-        assert!(
-            (fp.centre[0] - c.0).abs() <= MAX_ERR_DEG && (fp.centre[1] - c.1).abs() <= MAX_ERR_DEG
-        );
+        let ours = s.projector.centre(&s.gt, x, y, w, h).expect("a centre");
+        assert!((ours[0] - c.0).abs() <= MAX_ERR_DEG && (ours[1] - c.1).abs() <= MAX_ERR_DEG);
     }
     max_px
 }
@@ -322,6 +331,17 @@ fn goes_off_earth_corners_give_none() {
         }
     }
     assert!(none >= 3 && some >= 2, "off-Earth {none}, on-Earth {some}");
+    // A chip at the disk's edge: a corner in space, its centre on Earth (the
+    // row's centre_lon/centre_lat; footprints_match_gdal checks the value).
+    assert!(s
+        .projector
+        .footprint(&s.gt, 0.0, 0.0, 256.0, 256.0)
+        .is_none());
+    assert!(s.projector.centre(&s.gt, 0.0, 0.0, 256.0, 256.0).is_some());
+    assert!(s
+        .projector
+        .centre(&s.gt, 512.0, 0.0, 256.0, 256.0)
+        .is_none());
     // The full disk's corners are in space.
     assert!(s
         .projector

@@ -171,6 +171,9 @@ pub struct SceneChip {
     pub crs: Option<String>,
     /// Lon/lat footprint, when the scene is georeferenced and the chip is in the projection's domain.
     pub footprint: Option<Footprint>,
+    /// Lon/lat of the window's centre, when the scene is georeferenced and
+    /// the centre is in the projection's domain (with or without a footprint).
+    pub centre: Option<[f64; 2]>,
     /// The chip in 8 bits; invalid pixels are 0.
     pub rgb: Rgb8,
     /// Share of the valid pixels the scene's cloud mask marks as cloud;
@@ -253,20 +256,26 @@ impl Scene {
             Some(m) => self.cloud_count(m, window, &w.valid).await?.fraction(),
             None => None,
         };
-        let footprint = self.geo.as_ref().and_then(|(gt, _, p)| {
-            p.footprint(
-                gt,
-                window.x.into(),
-                window.y.into(),
-                window.width.into(),
-                window.height.into(),
-            )
-        });
+        let (x, y, cw, ch) = (
+            window.x.into(),
+            window.y.into(),
+            window.width.into(),
+            window.height.into(),
+        );
+        let footprint = self
+            .geo
+            .as_ref()
+            .and_then(|(gt, _, p)| p.footprint(gt, x, y, cw, ch));
+        let centre = self
+            .geo
+            .as_ref()
+            .and_then(|(gt, _, p)| p.centre(gt, x, y, cw, ch));
         Ok(Some(SceneChip {
             window,
             valid_fraction,
             crs: self.crs_label.clone(),
             footprint,
+            centre,
             rgb: self.to_rgb8(&w),
             cloud_fraction,
         }))
