@@ -262,7 +262,7 @@ mod tests {
                         wkb: vec![1, 3, 0, 0, 0],
                         bbox: [lon, 0.0, lon + 1.0, 1.0],
                     }),
-                    centre: (id % 3 != 0).then(|| [lon + 0.5, 0.5]),
+                    centre: (id % 3 != 0).then_some([lon + 0.5, 0.5]),
                     embedding: vec![id as f32; dim],
                     stac: Default::default(),
                 }
