@@ -317,7 +317,7 @@ mod tests {
                 wkb: vec![1, 3, 0, 0, 0],
                 bbox: [i as f64, 0.0, i as f64 + 1.0, 1.0],
             }),
-            centre: fp.then(|| [i as f64 + 0.5, 0.5]),
+            centre: fp.then_some([i as f64 + 0.5, 0.5]),
             embedding: vec![0.5; 4],
             stac: Default::default(),
         }
