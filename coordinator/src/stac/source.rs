@@ -1,10 +1,12 @@
 //! What a STAC `--input` is, and its items as a stream.
 //!
-//! [`detect`] tells a STAC API root, a static catalog or collection and an
-//! item collection apart from the inputs the planner already knows (images,
-//! scenes, archives, folders); [`stream_items`] sends the items a search
+//! [`detect`] tells a STAC API root, a static catalog or collection, an API
+//! collection or item URL and an item collection apart from the inputs the
+//! planner already knows (images, scenes, archives, folders), and refuses
+//! JSON that is none of these; [`stream_items`] sends the items a search
 //! selects, in a deterministic order, into a bounded channel, so the planner
-//! holds one page at a time however large the search.
+//! holds one page at a time however large the search, and ends in an error
+//! naming the search when it selects nothing.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,12 +33,15 @@ pub enum StacInput {
         /// What the server conforms to.
         conformance: Conformance,
     },
-    /// A static catalog.json or collection.json (any object store URL or path).
+    /// A static catalog.json or collection.json (any object store URL or
+    /// path), or a collection of an API (its URL, `…/collections/<id>`),
+    /// whose items are paged through its `items` link.
     Catalog {
         /// The document, as a canonical URL.
         url: String,
     },
-    /// An ItemCollection: .json FeatureCollection, .ndjson, stac-geoparquet .parquet.
+    /// An ItemCollection: .json FeatureCollection, .ndjson, stac-geoparquet
+    /// .parquet; or one Item (an API's item URL, `…/items/<id>`).
     Items {
         /// The file, as a canonical URL.
         url: String,
@@ -245,7 +250,7 @@ async fn detect_json(f: &Fetcher, url: &Url) -> Result<StacInput> {
 /// caller's plain-http path reports that).
 async fn landing_page(f: &Fetcher, url: &Url) -> Result<Option<Value>> {
     // Not JSON (a TIFF, an HTML page): left after its first bytes.
-    match f.json_object(url.as_str(), MAX_DOCUMENT).await {
+    match f.json_document(url.as_str(), MAX_DOCUMENT).await {
         Ok(Some(bytes)) => Ok(serde_json::from_slice(&bytes).ok()),
         Ok(None) => Ok(None),
         Err(Error::StacStatus { status, .. }) if status < 500 && status != 429 && status != 408 => {
@@ -278,23 +283,69 @@ async fn of_document(f: &Fetcher, url: &Url, doc: &Value) -> Result<Option<StacI
             }
         }
     }
-    let t = doc.get("type").and_then(Value::as_str);
-    Ok(match t {
-        Some("Catalog" | "Collection")
-            if links(doc)
-                .iter()
-                .any(|l| l.rel == "child" || l.rel == "item") =>
-        {
-            Some(StacInput::Catalog {
-                url: url.to_string(),
-            })
-        }
-        Some("FeatureCollection") => Some(StacInput::Items {
+    classify(url, doc).map(Some)
+}
+
+/// What a JSON document at an http(s) URL that is not an API root is as an
+/// input: a catalog or collection (crawled, or paged through its `items`
+/// link: a collection URL of an API), an item collection, or one item (an
+/// item URL of an API). JSON that is not STAC is refused here, naming what it
+/// is, before a job writes anything: read as an image, it would only become
+/// a decode error after the job had started.
+fn classify(url: &Url, doc: &Value) -> Result<StacInput> {
+    let not_stac = |what: String| Error::Stac {
+        url: url.to_string(),
+        reason: format!(
+            "{what}: JSON, but not STAC; a STAC input is an API root, a Catalog, a Collection, \
+             a FeatureCollection of items or an Item"
+        ),
+    };
+    let t = match doc {
+        Value::Object(m) => match m.get("type") {
+            Some(Value::String(t)) => t.as_str(),
+            Some(other) => return Err(not_stac(format!("its `type` is {}", short(other)))),
+            None => {
+                let keys: Vec<&str> = m.keys().map(String::as_str).take(8).collect();
+                return Err(not_stac(format!(
+                    "an object without `type` (its keys: {})",
+                    if keys.is_empty() {
+                        "none".into()
+                    } else {
+                        keys.join(", ")
+                    }
+                )));
+            }
+        },
+        Value::Array(_) => return Err(not_stac("an array".into())),
+        _ => return Err(not_stac("not an object".into())),
+    };
+    let items = || StacInput::Items {
+        url: url.to_string(),
+        format: ItemsFormat::Json,
+    };
+    match t {
+        "Catalog" | "Collection" => Ok(StacInput::Catalog {
             url: url.to_string(),
-            format: ItemsFormat::Json,
         }),
-        _ => None,
-    })
+        "FeatureCollection" => Ok(items()),
+        "Feature" if doc.get("stac_version").is_some() => Ok(items()),
+        "Feature" => Err(not_stac(
+            "a GeoJSON Feature without `stac_version`, so not a STAC Item".into(),
+        )),
+        other => Err(not_stac(format!("its type is `{}`", cut(other)))),
+    }
+}
+
+/// A JSON value shown in an error, cut to a readable length.
+fn short(v: &Value) -> String {
+    cut(&v.to_string())
+}
+
+fn cut(s: &str) -> String {
+    match s.char_indices().nth(60) {
+        Some((i, _)) => format!("{}...", &s[..i]),
+        None => s.to_owned(),
+    }
 }
 
 /// An API root, when the document's conformsTo holds item-search.
@@ -402,6 +453,9 @@ pub async fn stream_items(
         max: search.max_items,
         sent: 0,
         filter,
+        asked: None,
+        asked_total: 0,
+        closed: false,
     };
     if emit.full() {
         return Ok(());
@@ -410,11 +464,81 @@ pub async fn stream_items(
         StacInput::Api { root, conformance } => {
             super::api::stream(&f, root, *conformance, search, &mut emit).await
         }
-        StacInput::Catalog { url } => super::catalog::stream(&f, url, &mut emit).await,
+        StacInput::Catalog { url } => super::catalog::stream(&f, url, search, &mut emit).await,
         StacInput::Items { url, format } => {
             super::items::stream(&f, stores, url, *format, &mut emit).await
         }
+    }?;
+    if emit.sent == 0 && !emit.closed {
+        return Err(no_items(input, search, &emit));
     }
+    Ok(())
+}
+
+/// The error of a search that selected nothing, with the search as sent
+/// (requests to a server) and what the client filters left out: an empty
+/// plan must say which search was empty, not that a folder held no images.
+fn no_items(input: &StacInput, search: &StacSearch, emit: &Emit<'_>) -> Error {
+    let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let (filtered, duplicates) = (n(&emit.stats.filtered), n(&emit.stats.duplicates));
+    let source = match (&emit.asked, input) {
+        (Some(first), _) if emit.asked_total > 1 => {
+            format!("{first} (and {} more item requests)", emit.asked_total - 1)
+        }
+        (Some(first), _) => first.clone(),
+        (None, StacInput::Catalog { url }) => format!("{url} (a static catalog)"),
+        (None, StacInput::Items { url, .. }) => format!("{url} (an item collection)"),
+        (None, StacInput::Api { root, .. }) => root.to_string(),
+    };
+    let what = if filtered == 0 && duplicates == 0 {
+        "gave no item".to_owned()
+    } else {
+        let mut parts = Vec::new();
+        if filtered > 0 {
+            let flags = flags_of(search);
+            let by = if flags.is_empty() {
+                String::new()
+            } else {
+                format!(" ({flags})")
+            };
+            parts.push(format!(
+                "{filtered} left out by the filters applied here{by}"
+            ));
+        }
+        if duplicates > 0 {
+            parts.push(format!("{duplicates} repeated"));
+        }
+        format!(
+            "gave {} item(s): {}",
+            filtered + duplicates,
+            parts.join(", ")
+        )
+    };
+    Error::NoInputs(format!("the search matched no items: {source} {what}"))
+}
+
+/// The search as the flags that give it.
+fn flags_of(s: &StacSearch) -> String {
+    let mut f = Vec::new();
+    if !s.collections.is_empty() {
+        f.push(format!("--collections {}", s.collections.join(",")));
+    }
+    if let Some(b) = s.bbox {
+        f.push(format!("--bbox={},{},{},{}", b[0], b[1], b[2], b[3]));
+    }
+    if let Some(d) = &s.datetime {
+        f.push(format!("--datetime {d}"));
+    }
+    if !s.ids.is_empty() {
+        f.push(format!("--ids {}", cut(&s.ids.join(","))));
+    }
+    if let Some(x) = &s.filter {
+        f.push(format!("--filter '{}'", cut(x)));
+    }
+    if let Some(c) = s.cloud_cover_max {
+        f.push(format!("--cloud-cover-max {c}"));
+    }
+    f.join(" ")
 }
 
 /// Whether the stream goes on after an item.
@@ -432,9 +556,21 @@ pub(crate) struct Emit<'a> {
     max: Option<u64>,
     sent: u64,
     filter: ClientFilter,
+    /// The first request sent to a server, as a person reads it (the
+    /// search as sent, for the error of an empty one), and how many were.
+    asked: Option<String>,
+    asked_total: u64,
+    /// The receiver hung up: the planner stopped, so no error of our own.
+    closed: bool,
 }
 
 impl Emit<'_> {
+    /// Notes a first request to a server.
+    pub(crate) fn asked(&mut self, request: String) {
+        self.asked_total += 1;
+        self.asked.get_or_insert(request);
+    }
+
     /// Whether `max_items` entries were sent.
     pub(crate) fn full(&self) -> bool {
         self.max.is_some_and(|m| self.sent >= m)
@@ -505,6 +641,7 @@ impl Emit<'_> {
             tracing::warn!(item = %href, reason = %reason, "STAC item cannot be used");
         }
         if self.tx.send(found).await.is_err() {
+            self.closed = true;
             return Flow::Stop;
         }
         self.sent += 1;
@@ -604,6 +741,45 @@ mod tests {
         let (h, b) = href_of(&json!({"id": "a"}), &doc, "s3://b/cat/items.ndjson#a");
         assert_eq!(h, "s3://b/cat/items.ndjson#a");
         assert_eq!(b.as_str(), "s3://b/cat/items.ndjson#a");
+    }
+
+    #[test]
+    fn json_answers_are_stac_or_refused_naming_what_they_are() {
+        let u = Url::parse("http://h/collections/naip").unwrap();
+        let ok = |doc: Value| classify(&u, &doc).unwrap();
+        let err = |doc: Value| classify(&u, &doc).unwrap_err().to_string();
+        assert!(matches!(
+            ok(
+                json!({"type": "Collection", "id": "naip", "links": [{"rel": "items", "href": "items"}]})
+            ),
+            StacInput::Catalog { .. }
+        ));
+        assert!(matches!(
+            ok(json!({"type": "Feature", "stac_version": "1.1.0", "id": "a"})),
+            StacInput::Items {
+                format: ItemsFormat::Json,
+                ..
+            }
+        ));
+        assert!(matches!(
+            ok(json!({"type": "FeatureCollection", "features": []})),
+            StacInput::Items { .. }
+        ));
+        let e = err(json!({"type": "Feature", "properties": {}}));
+        assert!(
+            e.contains("without `stac_version`") && e.contains("not STAC"),
+            "{e}"
+        );
+        let e = err(json!({"hello": 1, "world": 2}));
+        assert!(e.contains("keys: hello, world"), "{e}");
+        assert!(err(json!({"type": "Topology"})).contains("`Topology`"));
+        assert!(err(json!({"type": 7})).contains("`type` is 7"));
+        assert!(err(json!([1, 2])).contains("an array"));
+        let long = "x".repeat(500);
+        assert!(
+            err(json!({ "type": long })).len() < 400,
+            "cut to a readable length"
+        );
     }
 
     #[tokio::test]
