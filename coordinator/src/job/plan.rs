@@ -56,6 +56,10 @@ pub struct Sharding {
     pub min_bytes: u64,
     /// Reader bounds for the header read.
     pub limits: TiffLimits,
+    /// Measure every input for the plan's estimate (`rsembed plan`): read
+    /// the headers of TIFFs too small to split, and ask the store for the
+    /// size of STAC assets without `file:size`. The tasks are the same.
+    pub estimate: bool,
 }
 
 /// What a job reads: a listing of a folder or prefix, or the items a STAC
@@ -80,9 +84,10 @@ pub struct StacSource {
 /// Counts of what the listing saw.
 #[derive(Debug, Default)]
 pub struct ListStats {
-    /// Inputs planned.
+    /// Inputs planned: files, band-file scenes, STAC items (each selected
+    /// item is one input, the unreadable ones included).
     pub inputs: AtomicU64,
-    /// Bytes of the planned inputs.
+    /// Bytes of the planned inputs, as far as the planner knows them.
     pub bytes: AtomicU64,
     /// Objects left out because their extension is not an image's.
     pub skipped: AtomicU64,
@@ -92,6 +97,14 @@ pub struct ListStats {
     pub sharded_scenes: AtomicU64,
     /// Grid chips of the split scenes (chips without a valid pixel are dropped later).
     pub sharded_chips: AtomicU64,
+    /// Grid chips of every input whose size the planner knows (from
+    /// `proj:shape` or a header; a whole image is one, an item that is an
+    /// error record none), before chips are dropped for nodata,
+    /// `--min-valid` or `--max-cloud`.
+    pub measured_chips: AtomicU64,
+    /// Inputs whose chips the planner does not know (archives, headers not
+    /// read or unreadable).
+    pub unmeasured: AtomicU64,
     /// The listing has ended: `inputs` is the plan's total.
     pub listed: std::sync::atomic::AtomicBool,
     /// For a STAC input: documents, pages and items read, filtered, repeated.
@@ -133,26 +146,33 @@ fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
     }
 }
 
-/// The chip blocks of a STAC item's scene by its `proj:shape`, without a
-/// read: the item says how large the scene is. `None` leaves it whole.
-fn shard_by_shape(s: &Sharding, shape: [u32; 2], task_size: usize) -> Option<Vec<ChipBlock>> {
-    let [width, height] = shape;
-    let (chip, stride) = (s.tiling.chip_size, s.tiling.stride);
-    if width <= chip && height <= chip {
-        return None;
-    }
-    let grid = rsembed_raster::grid::ChipGrid {
-        width,
-        height,
-        chip,
-        stride,
-    };
-    (grid.len() > task_size as u64).then(|| grid.blocks(task_size))
+/// What the planner knows of one input's size.
+#[derive(Debug, Default, PartialEq)]
+struct Measure {
+    /// The chip blocks the input is split into; `None`: one task input.
+    blocks: Option<Vec<ChipBlock>>,
+    /// Its grid chips, before any is dropped (no valid pixel, `--min-valid`,
+    /// `--max-cloud`): from `proj:shape` or a TIFF header, 1 for a whole
+    /// image, 0 for an item that is an error record. `None`: not known (an
+    /// archive, a header not read or not readable).
+    chips: Option<u64>,
 }
 
-/// Fills in the sizes a STAC item did not give (`file:size`), by HEAD, so
-/// that its headers can be read; a part the store cannot answer for stays 0
-/// and the worker records why.
+impl Measure {
+    fn chips(n: u64) -> Measure {
+        Measure {
+            blocks: None,
+            chips: Some(n),
+        }
+    }
+}
+
+/// How many inputs are measured at once: header reads and HEADs take an
+/// object store tens of milliseconds each, and the plan's order is kept.
+const MEASURE_IN_FLIGHT: usize = 16;
+
+/// Fills in the sizes a STAC item did not give (`file:size`), by HEAD; a
+/// part the store cannot answer for stays 0 and the worker records why.
 async fn fill_sizes(s: &Sharding, input: &mut TaskInput) {
     for p in input.parts.iter_mut().filter(|p| p.size == 0) {
         let Ok(loc) = s.stores.location(&p.uri) else {
@@ -165,33 +185,97 @@ async fn fill_sizes(s: &Sharding, input: &mut TaskInput) {
     input.size = input.parts.iter().map(|p| p.size).sum();
 }
 
-/// The chip blocks of a large georeferenced TIFF, or `None` to leave the input whole.
+/// A STAC item whose one selected asset is a PNG, JPEG or other whole image
+/// (by its name): one chip, as the same file in a folder is.
+fn is_image_item(input: &TaskInput) -> bool {
+    input.item.as_ref().is_some_and(|i| i.mask.is_none())
+        && matches!(&input.parts[..], [p] if InputKind::of(&p.uri) == Some(InputKind::Image))
+}
+
+/// Measures an input and splits a large georeferenced scene into chip blocks
+/// of about `task_size` chips (`None` blocks leave it whole). A STAC item's
+/// scene is split by its `proj:shape` without a read; a TIFF at least
+/// `min_bytes` large by its header. With `estimate` (`plan`), the headers of
+/// smaller TIFFs are read too, and STAC assets without `file:size` are asked
+/// for their size, so the plan can count chips and bytes; the split is the
+/// same either way.
 ///
 /// A header that cannot be read is not a planning error: the input goes to a
 /// worker as it is, and the worker records why it fails.
-async fn shard(s: &Sharding, input: &mut TaskInput, task_size: usize) -> Option<Vec<ChipBlock>> {
+async fn measure(s: &Sharding, input: &mut TaskInput, task_size: usize) -> Measure {
     if let Some(item) = &input.item {
         if item.error.is_some() || input.parts.is_empty() {
-            return None;
+            return Measure::chips(0);
         }
-        if let Some(shape) = item.grid {
-            let blocks = shard_by_shape(s, shape, task_size);
-            if blocks.is_none() {
+        if is_image_item(input) {
+            if s.estimate {
+                fill_sizes(s, input).await;
+            }
+            return Measure::chips(1);
+        }
+        if let Some([width, height]) = item.grid {
+            if s.estimate {
+                fill_sizes(s, input).await;
+            }
+            let (chip, stride) = (s.tiling.chip_size, s.tiling.stride);
+            if width <= chip && height <= chip {
                 // Only a scene split by its shape needs the worker to check it.
                 if let Some(item) = &mut input.item {
                     item.grid = None;
                 }
+                return Measure::chips(1);
             }
-            return blocks;
+            let grid = rsembed_raster::grid::ChipGrid {
+                width,
+                height,
+                chip,
+                stride,
+            };
+            let blocks = (grid.len() > task_size as u64).then(|| grid.blocks(task_size));
+            if blocks.is_none() {
+                if let Some(item) = &mut input.item {
+                    item.grid = None;
+                }
+            }
+            return Measure {
+                blocks,
+                chips: Some(grid.len()),
+            };
         }
         fill_sizes(s, input).await;
         if input.parts.iter().any(|p| p.size == 0) {
-            return None;
+            return Measure::default();
+        }
+    } else if input.parts.is_empty() {
+        match InputKind::of(&input.uri) {
+            Some(InputKind::Scene) => {}
+            Some(InputKind::Image) => return Measure::chips(1),
+            // An archive's members are counted by the worker that opens it.
+            Some(InputKind::Archive) | None => return Measure::default(),
         }
     }
-    if input.size < s.min_bytes {
-        return None;
+    let split = input.size >= s.min_bytes;
+    if !split && !s.estimate {
+        return Measure::default();
     }
+    let Some(grid) = header_grid(s, input).await else {
+        return Measure::default();
+    };
+    Measure {
+        chips: Some(grid.as_ref().map_or(1, |g| g.len())),
+        blocks: grid
+            .filter(|g| split && g.len() > task_size as u64)
+            .map(|g| g.blocks(task_size)),
+    }
+}
+
+/// The chip grid of a TIFF scene (one file or its band files) from its
+/// headers: `Some(None)` for a whole-image chip, `None` when it cannot be
+/// read or is not a scene the worker would cut.
+async fn header_grid(
+    s: &Sharding,
+    input: &TaskInput,
+) -> Option<Option<rsembed_raster::grid::ChipGrid>> {
     let reader = |uri: &str, size: u64| -> Option<Arc<dyn RangeRead>> {
         let loc = s.stores.location(uri).ok()?;
         Some(Arc::new(StoreRange::new(
@@ -201,37 +285,32 @@ async fn shard(s: &Sharding, input: &mut TaskInput, task_size: usize) -> Option<
             Arc::new(AtomicU64::new(0)),
         )))
     };
-    let grid = if input.parts.is_empty() {
-        if InputKind::of(&input.uri) != Some(InputKind::Scene) {
-            return None;
-        }
-        plan_grid(reader(&input.uri, input.size)?, &s.tiling, s.limits.clone())
+    if input.parts.is_empty() {
+        return plan_grid(reader(&input.uri, input.size)?, &s.tiling, s.limits.clone())
             .await
-            .ok()??
-    } else {
-        // A scene missing a band stays one input, so it is one error record.
-        let wanted = match &input.item {
-            Some(_) => input.parts.len(),
-            None => s.tiling.band_files.as_ref().map_or(0, Vec::len),
-        };
-        if input.parts.len() != wanted
-            || !input
-                .parts
-                .iter()
-                .all(|p| InputKind::of(&p.uri) == Some(InputKind::Scene))
-        {
-            return None;
-        }
-        let readers = input
+            .ok();
+    }
+    // A scene missing a band stays one input, so it is one error record.
+    let wanted = match &input.item {
+        Some(_) => input.parts.len(),
+        None => s.tiling.band_files.as_ref().map_or(0, Vec::len),
+    };
+    if input.parts.len() != wanted
+        || !input
             .parts
             .iter()
-            .map(|p| reader(&p.uri, p.size))
-            .collect::<Option<Vec<_>>>()?;
-        plan_band_grid(readers, &s.tiling, s.limits.clone())
-            .await
-            .ok()??
-    };
-    (grid.len() > task_size as u64).then(|| grid.blocks(task_size))
+            .all(|p| InputKind::of(&p.uri) == Some(InputKind::Scene))
+    {
+        return None;
+    }
+    let readers = input
+        .parts
+        .iter()
+        .map(|p| reader(&p.uri, p.size))
+        .collect::<Option<Vec<_>>>()?;
+    plan_band_grid(readers, &s.tiling, s.limits.clone())
+        .await
+        .ok()
 }
 
 /// Lists the inputs under `loc` in lexicographic order into `tx`.
@@ -244,7 +323,6 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
                 return Ok(());
             }
             stats.inputs.fetch_add(1, Ordering::Relaxed);
-            stats.bytes.fetch_add(meta.size, Ordering::Relaxed);
             tx.send(input_of(loc, &meta))
                 .await
                 .map_err(|_| Error::Cancelled)
@@ -254,7 +332,6 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
         // Named, so no extension filter: the worker reads the content.
         let meta = http_file(loc).await?;
         stats.inputs.fetch_add(1, Ordering::Relaxed);
-        stats.bytes.fetch_add(meta.size, Ordering::Relaxed);
         return tx
             .send(input_of(loc, &meta))
             .await
@@ -366,7 +443,6 @@ async fn list_stac(
                 },
             };
             stats.inputs.fetch_add(1, Ordering::Relaxed);
-            stats.bytes.fetch_add(input.size, Ordering::Relaxed);
             tx.send(input).await.map_err(|_| Error::Cancelled)?;
         }
         Ok::<(), Error>(())
@@ -540,6 +616,30 @@ pub fn start(
     flags: &crate::cli::TilingArgs,
     capacity: usize,
 ) -> Planner {
+    start_with(stores, input, job_id, tiling, flags, capacity, false)
+}
+
+/// [`start`] for `rsembed plan`: every input is measured for the estimate
+/// (see [`Sharding::estimate`]); the tasks are the same.
+pub fn start_dry_run(
+    stores: &StoreCache,
+    input: Source,
+    tiling: TilingSpec,
+    flags: &crate::cli::TilingArgs,
+    capacity: usize,
+) -> Planner {
+    start_with(stores, input, "plan".into(), tiling, flags, capacity, true)
+}
+
+fn start_with(
+    stores: &StoreCache,
+    input: Source,
+    job_id: String,
+    tiling: TilingSpec,
+    flags: &crate::cli::TilingArgs,
+    capacity: usize,
+    estimate: bool,
+) -> Planner {
     let stats = Arc::new(ListStats::default());
     let (tx, tasks) = mpsc::channel(capacity);
     let sharding = Sharding {
@@ -547,6 +647,7 @@ pub fn start(
         tiling,
         min_bytes: flags.shard_bytes,
         limits: TiffLimits::default(),
+        estimate,
     };
     let done = tokio::spawn(plan(
         stores.clone(),
@@ -590,7 +691,7 @@ pub async fn plan(
             }
         }
     };
-    let (stx, mut srx) = mpsc::channel::<TaskInput>(1024);
+    let (stx, srx) = mpsc::channel::<TaskInput>(1024);
     let scenes = {
         let stats = stats.clone();
         async move {
@@ -628,14 +729,28 @@ pub async fn plan(
             Ok(())
         }
     };
+    let task_chips = grouping.chips.max(1);
+    let sharding = &sharding;
     let grouper = async {
+        // Owns the receiver: a grouper that stops hangs up on the scenes.
+        let mut measured = std::pin::pin!(receiver_stream(srx)
+            .map(|mut input| async move {
+                let m = match sharding {
+                    Some(sh) => measure(sh, &mut input, task_chips).await,
+                    None => Measure::default(),
+                };
+                (input, m)
+            })
+            .buffered(MEASURE_IN_FLIGHT));
         let mut group = Vec::new();
         let mut group_bytes = 0u64;
-        while let Some(mut input) = srx.recv().await {
-            if let Some(blocks) = match &sharding {
-                Some(sh) => shard(sh, &mut input, grouping.chips.max(1)).await,
-                None => None,
-            } {
+        while let Some((input, m)) = measured.next().await {
+            stats.bytes.fetch_add(input.size, Ordering::Relaxed);
+            match m.chips {
+                Some(n) => stats.measured_chips.fetch_add(n, Ordering::Relaxed),
+                None => stats.unmeasured.fetch_add(1, Ordering::Relaxed),
+            };
+            if let Some(blocks) = m.blocks {
                 stats.sharded_scenes.fetch_add(1, Ordering::Relaxed);
                 for b in blocks {
                     stats.tasks.fetch_add(1, Ordering::Relaxed);
@@ -730,6 +845,100 @@ mod tests {
         let rest = g.finish();
         assert_eq!(rest.len(), 1);
         assert_eq!(rest[0].parts.len(), 1, "y is missing two bands");
+    }
+
+    fn sharding(estimate: bool) -> Sharding {
+        Sharding {
+            stores: StoreCache::default(),
+            tiling: TilingSpec {
+                chip_size: 256,
+                stride: 256,
+                bands: vec![1, 2, 3],
+                scale: "auto".into(),
+                min_valid: None,
+                band_files: None,
+                assets: None,
+                cloud_mask: None,
+                max_cloud: None,
+                footprint_tolerance: None,
+                embedding_type: Default::default(),
+            },
+            min_bytes: 16 << 20,
+            limits: TiffLimits::default(),
+            estimate,
+        }
+    }
+
+    fn item_input(part: &str, grid: Option<[u32; 2]>, error: Option<&str>) -> TaskInput {
+        TaskInput {
+            uri: "http://h/collections/c/items/a".into(),
+            size: 10,
+            version: None,
+            chips: None,
+            parts: vec![BandFile {
+                suffix: "visual".into(),
+                uri: part.into(),
+                size: 10,
+                version: None,
+                bands: vec![1, 2, 3],
+            }],
+            item: Some(Box::new(ItemInfo {
+                id: "a".into(),
+                collection: None,
+                datetime: None,
+                end_datetime: None,
+                units: vec![],
+                mask: None,
+                grid,
+                error: error.map(str::to_owned),
+            })),
+        }
+    }
+
+    #[tokio::test]
+    async fn items_are_measured_by_their_shape_without_a_read() {
+        let s = sharding(false);
+        // 600 x 520: a 3 x 3 grid of 256² chips, split in blocks of 4.
+        let mut i = item_input("s3://b/v.tif", Some([600, 520]), None);
+        let m = measure(&s, &mut i, 4).await;
+        assert_eq!(m.chips, Some(9));
+        assert_eq!(m.blocks.as_ref().map(Vec::len), Some(4));
+        assert_eq!(i.item.as_ref().unwrap().grid, Some([600, 520]));
+        // Not split: counted all the same, and the worker need not check.
+        let mut i = item_input("s3://b/v.tif", Some([600, 520]), None);
+        let m = measure(&s, &mut i, 64).await;
+        assert_eq!((m.chips, m.blocks), (Some(9), None));
+        assert_eq!(i.item.as_ref().unwrap().grid, None);
+        let mut i = item_input("s3://b/v.tif", Some([200, 100]), None);
+        assert_eq!(measure(&s, &mut i, 4).await, Measure::chips(1));
+        // A PNG asset is one whole image, whatever proj:shape says.
+        let mut i = item_input("s3://b/v.png", Some([6000, 6000]), None);
+        assert_eq!(measure(&s, &mut i, 4).await, Measure::chips(1));
+        // An error record makes no chip.
+        let mut i = item_input("s3://b/v.tif", None, Some("no asset"));
+        assert_eq!(measure(&s, &mut i, 4).await, Measure::chips(0));
+        // Files: an image is one chip, an archive is not opened.
+        let file = |uri: &str| TaskInput {
+            uri: uri.into(),
+            size: 10,
+            version: None,
+            chips: None,
+            parts: vec![],
+            item: None,
+        };
+        assert_eq!(
+            measure(&s, &mut file("s3://b/a.jpg"), 4).await,
+            Measure::chips(1)
+        );
+        assert_eq!(
+            measure(&s, &mut file("s3://b/a.tar"), 4).await,
+            Measure::default()
+        );
+        // A small TIFF's header is read only for the estimate.
+        assert_eq!(
+            measure(&s, &mut file("s3://b/a.tif"), 4).await,
+            Measure::default()
+        );
     }
 
     #[test]
