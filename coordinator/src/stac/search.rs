@@ -232,11 +232,39 @@ impl ClientFilter {
 
 /// A value shown in an error, cut to a readable length.
 fn short(v: &Value) -> String {
-    let s = v.to_string();
+    cut(&v.to_string())
+}
+
+/// Text shown in an error, cut to a readable length.
+pub(crate) fn cut(s: &str) -> String {
     match s.char_indices().nth(60) {
         Some((i, _)) => format!("{}...", &s[..i]),
-        None => s,
+        None => s.to_owned(),
     }
+}
+
+/// The search as the flags that give it.
+pub(crate) fn as_flags(s: &StacSearch) -> String {
+    let mut f = Vec::new();
+    if !s.collections.is_empty() {
+        f.push(format!("--collections {}", s.collections.join(",")));
+    }
+    if let Some(b) = s.bbox {
+        f.push(format!("--bbox={},{},{},{}", b[0], b[1], b[2], b[3]));
+    }
+    if let Some(d) = &s.datetime {
+        f.push(format!("--datetime {d}"));
+    }
+    if !s.ids.is_empty() {
+        f.push(format!("--ids {}", cut(&s.ids.join(","))));
+    }
+    if let Some(x) = &s.filter {
+        f.push(format!("--filter '{}'", cut(x)));
+    }
+    if let Some(c) = s.cloud_cover_max {
+        f.push(format!("--cloud-cover-max {c}"));
+    }
+    f.join(" ")
 }
 
 /// Checks `--bbox` W,S,E,N: latitudes in order, all in range. W > E is a
