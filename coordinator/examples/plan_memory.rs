@@ -178,6 +178,7 @@ async fn main() {
         },
         min_bytes: 16 << 20,
         limits: TiffLimits::default(),
+        estimate: false,
     };
     let stats = Arc::new(ListStats::default());
     let (tx, mut rx) = mpsc::channel::<Task>(256);

@@ -299,7 +299,8 @@ pub struct StacArgs {
     #[arg(long, help_heading = STAC_SEARCH, env = "RSEMBED_BBOX", value_parser = parse_stac_bbox, allow_hyphen_values = true)]
     pub bbox: Option<[f64; 4]>,
     /// An RFC 3339 instant or interval: `2024-06-01T00:00:00Z/2024-08-31T23:59:59Z`,
-    /// open ends as `..`.
+    /// open ends as `..`. Dates work too: `2024-06-01/2024-08-31` is from the
+    /// first day's start to the last day's end, inclusive (UTC).
     #[arg(long, help_heading = STAC_SEARCH, env = "RSEMBED_DATETIME")]
     pub datetime: Option<String>,
     /// Item ids, comma-separated.
@@ -331,9 +332,13 @@ impl StacArgs {
 
     /// The search these flags ask for, checked.
     pub fn search(&self) -> Result<rsembed_schemas::job::StacSearch, String> {
-        if let Some(d) = &self.datetime {
-            crate::stac::search::check_datetime(d)?;
-        }
+        // Dates become the RFC 3339 interval a STAC client sends for them, so
+        // a server, the client filter and the job spec read one text.
+        let datetime = self
+            .datetime
+            .as_deref()
+            .map(crate::stac::search::normalize_datetime)
+            .transpose()?;
         if let Some(c) = self.cloud_cover_max {
             if !(0.0..=100.0).contains(&c) {
                 return Err(format!(
@@ -347,7 +352,7 @@ impl StacArgs {
         Ok(rsembed_schemas::job::StacSearch {
             collections: self.collections.clone(),
             bbox: self.bbox,
-            datetime: self.datetime.clone(),
+            datetime,
             ids: self.ids.clone(),
             filter: self.filter.clone(),
             max_items: self.max_items,
@@ -552,7 +557,8 @@ pub struct SearchArgs {
     #[arg(long, env = "RSEMBED_BBOX", value_parser = parse_bbox, allow_hyphen_values = true)]
     pub(crate) bbox: Option<[f64; 4]>,
     /// Only chips acquired in this RFC 3339 instant or interval
-    /// (`2024-06-01T00:00:00Z/2024-08-31T23:59:59Z`, open ends as `..`), ends
+    /// (`2024-06-01T00:00:00Z/2024-08-31T23:59:59Z`, open ends as `..`; dates
+    /// such as `2024-06-01/2024-08-31` are whole days, UTC), ends
     /// included: those whose `datetime` (or `datetime`..`end_datetime` range)
     /// overlaps it. Chips without a `datetime` (inputs that were not STAC
     /// items, files of schema version 1) are excluded, and counted on stderr.

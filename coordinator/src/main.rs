@@ -234,49 +234,42 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             .await?;
     let input = resolved.location.clone();
     let is_stac = resolved.search.is_some();
-    let mut planner = plan::start(
-        &stores,
-        resolved.source,
-        "plan".into(),
-        tiling,
-        &args.tiling,
-        64,
-    );
+    let mut planner = plan::start_dry_run(&stores, resolved.source, tiling, &args.tiling, 64);
     let stats = planner.stats.clone();
     let mut largest = 0usize;
-    // Inputs not split into chip blocks: whole images are one chip each; the
-    // smaller GeoTIFFs and tar archives (cut by the workers, whose headers the
-    // planner does not read) count as one here, so the estimate is a floor
-    // for them.
-    let mut whole = 0u64;
     while let Some(t) = planner.tasks.recv().await {
         largest = largest.max(t.inputs.len());
-        whole += t.inputs.iter().filter(|i| i.chips.is_none()).count() as u64;
     }
     planner.done.await??;
-    let sharded_chips = stats.sharded_chips.load(Ordering::Relaxed);
-    let bytes = stats.bytes.load(Ordering::Relaxed);
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let (measured, unmeasured) = (n(&stats.measured_chips), n(&stats.unmeasured));
+    let sharded_chips = n(&stats.sharded_chips);
+    let bytes = n(&stats.bytes);
     let mut v = serde_json::json!({
         "input": input.url.as_str(),
-        "inputs": stats.inputs.load(Ordering::Relaxed),
-        "skipped": stats.skipped.load(Ordering::Relaxed),
-        "tasks": stats.tasks.load(Ordering::Relaxed),
+        "inputs": n(&stats.inputs),
+        "skipped": n(&stats.skipped),
+        "tasks": n(&stats.tasks),
         "largest_task": largest,
-        "sharded_scenes": stats.sharded_scenes.load(Ordering::Relaxed),
-        // Grid chips of the split scenes; other inputs are cut by the workers.
+        "sharded_scenes": n(&stats.sharded_scenes),
+        // Grid chips of the split scenes.
         "sharded_chips": sharded_chips,
-        // About: grid chips of the split scenes (from their headers, before
-        // chips without a valid pixel are dropped) plus one per other input.
-        "chips_estimate": sharded_chips + whole,
+        // About: the grid chips of every input (from STAC proj:shape or TIFF
+        // headers; one per whole image), before chips are dropped for nodata,
+        // --min-valid or --max-cloud, plus one per input not opened (archives).
+        "chips_estimate": measured + unmeasured,
+        "measured_chips": measured,
+        "unmeasured_inputs": unmeasured,
         "bytes": bytes,
     });
     if is_stac {
         let st = &stats.stac;
-        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        // What the search read and kept: an empty plan says why here.
+        // What the search read and kept: `selected` is `inputs`, the items
+        // that can be read and the unreadable ones (`bad`) together.
         v["stac"] = serde_json::json!({
             "documents": n(&st.documents),
             "pages": n(&st.pages),
+            "selected": n(&st.items) + n(&st.bad),
             "items": n(&st.items),
             "filtered": n(&st.filtered),
             "duplicates": n(&st.duplicates),
@@ -299,22 +292,29 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         }
         if let Some(st) = v.get("stac") {
             println!(
-                "  {:<15}{} items selected ({} filtered on the client, {} repeated, {} unreadable) \
-                 from {} pages and {} documents",
+                "  {:<15}{} items selected, one input each ({} readable, {} unreadable that \
+                 become error records); {} left out by the filters here, {} repeated; {} pages \
+                 and {} documents read",
                 "stac",
+                st["selected"],
                 st["items"],
+                st["bad"],
                 st["filtered"],
                 st["duplicates"],
-                st["bad"],
                 st["pages"],
                 st["documents"]
             );
         }
+        let unopened = if unmeasured > 0 {
+            format!(", one each for {unmeasured} inputs not opened (archives)")
+        } else {
+            String::new()
+        };
         println!(
-            "  {:<15}about {} ({sharded_chips} from the headers of split scenes, \
-             one per other input)",
+            "  {:<15}about {} (the chip grids from proj:shape and TIFF headers, one per whole \
+             image{unopened}; before chips are dropped for nodata, --min-valid or --max-cloud)",
             "chips",
-            sharded_chips + whole
+            measured + unmeasured
         );
         println!(
             "  {:<15}{}",

@@ -860,7 +860,7 @@ fn datetime_and_max_cloud_select_what_duckdb_selects_over_both_schema_versions()
     for (flag, value, says) in [
         ("--max-cloud", "1.5", "fraction"),
         ("--max-cloud", "cloudy", "not a number"),
-        ("--datetime", "2024-06-01", "RFC 3339"),
+        ("--datetime", "June 2024", "RFC 3339"),
         (
             "--datetime",
             "2024-09-01T00:00:00Z/2024-08-01T00:00:00Z",

@@ -237,6 +237,91 @@ async fn api_search_pages_over_post_and_get_alike() {
 }
 
 #[tokio::test]
+async fn api_collection_and_item_urls_are_paged_and_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = archive(dir.path());
+    let paths: Vec<&Path> = files.iter().map(|p| p.as_path()).collect();
+    let api = StacServer::start(&paths);
+    let c1 = format!("{}collections/c1", api.url());
+    let stores = StoreCache::default();
+
+    // A collection URL: its 400 items through its `items` link, two pages.
+    let d = detect(&stores, &c1).await.unwrap().unwrap();
+    assert!(matches!(d, StacInput::Catalog { .. }), "{d:?}");
+    let got = search(&c1, &StacSearch::default()).await.ok();
+    assert_eq!(got.ids(), ids((0..600).filter(|i| i % 3 != 0)));
+    assert_eq!(got.stats.pages.load(Ordering::Relaxed), 2);
+    let Found::Item(first) = &got.found[0] else {
+        panic!()
+    };
+    assert_eq!(first.href, format!("{c1}/items/item-00001"));
+
+    // bbox and datetime (sent), ids and cloud cover (here), max-items.
+    let b = [-9.5, -15.5, 5.5, -12.5];
+    let s = StacSearch {
+        bbox: Some(b),
+        datetime: Some("2024-03-01/2024-09-30".into()),
+        cloud_cover_max: Some(60.0),
+        ..StacSearch::default()
+    };
+    let got = search(&c1, &s).await.ok();
+    let want = ids((0..600).filter(|&i| {
+        i % 3 != 0 && in_box(i, b) && (60..274).contains(&(i % 366)) && i % 101 <= 60
+    }));
+    assert!(!want.is_empty());
+    assert_eq!(sorted(got.ids()), want);
+    let s = StacSearch {
+        ids: vec![item_id(5), item_id(6), item_id(9)],
+        ..StacSearch::default()
+    };
+    let got = search(&c1, &s).await.ok();
+    assert_eq!(sorted(got.ids()), ids([5].into_iter()), "6 and 9 are in c2");
+    let s = StacSearch {
+        max_items: Some(3),
+        ..StacSearch::default()
+    };
+    let got = search(&c1, &s).await.ok();
+    assert_eq!(got.ids(), ids([1, 2, 4].into_iter()));
+    assert_eq!(got.stats.pages.load(Ordering::Relaxed), 1);
+
+    // An item URL: that item.
+    let one = format!("{c1}/items/{}", item_id(7));
+    let d = detect(&stores, &one).await.unwrap().unwrap();
+    assert!(matches!(d, StacInput::Items { .. }), "{d:?}");
+    let got = search(&one, &StacSearch::default()).await.ok();
+    assert_eq!(got.ids(), ids([7].into_iter()));
+    let Found::Item(it) = &got.found[0] else {
+        panic!()
+    };
+    assert_eq!(it.href, one, "named by its self link");
+
+    // Nothing selected: an error naming the request as sent.
+    let s = StacSearch {
+        ids: vec!["nosuch".into()],
+        ..StacSearch::default()
+    };
+    let e = search(&c1, &s).await.err();
+    assert!(
+        e.contains("the search matched no items")
+            && e.contains(&format!("GET {c1}/items?limit=250"))
+            && e.contains("400 left out by the filters applied here (--ids nosuch)"),
+        "{e}"
+    );
+    let s = StacSearch {
+        collections: vec!["nosuch".into()],
+        ..StacSearch::default()
+    };
+    let e = search(&api.url(), &s).await.err();
+    assert!(
+        e.contains("the search matched no items")
+            && e.contains(&format!("POST {}search", api.url()))
+            && e.contains(r#""collections":["nosuch"]"#)
+            && e.contains("gave no item"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
 async fn filters_need_a_filter_server_and_cloud_cover_falls_back_to_the_client() {
     let dir = tempfile::tempdir().unwrap();
     let files = archive(dir.path());

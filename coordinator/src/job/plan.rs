@@ -3,24 +3,27 @@
 //! The listing is never held whole: inputs flow through a bounded channel into
 //! task groups, and each finished group is sent on as a task. Order is
 //! lexicographic by path, as object stores list, so a plan made twice is the
-//! same plan.
+//! same plan. `plan/measure.rs` sizes each input on the way: the chip blocks
+//! of a large scene, and for `rsembed plan` every scene's chips and bytes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
-use rsembed_raster::scene::{plan_band_grid, plan_grid};
-use rsembed_raster::tiff::{RangeRead, TiffLimits};
+use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::job::{StacSearch, TilingSpec};
-use rsembed_schemas::task::{ends_group, BandFile, ChipBlock, ItemInfo, Task, TaskInput};
+use rsembed_schemas::task::{ends_group, BandFile, ItemInfo, Task, TaskInput};
 use rsembed_worker::input::InputKind;
-use rsembed_worker::store::{Location, StoreCache, StoreRange};
+use rsembed_worker::store::{Location, StoreCache};
 use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
 use crate::stac::scene::{scene_of, Selection};
+
+mod measure;
 use crate::stac::source::{stream_items, Found, SourceStats, StacInput};
+use measure::{measure, Measure, MEASURE_IN_FLIGHT};
 
 /// How inputs are grouped into tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +59,10 @@ pub struct Sharding {
     pub min_bytes: u64,
     /// Reader bounds for the header read.
     pub limits: TiffLimits,
+    /// Measure every input for the plan's estimate (`rsembed plan`): read
+    /// the headers of TIFFs too small to split, and ask the store for the
+    /// size of STAC assets without `file:size`. The tasks are the same.
+    pub estimate: bool,
 }
 
 /// What a job reads: a listing of a folder or prefix, or the items a STAC
@@ -80,9 +87,10 @@ pub struct StacSource {
 /// Counts of what the listing saw.
 #[derive(Debug, Default)]
 pub struct ListStats {
-    /// Inputs planned.
+    /// Inputs planned: files, band-file scenes, STAC items (each selected
+    /// item is one input, the unreadable ones included).
     pub inputs: AtomicU64,
-    /// Bytes of the planned inputs.
+    /// Bytes of the planned inputs, as far as the planner knows them.
     pub bytes: AtomicU64,
     /// Objects left out because their extension is not an image's.
     pub skipped: AtomicU64,
@@ -92,6 +100,14 @@ pub struct ListStats {
     pub sharded_scenes: AtomicU64,
     /// Grid chips of the split scenes (chips without a valid pixel are dropped later).
     pub sharded_chips: AtomicU64,
+    /// Grid chips of every input whose size the planner knows (from
+    /// `proj:shape` or a header; a whole image is one, an item that is an
+    /// error record none), before chips are dropped for nodata,
+    /// `--min-valid` or `--max-cloud`.
+    pub measured_chips: AtomicU64,
+    /// Inputs whose chips the planner does not know (archives, headers not
+    /// read or unreadable).
+    pub unmeasured: AtomicU64,
     /// The listing has ended: `inputs` is the plan's total.
     pub listed: std::sync::atomic::AtomicBool,
     /// For a STAC input: documents, pages and items read, filtered, repeated.
@@ -133,107 +149,6 @@ fn input_of(loc: &Location, meta: &ObjectMeta) -> TaskInput {
     }
 }
 
-/// The chip blocks of a STAC item's scene by its `proj:shape`, without a
-/// read: the item says how large the scene is. `None` leaves it whole.
-fn shard_by_shape(s: &Sharding, shape: [u32; 2], task_size: usize) -> Option<Vec<ChipBlock>> {
-    let [width, height] = shape;
-    let (chip, stride) = (s.tiling.chip_size, s.tiling.stride);
-    if width <= chip && height <= chip {
-        return None;
-    }
-    let grid = rsembed_raster::grid::ChipGrid {
-        width,
-        height,
-        chip,
-        stride,
-    };
-    (grid.len() > task_size as u64).then(|| grid.blocks(task_size))
-}
-
-/// Fills in the sizes a STAC item did not give (`file:size`), by HEAD, so
-/// that its headers can be read; a part the store cannot answer for stays 0
-/// and the worker records why.
-async fn fill_sizes(s: &Sharding, input: &mut TaskInput) {
-    for p in input.parts.iter_mut().filter(|p| p.size == 0) {
-        let Ok(loc) = s.stores.location(&p.uri) else {
-            continue;
-        };
-        if let Ok(meta) = loc.store.head(&loc.prefix).await {
-            p.size = meta.size;
-        }
-    }
-    input.size = input.parts.iter().map(|p| p.size).sum();
-}
-
-/// The chip blocks of a large georeferenced TIFF, or `None` to leave the input whole.
-///
-/// A header that cannot be read is not a planning error: the input goes to a
-/// worker as it is, and the worker records why it fails.
-async fn shard(s: &Sharding, input: &mut TaskInput, task_size: usize) -> Option<Vec<ChipBlock>> {
-    if let Some(item) = &input.item {
-        if item.error.is_some() || input.parts.is_empty() {
-            return None;
-        }
-        if let Some(shape) = item.grid {
-            let blocks = shard_by_shape(s, shape, task_size);
-            if blocks.is_none() {
-                // Only a scene split by its shape needs the worker to check it.
-                if let Some(item) = &mut input.item {
-                    item.grid = None;
-                }
-            }
-            return blocks;
-        }
-        fill_sizes(s, input).await;
-        if input.parts.iter().any(|p| p.size == 0) {
-            return None;
-        }
-    }
-    if input.size < s.min_bytes {
-        return None;
-    }
-    let reader = |uri: &str, size: u64| -> Option<Arc<dyn RangeRead>> {
-        let loc = s.stores.location(uri).ok()?;
-        Some(Arc::new(StoreRange::new(
-            loc.store.clone(),
-            loc.prefix.clone(),
-            size,
-            Arc::new(AtomicU64::new(0)),
-        )))
-    };
-    let grid = if input.parts.is_empty() {
-        if InputKind::of(&input.uri) != Some(InputKind::Scene) {
-            return None;
-        }
-        plan_grid(reader(&input.uri, input.size)?, &s.tiling, s.limits.clone())
-            .await
-            .ok()??
-    } else {
-        // A scene missing a band stays one input, so it is one error record.
-        let wanted = match &input.item {
-            Some(_) => input.parts.len(),
-            None => s.tiling.band_files.as_ref().map_or(0, Vec::len),
-        };
-        if input.parts.len() != wanted
-            || !input
-                .parts
-                .iter()
-                .all(|p| InputKind::of(&p.uri) == Some(InputKind::Scene))
-        {
-            return None;
-        }
-        let readers = input
-            .parts
-            .iter()
-            .map(|p| reader(&p.uri, p.size))
-            .collect::<Option<Vec<_>>>()?;
-        plan_band_grid(readers, &s.tiling, s.limits.clone())
-            .await
-            .ok()??
-    };
-    (grid.len() > task_size as u64).then(|| grid.blocks(task_size))
-}
-
 /// Lists the inputs under `loc` in lexicographic order into `tx`.
 async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) -> Result<()> {
     let send = |meta: ObjectMeta| {
@@ -244,7 +159,6 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
                 return Ok(());
             }
             stats.inputs.fetch_add(1, Ordering::Relaxed);
-            stats.bytes.fetch_add(meta.size, Ordering::Relaxed);
             tx.send(input_of(loc, &meta))
                 .await
                 .map_err(|_| Error::Cancelled)
@@ -254,7 +168,6 @@ async fn list(loc: &Location, stats: &ListStats, tx: mpsc::Sender<TaskInput>) ->
         // Named, so no extension filter: the worker reads the content.
         let meta = http_file(loc).await?;
         stats.inputs.fetch_add(1, Ordering::Relaxed);
-        stats.bytes.fetch_add(meta.size, Ordering::Relaxed);
         return tx
             .send(input_of(loc, &meta))
             .await
@@ -366,7 +279,6 @@ async fn list_stac(
                 },
             };
             stats.inputs.fetch_add(1, Ordering::Relaxed);
-            stats.bytes.fetch_add(input.size, Ordering::Relaxed);
             tx.send(input).await.map_err(|_| Error::Cancelled)?;
         }
         Ok::<(), Error>(())
@@ -540,6 +452,30 @@ pub fn start(
     flags: &crate::cli::TilingArgs,
     capacity: usize,
 ) -> Planner {
+    start_with(stores, input, job_id, tiling, flags, capacity, false)
+}
+
+/// [`start`] for `rsembed plan`: every input is measured for the estimate
+/// (see [`Sharding::estimate`]); the tasks are the same.
+pub fn start_dry_run(
+    stores: &StoreCache,
+    input: Source,
+    tiling: TilingSpec,
+    flags: &crate::cli::TilingArgs,
+    capacity: usize,
+) -> Planner {
+    start_with(stores, input, "plan".into(), tiling, flags, capacity, true)
+}
+
+fn start_with(
+    stores: &StoreCache,
+    input: Source,
+    job_id: String,
+    tiling: TilingSpec,
+    flags: &crate::cli::TilingArgs,
+    capacity: usize,
+    estimate: bool,
+) -> Planner {
     let stats = Arc::new(ListStats::default());
     let (tx, tasks) = mpsc::channel(capacity);
     let sharding = Sharding {
@@ -547,6 +483,7 @@ pub fn start(
         tiling,
         min_bytes: flags.shard_bytes,
         limits: TiffLimits::default(),
+        estimate,
     };
     let done = tokio::spawn(plan(
         stores.clone(),
@@ -590,7 +527,7 @@ pub async fn plan(
             }
         }
     };
-    let (stx, mut srx) = mpsc::channel::<TaskInput>(1024);
+    let (stx, srx) = mpsc::channel::<TaskInput>(1024);
     let scenes = {
         let stats = stats.clone();
         async move {
@@ -628,14 +565,28 @@ pub async fn plan(
             Ok(())
         }
     };
+    let task_chips = grouping.chips.max(1);
+    let sharding = &sharding;
     let grouper = async {
+        // Owns the receiver: a grouper that stops hangs up on the scenes.
+        let mut measured = std::pin::pin!(receiver_stream(srx)
+            .map(|mut input| async move {
+                let m = match sharding {
+                    Some(sh) => measure(sh, &mut input, task_chips).await,
+                    None => Measure::default(),
+                };
+                (input, m)
+            })
+            .buffered(MEASURE_IN_FLIGHT));
         let mut group = Vec::new();
         let mut group_bytes = 0u64;
-        while let Some(mut input) = srx.recv().await {
-            if let Some(blocks) = match &sharding {
-                Some(sh) => shard(sh, &mut input, grouping.chips.max(1)).await,
-                None => None,
-            } {
+        while let Some((input, m)) = measured.next().await {
+            stats.bytes.fetch_add(input.size, Ordering::Relaxed);
+            match m.chips {
+                Some(n) => stats.measured_chips.fetch_add(n, Ordering::Relaxed),
+                None => stats.unmeasured.fetch_add(1, Ordering::Relaxed),
+            };
+            if let Some(blocks) = m.blocks {
                 stats.sharded_scenes.fetch_add(1, Ordering::Relaxed);
                 for b in blocks {
                     stats.tasks.fetch_add(1, Ordering::Relaxed);

@@ -247,7 +247,10 @@ mod tests {
         assert!(parse_fraction("NaN").is_err());
         assert!(parse_fraction("ten").is_err());
         assert!(parse_datetime("2024-06-01T00:00:00Z/..").is_ok());
-        assert!(parse_datetime("2024-06-01").is_err());
+        // A date is that whole day, as for `run --datetime`.
+        assert!(parse_datetime("2024-06-01").is_ok());
+        assert!(parse_datetime("2024-06-01/2024-08-31").is_ok());
+        assert!(parse_datetime("June").is_err());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A STAC API item search, page by page.
+//! A STAC API item search, page by page, and the pages of a collection's
+//! `items` link (OGC API Features), which follow the same `next` links.
 //!
 //! Our own small client rather than stac-io's (docs/decisions.md, "STAC
 //! reading"): every page is read with a byte cap, `next` links are followed
@@ -14,7 +15,7 @@ use sha2::Digest;
 use url::Url;
 
 use super::fetch::{Fetcher, Request, MAX_DOCUMENT, MAX_PAGE};
-use super::search::{cloud_cover_text, parse_filter};
+use super::search::{cloud_cover_text, normalize_datetime, parse_filter};
 use super::source::{href_of, links, parse, Conformance, Emit, Flow};
 use crate::error::{Error, Result};
 
@@ -48,9 +49,68 @@ pub(crate) async fn stream(
         .documents
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (href, post) = search_endpoint(root, &landing);
-    let mut req = first_request(href, post, search, conformance, emit.remaining())
+    let req = first_request(href, post, search, conformance, emit.remaining())
         .map_err(|reason| Error::Usage(format!("STAC API {root}: {reason}")))?;
     tracing::info!(url = %req.url, method = %req.method, "STAC search");
+    pages(f, req, &|feature| api_item_url(root, feature), emit)
+        .await
+        .map(|_| ())
+}
+
+/// Streams the items behind a collection's `items` link (OGC API Features,
+/// which a STAC API's collections follow): GET with the parameters every
+/// such endpoint takes (`bbox`, `datetime`, `limit`); the rest of the search
+/// (`--ids`, `--collections`, `--filter`, `--cloud-cover-max`) is applied on
+/// the client, as for a static catalog. An endpoint need not know `ids`,
+/// and one that is strict about parameters refuses the request.
+pub(crate) async fn stream_items_link(
+    f: &Fetcher,
+    items: &Url,
+    search: &StacSearch,
+    emit: &mut Emit<'_>,
+) -> Result<Flow> {
+    let req = items_request(items, search, emit.remaining())
+        .map_err(|reason| Error::Usage(format!("STAC collection {items}: {reason}")))?;
+    tracing::info!(url = %req.url, "STAC collection items");
+    pages(f, req, &|feature| item_under(items, feature), emit).await
+}
+
+/// The first request of an `items` link.
+fn items_request(
+    items: &Url,
+    search: &StacSearch,
+    remaining: Option<u64>,
+) -> Result<Request, String> {
+    let datetime = search
+        .datetime
+        .as_deref()
+        .map(normalize_datetime)
+        .transpose()?;
+    let mut url = items.clone();
+    {
+        let mut q = url.query_pairs_mut();
+        if let Some(b) = search.bbox {
+            let b: Vec<String> = b.iter().map(f64::to_string).collect();
+            q.append_pair("bbox", &b.join(","));
+        }
+        if let Some(d) = &datetime {
+            q.append_pair("datetime", d);
+        }
+        let limit = remaining.map_or(PAGE_SIZE, |r| r.clamp(1, PAGE_SIZE));
+        q.append_pair("limit", &limit.to_string());
+    }
+    Ok(Request::get(url))
+}
+
+/// Follows a search's pages from `req` on, sending each item to `emit`.
+/// `fallback` names an item without a self link.
+async fn pages(
+    f: &Fetcher,
+    mut req: Request,
+    fallback: &(dyn Fn(&Value) -> Option<String> + Sync),
+    emit: &mut Emit<'_>,
+) -> Result<Flow> {
+    emit.asked(describe(&req));
     let mut asked = HashSet::new();
     let mut idle = 0;
     loop {
@@ -72,19 +132,19 @@ pub(crate) async fn stream(
         drop(bytes);
         let new_before = new_count(emit);
         for feature in page.features {
-            let fallback = api_item_url(root, &feature).unwrap_or_else(|| {
+            let fallback = fallback(&feature).unwrap_or_else(|| {
                 let id = feature.get("id").and_then(Value::as_str).unwrap_or("");
                 format!("{}#{id}", req.url)
             });
             let (href, base) = href_of(&feature, &req.url, &fallback);
             if !feature.is_object() {
                 if emit.bad(href, None, "is not a JSON object".into()).await == Flow::Stop {
-                    return Ok(());
+                    return Ok(Flow::Stop);
                 }
                 continue;
             }
             if emit.item(feature, href, base).await == Flow::Stop {
-                return Ok(());
+                return Ok(Flow::Stop);
             }
         }
         idle = if new_count(emit) == new_before {
@@ -97,7 +157,7 @@ pub(crate) async fn stream(
             .into_iter()
             .find(|l| l.get("rel").and_then(Value::as_str) == Some("next"))
         else {
-            return Ok(());
+            return Ok(Flow::Go);
         };
         if idle >= MAX_IDLE_PAGES {
             return Err(Error::Stac {
@@ -111,6 +171,19 @@ pub(crate) async fn stream(
             url: req.url.to_string(),
             reason,
         })?;
+    }
+}
+
+/// A request as a person reads it: method, URL and JSON body.
+fn describe(req: &Request) -> String {
+    match &req.body {
+        Some(b) => format!(
+            "{} {} {}",
+            req.method,
+            req.url,
+            serde_json::to_string(b).unwrap_or_default()
+        ),
+        None => format!("{} {}", req.method, req.url),
     }
 }
 
@@ -162,6 +235,13 @@ fn first_request(
         );
     }
     let limit = remaining.map_or(PAGE_SIZE, |r| r.clamp(1, PAGE_SIZE));
+    // Servers take RFC 3339 only (rustac refuses a date); the flag is
+    // normalised already, a search built otherwise is here.
+    let datetime = search
+        .datetime
+        .as_deref()
+        .map(normalize_datetime)
+        .transpose()?;
     let cloud = search.cloud_cover_max.map(cloud_cover_text);
     let filter = if conf.filter {
         match (&search.filter, &cloud) {
@@ -188,7 +268,7 @@ fn first_request(
         if let Some(b) = search.bbox {
             body.insert("bbox".into(), json!(b));
         }
-        if let Some(d) = &search.datetime {
+        if let Some(d) = &datetime {
             body.insert("datetime".into(), json!(d));
         }
         body.insert("limit".into(), json!(limit));
@@ -224,7 +304,7 @@ fn first_request(
             let b: Vec<String> = b.iter().map(f64::to_string).collect();
             q.append_pair("bbox", &b.join(","));
         }
-        if let Some(d) = &search.datetime {
+        if let Some(d) = &datetime {
             q.append_pair("datetime", d);
         }
         q.append_pair("limit", &limit.to_string());
@@ -315,6 +395,16 @@ fn api_item_url(root: &Url, feature: &Value) -> Option<String> {
         .ok()?
         .pop_if_empty()
         .extend(["collections", c, "items", id]);
+    Some(u.to_string())
+}
+
+/// `<items>/<id>`, an item's URL under a collection's `items` link.
+fn item_under(items: &Url, feature: &Value) -> Option<String> {
+    let id = feature.get("id")?.as_str()?;
+    let mut u = items.clone();
+    u.set_query(None);
+    u.set_fragment(None);
+    u.path_segments_mut().ok()?.pop_if_empty().push(id);
     Some(u.to_string())
 }
 
@@ -487,6 +577,48 @@ mod tests {
         .is_err());
         assert_ne!(request_key(&prev), request_key(&merged));
         assert_eq!(request_key(&merged), request_key(&merged.clone()));
+    }
+
+    #[test]
+    fn items_links_get_bbox_datetime_and_limit_only() {
+        let r = items_request(&url("http://h/collections/c/items"), &full(), Some(10)).unwrap();
+        assert_eq!(r.method, reqwest::Method::GET);
+        let q: Vec<(String, String)> = r.url.query_pairs().into_owned().collect();
+        let keys: Vec<&str> = q.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["bbox", "datetime", "limit"]);
+        assert_eq!(q[2].1, "10");
+        assert_eq!(describe(&r), format!("GET {}", r.url), "the search as sent");
+        let r = items_request(&url("http://h/c/items"), &StacSearch::default(), None).unwrap();
+        assert_eq!(r.url.as_str(), "http://h/c/items?limit=250");
+        // Dates go out as RFC 3339, which every server reads.
+        let dated = StacSearch {
+            datetime: Some("2024-01-01/2024-03-31".into()),
+            ..StacSearch::default()
+        };
+        let r = items_request(&url("http://h/c/items"), &dated, None).unwrap();
+        let d = r
+            .url
+            .query_pairs()
+            .find(|(k, _)| k == "datetime")
+            .unwrap()
+            .1;
+        assert_eq!(d, "2024-01-01T00:00:00Z/2024-03-31T23:59:59.999999Z");
+        let r = first_request(
+            url("http://h/search"),
+            true,
+            &dated,
+            conf(false, false),
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            r.body.unwrap()["datetime"],
+            "2024-01-01T00:00:00Z/2024-03-31T23:59:59.999999Z"
+        );
+        assert_eq!(
+            item_under(&url("http://h/c/items/"), &json!({"id": "a b"})).unwrap(),
+            "http://h/c/items/a%20b"
+        );
     }
 
     #[test]

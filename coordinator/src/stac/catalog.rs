@@ -1,5 +1,9 @@
 //! A static catalog or collection, crawled through its `child` and `item`
 //! links, depth-first in link order, on any object store or over http(s).
+//! A collection of an API (`items` link, no `item` links: a STAC API or OGC
+//! API Features collection URL, or the children of an API root) is paged
+//! through its `items` link instead, with the search's `bbox`, `datetime`
+//! and `limit` sent and every filter applied here.
 //!
 //! Relative hrefs resolve against the document that holds them, as it was
 //! read (so a catalog copied elsewhere still works). A child-link loop is
@@ -13,6 +17,8 @@ use std::sync::atomic::Ordering;
 use futures::{StreamExt, TryStreamExt};
 use serde_json::Value;
 use url::Url;
+
+use rsembed_schemas::job::StacSearch;
 
 use super::fetch::{Fetcher, MAX_DOCUMENT, MAX_ITEM};
 use super::source::{href_of, links, parse, Emit, Flow};
@@ -31,10 +37,17 @@ const ITEMS_IN_FLIGHT: usize = 16;
 struct Level {
     url: Url,
     links: std::vec::IntoIter<stac::Link>,
+    /// The `items` link of an API collection, until it is paged through.
+    items: Option<Url>,
 }
 
 /// Streams the items under the catalog or collection at `url`.
-pub(crate) async fn stream(f: &Fetcher, url: &str, emit: &mut Emit<'_>) -> Result<()> {
+pub(crate) async fn stream(
+    f: &Fetcher,
+    url: &str,
+    search: &StacSearch,
+    emit: &mut Emit<'_>,
+) -> Result<()> {
     let root = Url::parse(url).map_err(|e| Error::Stac {
         url: url.into(),
         reason: format!("not a URL: {e}"),
@@ -44,6 +57,12 @@ pub(crate) async fn stream(f: &Fetcher, url: &str, emit: &mut Emit<'_>) -> Resul
     let mut stack = vec![open(f, &root, emit).await?];
     visited.insert(root.to_string());
     while let Some(level) = stack.last_mut() {
+        if let Some(items) = level.items.take() {
+            if super::api::stream_items_link(f, &items, search, emit).await? == Flow::Stop {
+                return Ok(());
+            }
+            continue;
+        }
         let Some(link) = level.links.next() else {
             stack.pop();
             continue;
@@ -114,17 +133,30 @@ async fn open(f: &Fetcher, url: &Url, emit: &mut Emit<'_>) -> Result<Level> {
         }
     }
     let links = links(&doc);
-    if !links.iter().any(|l| l.is_child() || l.is_item()) && links.iter().any(|l| l.rel == "items")
-    {
-        // A collection of an API: its items are behind `rel=items`, which a
-        // static crawl does not page through. Say so rather than find nothing.
-        tracing::warn!(collection = %url,
-            "STAC collection has no item or child links, only an API `items` link: give the API root as --input to search it");
-    }
+    let items = items_link(url, &links)?;
     Ok(Level {
         url: url.clone(),
         links: links.into_iter(),
+        items,
     })
+}
+
+/// The `items` link to page through: a collection's that has no `item`
+/// links (a static collection lists its items; an API's pages them), on an
+/// http(s) server.
+fn items_link(url: &Url, links: &[stac::Link]) -> Result<Option<Url>> {
+    if links.iter().any(|l| l.is_item()) {
+        return Ok(None);
+    }
+    let Some(l) = links.iter().find(|l| l.rel == "items") else {
+        return Ok(None);
+    };
+    let href = url.join(&l.href).map_err(|_| Error::Stac {
+        url: url.to_string(),
+        reason: format!("link `{}` does not resolve", l.href),
+    })?;
+    // Only a server pages; a file behind `items` is no API.
+    Ok(super::fetch::is_http(href.as_str()).then_some(href))
 }
 
 /// Reads item documents (several at a time, in order) and sends them.

@@ -129,9 +129,9 @@ impl Fetcher {
         Ok((buf.freeze(), false))
     }
 
-    /// The document at `url` when it starts like a JSON object, at most
-    /// `cap` bytes; `None` (without reading further) when it does not.
-    pub async fn json_object(&self, url: &str, cap: usize) -> Result<Option<Bytes>> {
+    /// The document at `url` when it starts like a JSON object or array, at
+    /// most `cap` bytes; `None` (without reading further) when it does not.
+    pub async fn json_document(&self, url: &str, cap: usize) -> Result<Option<Bytes>> {
         let mut body = self.open(url).await?;
         let mut buf = BytesMut::new();
         let mut checked = false;
@@ -140,7 +140,7 @@ impl Fetcher {
             if !checked {
                 match buf.iter().find(|b| !b.is_ascii_whitespace()) {
                     None => continue,
-                    Some(b'{') => checked = true,
+                    Some(b'{' | b'[') => checked = true,
                     Some(_) => return Ok(None),
                 }
             }

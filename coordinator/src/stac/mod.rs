@@ -2,9 +2,11 @@
 //! collection selects become scenes of the plan (`--input`), and a finished
 //! job is described as a STAC Collection of its chip files (`<output>/stac/`).
 //!
-//! - `source.rs` decides what an `--input` is (an API root by its landing
-//!   page's `conformsTo`, a catalog or collection, an item collection) and
-//!   streams its items, page by page, with every document's size bounded;
+//! - `detect.rs` decides what an `--input` is (an API root by its landing
+//!   page's `conformsTo`, a catalog or collection, an API collection or item
+//!   URL, an item collection) and refuses JSON that is not STAC;
+//! - `source.rs` streams its items, page by page, with every document's size
+//!   bounded, and fails a search that selects nothing;
 //! - `search.rs` holds the search: what is sent to an API, and the same
 //!   filters applied on the client;
 //! - `scene.rs` turns one item into one task input: its assets in R,G,B order,
@@ -13,6 +15,7 @@
 
 pub(crate) mod api;
 pub(crate) mod catalog;
+pub(crate) mod detect;
 pub(crate) mod fetch;
 pub(crate) mod items;
 pub mod out;

@@ -133,7 +133,20 @@ fn resolve(base: &Url, item: &Item, sel: &Selection) -> Result<Resolved, String>
         }
     };
     let grid = scene_shape(item, &picks, sel.max_pixels)?;
-    Ok((parts, units, mask, grid))
+    // A PNG or JPEG asset is one whole-image chip (the worker tells it by its
+    // name or bytes): a grid would split it into blocks it does not have.
+    let image = parts.len() == 1 && picks.iter().all(|p| is_image_type(p.asset));
+    Ok((parts, units, mask, grid.filter(|_| !image)))
+}
+
+/// Whether an asset's media type is a whole image's (PNG, JPEG).
+fn is_image_type(asset: &Asset) -> bool {
+    asset.r#type.as_deref().is_some_and(|t| {
+        let t = t.trim().to_ascii_lowercase();
+        ["image/png", "image/jpeg", "image/jpg"]
+            .iter()
+            .any(|m| t == *m || t.starts_with(&format!("{m};")))
+    })
 }
 
 /// The assets and bands of R, G and B.

@@ -10,36 +10,88 @@ use std::collections::HashSet;
 use rsembed_schemas::job::StacSearch;
 use serde_json::Value;
 
-/// Checks `--datetime`: an RFC 3339 instant, or an interval `A/B` whose
-/// open ends are `..` (or empty), with A <= B.
+/// Checks `--datetime`: an RFC 3339 instant, a date, or an interval `A/B`
+/// of those whose open ends are `..` (or empty), with A <= B.
 pub fn check_datetime(s: &str) -> Result<(), String> {
     datetime_range(s).map(|_| ())
 }
 
+/// The last microsecond of a day: a date-only end covers its whole day.
+const DAY_END: &str = "T23:59:59.999999Z";
+
+/// `--datetime` as RFC 3339 text, as STAC clients send it: a date-only start
+/// is that day's first instant (`2024-01-01T00:00:00Z`), a date-only end its
+/// last microsecond (`2024-03-31T23:59:59.999999Z`, inclusive), and a lone
+/// date the interval of that day. Times are kept as written, so a search given
+/// in RFC 3339 is the same text (and the same job) as before.
+pub fn normalize_datetime(s: &str) -> Result<String, String> {
+    datetime_range(s)?;
+    let start = |p: &str| match date_only(p.trim()) {
+        Some(_) => format!("{}T00:00:00Z", p.trim()),
+        None => p.to_owned(),
+    };
+    let end = |p: &str| match date_only(p.trim()) {
+        Some(_) => format!("{}{DAY_END}", p.trim()),
+        None => p.to_owned(),
+    };
+    Ok(match s.split_once('/') {
+        None if date_only(s.trim()).is_some() => format!("{}/{}", start(s), end(s)),
+        None => s.to_owned(),
+        Some((a, b)) => format!("{}/{}", start(a), end(b)),
+    })
+}
+
+/// `YYYY-MM-DD` (RFC 3339's full-date) as a date.
+fn date_only(p: &str) -> Option<time::Date> {
+    let b = p.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    if b.len() != 10
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !digits(0..4)
+        || !digits(5..7)
+        || !digits(8..10)
+    {
+        return None;
+    }
+    let month = time::Month::try_from(p[5..7].parse::<u8>().ok()?).ok()?;
+    time::Date::from_calendar_date(p[..4].parse().ok()?, month, p[8..].parse().ok()?).ok()
+}
+
 /// `--datetime` as an inclusive range of microseconds since the epoch, UTC;
-/// `None` for an open end.
+/// `None` for an open end. A date is a whole day (UTC): its first
+/// microsecond as a start, its last as an end.
 pub fn datetime_range(s: &str) -> Result<(Option<i64>, Option<i64>), String> {
-    let one = |p: &str| -> Result<Option<i64>, String> {
+    const DAY_US: i64 = 86_400_000_000;
+    let one = |p: &str, end: bool| -> Result<Option<i64>, String> {
         let p = p.trim();
         if p.is_empty() || p == ".." {
             return Ok(None);
         }
+        if let Some(d) = date_only(p) {
+            let t = d.midnight().assume_utc().unix_timestamp() * 1_000_000;
+            return Ok(Some(if end { t + DAY_US - 1 } else { t }));
+        }
         let t = time::OffsetDateTime::parse(p, &time::format_description::well_known::Rfc3339)
-            .map_err(|e| format!("--datetime `{s}`: `{p}` is not an RFC 3339 time ({e})"))?;
+            .map_err(|e| {
+                format!(
+                    "--datetime `{s}`: `{p}` is not an RFC 3339 time or a date YYYY-MM-DD ({e})"
+                )
+            })?;
         Ok(Some((t.unix_timestamp_nanos() / 1000) as i64))
     };
     match s.split_once('/') {
         None => {
-            let t = one(s)?;
-            if t.is_none() {
+            let (a, b) = (one(s, false)?, one(s, true)?);
+            if a.is_none() {
                 return Err(format!(
-                    "--datetime `{s}`: an RFC 3339 time or an interval A/B"
+                    "--datetime `{s}`: an RFC 3339 time, a date, or an interval A/B"
                 ));
             }
-            Ok((t, t))
+            Ok((a, b))
         }
         Some((a, b)) => {
-            let (a, b) = (one(a)?, one(b)?);
+            let (a, b) = (one(a, false)?, one(b, true)?);
             if a.is_none() && b.is_none() {
                 return Err(format!(
                     "--datetime `{s}`: an interval needs one closed end"
@@ -180,11 +232,39 @@ impl ClientFilter {
 
 /// A value shown in an error, cut to a readable length.
 fn short(v: &Value) -> String {
-    let s = v.to_string();
+    cut(&v.to_string())
+}
+
+/// Text shown in an error, cut to a readable length.
+pub(crate) fn cut(s: &str) -> String {
     match s.char_indices().nth(60) {
         Some((i, _)) => format!("{}...", &s[..i]),
-        None => s,
+        None => s.to_owned(),
     }
+}
+
+/// The search as the flags that give it.
+pub(crate) fn as_flags(s: &StacSearch) -> String {
+    let mut f = Vec::new();
+    if !s.collections.is_empty() {
+        f.push(format!("--collections {}", s.collections.join(",")));
+    }
+    if let Some(b) = s.bbox {
+        f.push(format!("--bbox={},{},{},{}", b[0], b[1], b[2], b[3]));
+    }
+    if let Some(d) = &s.datetime {
+        f.push(format!("--datetime {d}"));
+    }
+    if !s.ids.is_empty() {
+        f.push(format!("--ids {}", cut(&s.ids.join(","))));
+    }
+    if let Some(x) = &s.filter {
+        f.push(format!("--filter '{}'", cut(x)));
+    }
+    if let Some(c) = s.cloud_cover_max {
+        f.push(format!("--cloud-cover-max {c}"));
+    }
+    f.join(" ")
 }
 
 /// Checks `--bbox` W,S,E,N: latitudes in order, all in range. W > E is a
@@ -501,10 +581,63 @@ mod tests {
         assert!(check_datetime("2024-06-01T00:00:00Z/2024-08-31T23:59:59Z").is_ok());
         assert!(check_datetime("../2024-08-31T23:59:59Z").is_ok());
         assert!(check_datetime("2024-06-01T00:00:00+02:00/..").is_ok());
-        assert!(check_datetime("2024-06-01").is_err());
+        assert!(check_datetime("2024-6-01").is_err());
+        assert!(check_datetime("2024-02-30").is_err());
         assert!(check_datetime("../..").is_err());
         assert!(check_datetime("2024-09-01T00:00:00Z/2024-08-01T00:00:00Z").is_err());
         let (a, b) = datetime_range("2024-01-01T00:00:00Z/..").unwrap();
         assert_eq!((a, b), (Some(1_704_067_200_000_000), None));
+    }
+
+    #[test]
+    fn dates_are_whole_days() {
+        // 2024-03-31T23:59:59.999999Z is the last microsecond included.
+        let end = 1_711_929_599_999_999;
+        assert_eq!(
+            datetime_range("2024-01-01/2024-03-31").unwrap(),
+            (Some(1_704_067_200_000_000), Some(end))
+        );
+        assert_eq!(
+            datetime_range("2024-01-01/2024-03-31").unwrap(),
+            datetime_range("2024-01-01T00:00:00Z/2024-03-31T23:59:59.999999Z").unwrap()
+        );
+        assert_eq!(
+            datetime_range("2024-03-31").unwrap(),
+            (Some(end - 86_400_000_000 + 1), Some(end))
+        );
+        assert_eq!(datetime_range("../2024-03-31").unwrap(), (None, Some(end)));
+        assert!(check_datetime("2024-03-31/2024-03-31").is_ok());
+        assert!(check_datetime("2024-04-01/2024-03-31").is_err());
+        assert_eq!(
+            normalize_datetime("2024-01-01/2024-03-31").unwrap(),
+            "2024-01-01T00:00:00Z/2024-03-31T23:59:59.999999Z"
+        );
+        assert_eq!(
+            normalize_datetime("2024-03-31").unwrap(),
+            "2024-03-31T00:00:00Z/2024-03-31T23:59:59.999999Z"
+        );
+        assert_eq!(
+            normalize_datetime("2024-01-01/..").unwrap(),
+            "2024-01-01T00:00:00Z/.."
+        );
+        // RFC 3339 text is kept as written: the same job as before.
+        for s in [
+            "2024-06-01T00:00:00Z/2024-08-31T23:59:59Z",
+            "../2024-01-01T10:00:00+02:00",
+            "2024-06-01T00:00:00Z",
+        ] {
+            assert_eq!(normalize_datetime(s).unwrap(), s);
+        }
+        assert!(normalize_datetime("June").is_err());
+        // An item on the last day is in; one a microsecond later is not.
+        let s = StacSearch {
+            datetime: Some("2024-01-01/2024-03-31".into()),
+            ..search()
+        };
+        let at = |t: &str| judge(s.clone(), json!({"properties": {"datetime": t}}));
+        assert_eq!(at("2024-03-31T23:59:59.999999Z"), Verdict::Keep);
+        assert_eq!(at("2024-04-01T00:00:00Z"), Verdict::Drop);
+        assert_eq!(at("2024-01-01T00:00:00Z"), Verdict::Keep);
+        assert_eq!(at("2023-12-31T23:59:59Z"), Verdict::Drop);
     }
 }

@@ -1,24 +1,26 @@
 //! What a STAC `--input` is, and its items as a stream.
 //!
-//! [`detect`] tells a STAC API root, a static catalog or collection and an
-//! item collection apart from the inputs the planner already knows (images,
-//! scenes, archives, folders); [`stream_items`] sends the items a search
+//! [`detect`] (in `detect.rs`) tells a STAC API root, a static catalog or
+//! collection, an API collection or item URL and an item collection apart
+//! from the inputs the planner already knows (images, scenes, archives,
+//! folders), and refuses JSON that is none of these; [`stream_items`] sends the items a search
 //! selects, in a deterministic order, into a bounded channel, so the planner
-//! holds one page at a time however large the search.
+//! holds one page at a time however large the search, and ends in an error
+//! naming the search when it selects nothing.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rsembed_schemas::job::StacSearch;
-use rsembed_worker::input::InputKind;
 use rsembed_worker::store::StoreCache;
 use serde_json::Value;
 use sha2::Digest;
 use tokio::sync::mpsc::Sender;
 use url::Url;
 
-use super::fetch::{self, Fetcher, MAX_DOCUMENT};
-use super::search::{ClientFilter, Verdict};
+pub use super::detect::detect;
+use super::fetch::Fetcher;
+use super::search::{as_flags, ClientFilter, Verdict};
 use crate::error::{Error, Result};
 
 /// A STAC input.
@@ -31,12 +33,15 @@ pub enum StacInput {
         /// What the server conforms to.
         conformance: Conformance,
     },
-    /// A static catalog.json or collection.json (any object store URL or path).
+    /// A static catalog.json or collection.json (any object store URL or
+    /// path), or a collection of an API (its URL, `…/collections/<id>`),
+    /// whose items are paged through its `items` link.
     Catalog {
         /// The document, as a canonical URL.
         url: String,
     },
-    /// An ItemCollection: .json FeatureCollection, .ndjson, stac-geoparquet .parquet.
+    /// An ItemCollection: .json FeatureCollection, .ndjson, stac-geoparquet
+    /// .parquet; or one Item (an API's item URL, `…/items/<id>`).
     Items {
         /// The file, as a canonical URL.
         url: String,
@@ -151,161 +156,6 @@ pub struct SourceStats {
     pub bad: AtomicU64,
 }
 
-/// How much of a `.json` is read to find its `type`: STAC writers put it
-/// first, and a catalog is smaller than this anyway.
-const SNIFF: usize = 1 << 20;
-
-/// `Ok(None)`: not a STAC input (an image, a folder, a TIFF over http, ...).
-pub async fn detect(stores: &StoreCache, input: &str) -> Result<Option<StacInput>> {
-    if InputKind::of(input).is_some() {
-        return Ok(None);
-    }
-    let http = fetch::is_http(input);
-    let url = if http {
-        Url::parse(input).map_err(|e| Error::Usage(format!("--input {input}: {e}")))?
-    } else {
-        stores.location(input)?.url
-    };
-    let lower = url.path().to_ascii_lowercase();
-    let items = |format| {
-        Ok(Some(StacInput::Items {
-            url: url.to_string(),
-            format,
-        }))
-    };
-    if [".ndjson", ".jsonl", ".geojsonl"]
-        .iter()
-        .any(|e| lower.ends_with(e))
-    {
-        return items(ItemsFormat::Ndjson);
-    }
-    if lower.ends_with(".parquet") || lower.ends_with(".geoparquet") {
-        return items(ItemsFormat::Parquet);
-    }
-    let f = Fetcher::new(stores)?;
-    if lower.ends_with(".json") || lower.ends_with(".geojson") {
-        return detect_json(&f, &url).await.map(Some);
-    }
-    if !http {
-        return Ok(None);
-    }
-    let Some(doc) = landing_page(&f, &url).await? else {
-        return Ok(None);
-    };
-    of_document(&f, &url, &doc).await
-}
-
-/// A `.json` input: what its `type` says.
-async fn detect_json(f: &Fetcher, url: &Url) -> Result<StacInput> {
-    let (head, complete) = f.prefix(url.as_str(), SNIFF).await?;
-    let not_stac = |what: String| {
-        Error::Stac {
-        url: url.to_string(),
-        reason: format!(
-            "{what}; a STAC input is a Catalog, a Collection, a FeatureCollection of items, or an API root"
-        ),
-    }
-    };
-    let t = match type_of(&head) {
-        TypeScan::Found(t) => t,
-        TypeScan::Truncated if !complete => {
-            return Err(not_stac(format!(
-                "no `type` within its first {} MiB",
-                SNIFF >> 20
-            )))
-        }
-        TypeScan::Missing | TypeScan::Truncated => {
-            return Err(not_stac("a JSON object without `type`".into()))
-        }
-        TypeScan::NotAnObject(e) => return Err(not_stac(format!("not a JSON object ({e})"))),
-    };
-    match t.as_str() {
-        "Catalog" | "Collection" => {
-            // A landing page is a Catalog too; only its conformsTo tells.
-            if fetch::is_http(url.as_str()) {
-                let doc: Value = parse(url.as_str(), &f.read(url.as_str(), MAX_DOCUMENT).await?)?;
-                if let Some(api) = as_api(url, &doc) {
-                    return Ok(api);
-                }
-            }
-            Ok(StacInput::Catalog {
-                url: url.to_string(),
-            })
-        }
-        "FeatureCollection" | "Feature" => Ok(StacInput::Items {
-            url: url.to_string(),
-            format: ItemsFormat::Json,
-        }),
-        other => Err(not_stac(format!("its type is `{other}`"))),
-    }
-}
-
-/// The JSON document at an http(s) URL that is not named like a file the
-/// planner knows; `None` when it is not JSON, or the server refuses it (the
-/// caller's plain-http path reports that).
-async fn landing_page(f: &Fetcher, url: &Url) -> Result<Option<Value>> {
-    // Not JSON (a TIFF, an HTML page): left after its first bytes.
-    match f.json_object(url.as_str(), MAX_DOCUMENT).await {
-        Ok(Some(bytes)) => Ok(serde_json::from_slice(&bytes).ok()),
-        Ok(None) => Ok(None),
-        Err(Error::StacStatus { status, .. }) if status < 500 && status != 429 && status != 408 => {
-            Ok(None)
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// What a JSON document at `url` is as an input.
-async fn of_document(f: &Fetcher, url: &Url, doc: &Value) -> Result<Option<StacInput>> {
-    if let Some(api) = as_api(url, doc) {
-        return Ok(Some(api));
-    }
-    // A landing page may list its conformance only at /conformance.
-    if doc.get("conformsTo").is_none() {
-        if let Some(href) = links(doc)
-            .into_iter()
-            .find(|l| l.rel == "conformance")
-            .and_then(|l| url.join(&l.href).ok())
-        {
-            if let Ok(bytes) = f.read(href.as_str(), MAX_DOCUMENT).await {
-                if let Ok(c) = serde_json::from_slice::<Value>(&bytes) {
-                    let mut d = doc.clone();
-                    d["conformsTo"] = c.get("conformsTo").cloned().unwrap_or(Value::Null);
-                    if let Some(api) = as_api(url, &d) {
-                        return Ok(Some(api));
-                    }
-                }
-            }
-        }
-    }
-    let t = doc.get("type").and_then(Value::as_str);
-    Ok(match t {
-        Some("Catalog" | "Collection")
-            if links(doc)
-                .iter()
-                .any(|l| l.rel == "child" || l.rel == "item") =>
-        {
-            Some(StacInput::Catalog {
-                url: url.to_string(),
-            })
-        }
-        Some("FeatureCollection") => Some(StacInput::Items {
-            url: url.to_string(),
-            format: ItemsFormat::Json,
-        }),
-        _ => None,
-    })
-}
-
-/// An API root, when the document's conformsTo holds item-search.
-fn as_api(url: &Url, doc: &Value) -> Option<StacInput> {
-    let c = Conformance::of(doc.get("conformsTo")?.as_array()?);
-    c.item_search.then(|| StacInput::Api {
-        root: url.clone(),
-        conformance: c,
-    })
-}
-
 /// A document's links that parse (a link that does not is no link).
 pub(crate) fn links(doc: &Value) -> Vec<stac::Link> {
     doc.get("links")
@@ -324,58 +174,6 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(url: &str, bytes: &[u8]) -> 
         url: url.into(),
         reason: format!("not STAC JSON: {e}"),
     })
-}
-
-/// What the start of a JSON document says its `type` is.
-#[derive(Debug, PartialEq)]
-enum TypeScan {
-    Found(String),
-    /// A whole object without `type`.
-    Missing,
-    /// The bytes end before `type` was seen.
-    Truncated,
-    NotAnObject(String),
-}
-
-/// Reads top-level keys until `type`, so a 200 MiB FeatureCollection is
-/// recognised from its first bytes.
-fn type_of(head: &[u8]) -> TypeScan {
-    use serde::de::{Deserializer, Error as _, IgnoredAny, MapAccess, Visitor};
-    // The visitor stops at `type` by failing with this mark: serde_json
-    // insists on reading a map to its end otherwise.
-    const MARK: &str = "\u{1}type=";
-    struct TypeOf;
-    impl<'de> Visitor<'de> for TypeOf {
-        type Value = ();
-        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
-            while let Some(k) = m.next_key::<String>()? {
-                if k == "type" {
-                    let v: Value = m.next_value()?;
-                    let t = v.as_str().map(str::to_owned).unwrap_or(v.to_string());
-                    return Err(A::Error::custom(format!("{MARK}{t}\u{1}")));
-                }
-                m.next_value::<IgnoredAny>()?;
-            }
-            Ok(())
-        }
-    }
-    let mut de = serde_json::Deserializer::from_slice(head);
-    match de.deserialize_map(TypeOf) {
-        Ok(()) => TypeScan::Missing,
-        Err(e) => {
-            let s = e.to_string();
-            if let Some(rest) = s.split_once(MARK).map(|(_, r)| r) {
-                TypeScan::Found(rest.split('\u{1}').next().unwrap_or("").to_owned())
-            } else if e.is_eof() {
-                TypeScan::Truncated
-            } else {
-                TypeScan::NotAnObject(s)
-            }
-        }
-    }
 }
 
 /// Streams every selected item into `tx` in a deterministic order, stopping
@@ -402,6 +200,9 @@ pub async fn stream_items(
         max: search.max_items,
         sent: 0,
         filter,
+        asked: None,
+        asked_total: 0,
+        closed: false,
     };
     if emit.full() {
         return Ok(());
@@ -410,11 +211,57 @@ pub async fn stream_items(
         StacInput::Api { root, conformance } => {
             super::api::stream(&f, root, *conformance, search, &mut emit).await
         }
-        StacInput::Catalog { url } => super::catalog::stream(&f, url, &mut emit).await,
+        StacInput::Catalog { url } => super::catalog::stream(&f, url, search, &mut emit).await,
         StacInput::Items { url, format } => {
             super::items::stream(&f, stores, url, *format, &mut emit).await
         }
+    }?;
+    if emit.sent == 0 && !emit.closed {
+        return Err(no_items(input, search, &emit));
     }
+    Ok(())
+}
+
+/// The error of a search that selected nothing, with the search as sent
+/// (requests to a server) and what the client filters left out: an empty
+/// plan must say which search was empty, not that a folder held no images.
+fn no_items(input: &StacInput, search: &StacSearch, emit: &Emit<'_>) -> Error {
+    let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let (filtered, duplicates) = (n(&emit.stats.filtered), n(&emit.stats.duplicates));
+    let source = match (&emit.asked, input) {
+        (Some(first), _) if emit.asked_total > 1 => {
+            format!("{first} (and {} more item requests)", emit.asked_total - 1)
+        }
+        (Some(first), _) => first.clone(),
+        (None, StacInput::Catalog { url }) => format!("{url} (a static catalog)"),
+        (None, StacInput::Items { url, .. }) => format!("{url} (an item collection)"),
+        (None, StacInput::Api { root, .. }) => root.to_string(),
+    };
+    let what = if filtered == 0 && duplicates == 0 {
+        "gave no item".to_owned()
+    } else {
+        let mut parts = Vec::new();
+        if filtered > 0 {
+            let flags = as_flags(search);
+            let by = if flags.is_empty() {
+                String::new()
+            } else {
+                format!(" ({flags})")
+            };
+            parts.push(format!(
+                "{filtered} left out by the filters applied here{by}"
+            ));
+        }
+        if duplicates > 0 {
+            parts.push(format!("{duplicates} repeated"));
+        }
+        format!(
+            "gave {} item(s): {}",
+            filtered + duplicates,
+            parts.join(", ")
+        )
+    };
+    Error::NoInputs(format!("the search matched no items: {source} {what}"))
 }
 
 /// Whether the stream goes on after an item.
@@ -432,9 +279,21 @@ pub(crate) struct Emit<'a> {
     max: Option<u64>,
     sent: u64,
     filter: ClientFilter,
+    /// The first request sent to a server, as a person reads it (the
+    /// search as sent, for the error of an empty one), and how many were.
+    asked: Option<String>,
+    asked_total: u64,
+    /// The receiver hung up: the planner stopped, so no error of our own.
+    closed: bool,
 }
 
 impl Emit<'_> {
+    /// Notes a first request to a server.
+    pub(crate) fn asked(&mut self, request: String) {
+        self.asked_total += 1;
+        self.asked.get_or_insert(request);
+    }
+
     /// Whether `max_items` entries were sent.
     pub(crate) fn full(&self) -> bool {
         self.max.is_some_and(|m| self.sent >= m)
@@ -505,6 +364,7 @@ impl Emit<'_> {
             tracing::warn!(item = %href, reason = %reason, "STAC item cannot be used");
         }
         if self.tx.send(found).await.is_err() {
+            self.closed = true;
             return Flow::Stop;
         }
         self.sent += 1;
@@ -545,29 +405,10 @@ pub(crate) fn href_of(json: &Value, doc: &Url, fallback: &str) -> (String, Url) 
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn the_type_is_found_in_a_prefix() {
-        let t = |s: &str| type_of(s.as_bytes());
-        assert_eq!(
-            t(r#"{"stac_version":"1.1.0","type":"Catalog","links":[{"#),
-            TypeScan::Found("Catalog".into())
-        );
-        assert_eq!(
-            t(r#"{"features":[{"type":"Feature"}],"type":"FeatureCollection"}"#),
-            TypeScan::Found("FeatureCollection".into())
-        );
-        assert_eq!(t(r#"{"features":[{"type":"Feat"#), TypeScan::Truncated);
-        assert_eq!(t(r#"{"a":1}"#), TypeScan::Missing);
-        assert!(matches!(t("[1,2]"), TypeScan::NotAnObject(_)));
-        assert!(matches!(t("GIF89a"), TypeScan::NotAnObject(_)));
-        assert_eq!(t(r#"{"type":7}"#), TypeScan::Found("7".into()));
-    }
 
     #[test]
     fn conformance_classes_of_any_version() {
@@ -604,56 +445,5 @@ mod tests {
         let (h, b) = href_of(&json!({"id": "a"}), &doc, "s3://b/cat/items.ndjson#a");
         assert_eq!(h, "s3://b/cat/items.ndjson#a");
         assert_eq!(b.as_str(), "s3://b/cat/items.ndjson#a");
-    }
-
-    #[tokio::test]
-    async fn files_the_planner_knows_are_not_stac() {
-        let stores = StoreCache::default();
-        for input in ["a.tif", "s3://b/x.tar.gz", "https://h/x.png", "some/folder"] {
-            assert_eq!(detect(&stores, input).await.unwrap(), None, "{input}");
-        }
-        let d = detect(&stores, "s3://b/items.ndjson").await.unwrap();
-        assert!(matches!(
-            d,
-            Some(StacInput::Items {
-                format: ItemsFormat::Ndjson,
-                ..
-            })
-        ));
-        let d = detect(&stores, "/data/items.parquet")
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(d.url(), "file:///data/items.parquet");
-    }
-
-    #[tokio::test]
-    async fn json_files_are_told_apart_by_type() {
-        let dir = tempfile::tempdir().unwrap();
-        let stores = StoreCache::default();
-        let write = |name: &str, body: &str| {
-            let p = dir.path().join(name);
-            std::fs::write(&p, body).unwrap();
-            p.to_string_lossy().into_owned()
-        };
-        let cat = write("catalog.json", r#"{"type":"Catalog","id":"c","links":[]}"#);
-        assert!(matches!(
-            detect(&stores, &cat).await.unwrap(),
-            Some(StacInput::Catalog { .. })
-        ));
-        let fc = write("fc.json", r#"{"type":"FeatureCollection","features":[]}"#);
-        assert!(matches!(
-            detect(&stores, &fc).await.unwrap(),
-            Some(StacInput::Items {
-                format: ItemsFormat::Json,
-                ..
-            })
-        ));
-        let other = write("other.json", r#"{"type":"Topology"}"#);
-        let e = detect(&stores, &other).await.unwrap_err().to_string();
-        assert!(e.contains("`Topology`"), "{e}");
-        let notjson = write("x.json", "hello");
-        let e = detect(&stores, &notjson).await.unwrap_err().to_string();
-        assert!(e.contains("not a JSON object"), "{e}");
     }
 }

@@ -1,5 +1,6 @@
 //! Whole images (PNG, JPEG, WebP, ...): one object fetched at once, decoded
-//! and preprocessed into one chip.
+//! and preprocessed into one chip. A STAC item whose one asset is an image
+//! comes here too: its asset is fetched, and the chip keeps the item.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,12 +26,13 @@ pub(super) async fn prepare(
     input: TaskInput,
 ) -> std::result::Result<Prepared, ErrorRow> {
     let fetch = async {
-        let loc = stores.location(&input.uri)?;
+        let uri = super::object_uri(&input);
+        let loc = stores.location(uri)?;
         let got = loc.store.get(&loc.prefix).await?;
         let size = got.meta.size;
         if size > limits.max_alloc {
             return Err(Error::Input {
-                uri: input.uri.clone(),
+                uri: uri.to_owned(),
                 stage: ErrorStage::Fetch,
                 message: format!(
                     "{size} bytes is over the {} byte limit for a whole image",

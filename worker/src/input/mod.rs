@@ -3,12 +3,14 @@
 //! input and the cause; both go to the batcher ([`crate::batch`]) as `Item`s.
 //!
 //! A whole image (`input/image.rs`) is one chip; a TIFF scene (`input/scene.rs`) and a tar
-//! archive (`input/archive.rs`) are read chip by chip.
+//! archive (`input/archive.rs`) are read chip by chip. A STAC item is a scene
+//! of its assets, or a whole image when its one asset is a PNG or JPEG.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use object_store::ObjectStoreExt;
 use rsembed_raster::geo::Footprint;
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::ids::Window;
@@ -20,6 +22,7 @@ use crate::error::chain;
 use crate::metrics::Held;
 use crate::retry::hint_in_chain;
 use crate::sink::rows::ErrorRow;
+use crate::store::StoreCache;
 use crate::task::{JobContext, TaskRunner};
 
 /// The one place that decides an input's kind (defined with the readers, so
@@ -107,9 +110,10 @@ pub(crate) fn spawn_readers(
                         // The planner sends only inputs; any other name is
                         // decoded as an image, which sniffs its content and
                         // names the input in its error when it is none. A
-                        // STAC item is a scene whatever its URI ends with.
+                        // STAC item is a scene whatever its URI ends with,
+                        // unless its one asset is a whole image.
                         let kind = if input.item.is_some() {
-                            InputKind::Scene
+                            item_kind(&stores, &input).await
                         } else {
                             InputKind::of(&input.uri).unwrap_or(InputKind::Image)
                         };
@@ -137,6 +141,48 @@ pub(crate) fn spawn_readers(
         }
         .in_current_span(),
     )
+}
+
+/// How a STAC item is read: a scene of its assets, or (its one selected
+/// asset a PNG or JPEG, by the href's name, else by the first bytes not being
+/// a TIFF's) a whole image, embedded exactly as the same file in a folder is,
+/// with the item's columns. An asset the store cannot give goes the scene's
+/// way, which records the store's error.
+async fn item_kind(stores: &StoreCache, input: &TaskInput) -> InputKind {
+    let Some(item) = input.item.as_deref() else {
+        return InputKind::Scene;
+    };
+    let [part] = &input.parts[..] else {
+        return InputKind::Scene;
+    };
+    if item.error.is_some() || item.mask.is_some() || input.chips.is_some() {
+        return InputKind::Scene;
+    }
+    match InputKind::of(&part.uri) {
+        Some(InputKind::Image) => InputKind::Image,
+        Some(_) => InputKind::Scene,
+        None => {
+            let head = async {
+                let loc = stores.location(&part.uri).ok()?;
+                loc.store.get_range(&loc.prefix, 0..8).await.ok()
+            };
+            match head.await {
+                Some(b) if !b.is_empty() && !rsembed_raster::image::is_tiff_content(&b) => {
+                    InputKind::Image
+                }
+                _ => InputKind::Scene,
+            }
+        }
+    }
+}
+
+/// The object an input's bytes are read from: a STAC item's one asset, else
+/// the input itself.
+pub(crate) fn object_uri(input: &TaskInput) -> &str {
+    match (&input.item, &input.parts[..]) {
+        (Some(_), [part]) => &part.uri,
+        _ => &input.uri,
+    }
 }
 
 /// One input's failure as its error row, with the hint decided here: an
