@@ -9,8 +9,11 @@
 //! around the globe). A part's outline is the convex hull of its chips' bbox
 //! corners: it never misses a chip (each chip's footprint lies in its bbox)
 //! and adds little on a scene, which is convex already. Parts whose bboxes
-//! touch or overlap become one polygon, so the polygons never overlap; parts
-//! apart stay apart, so a search between two places finds nothing.
+//! touch or overlap (or lie within a metre) become one polygon, so the
+//! polygons never overlap; parts apart stay apart, so a search between two
+//! places finds nothing. Vertices are put on a grid of 10⁻⁷° (the polygon
+//! grown a hair first, so it still holds every chip), which keeps the JSON
+//! short and exact when read back.
 //!
 //! The outline has at most [`MAX_VERTICES`] vertices in all. Over that,
 //! parts near each other merge: their bboxes are snapped to a lon/lat grid
@@ -31,6 +34,7 @@ use parquet::file::metadata::KeyValue;
 use rsembed_schemas::extent::{FileExtent, EXTENT_KEY, MAX_SOURCES, MAX_VERTICES};
 
 use super::hull::{convex_hull, enclose, Pt};
+use super::snap;
 use super::rows::ChipRow;
 use crate::error::Result;
 
@@ -49,6 +53,12 @@ const MAX_PARTS: usize = 1024;
 const COMPACT_AT: usize = 4096;
 /// The first cell, in degrees, of the re-keying past [`MAX_PARTS`].
 const FIRST_KEY_CELL: f64 = 1.0;
+/// Parts closer than this (degrees, about a metre) are one polygon: each
+/// polygon is put on the [`snap::GRID`] within [`REACH`] of its bbox, so
+/// polygons of parts further apart never meet.
+const GAP: f64 = 1e-5;
+/// How far a polygon put on the grid may reach beyond its bbox.
+const REACH: f64 = 4e-6;
 
 /// What a part is keyed by: its side of the prime meridian (west: centre
 /// lon < 0), and its source input, or a grid cell once there are too many.
@@ -290,7 +300,7 @@ fn outline(parts: Vec<Part>) -> Vec<Vec<Pt>> {
     let mut polygons: Vec<Vec<Pt>> = Vec::with_capacity(n);
     for (k, (hull, bbox)) in hulls.into_iter().enumerate() {
         let share = left / (n - k);
-        let p = enclose(&hull, share.max(4), bbox, SLACK);
+        let p = snap::outward(&enclose(&hull, share.max(4), bbox, SLACK), bbox, REACH);
         left -= p.len().min(left);
         polygons.push(p);
     }
@@ -298,11 +308,11 @@ fn outline(parts: Vec<Part>) -> Vec<Vec<Pt>> {
     polygons
 }
 
-/// `b` snapped outward to a grid of `cell` degrees (in cells); as it is
-/// without a cell.
+/// `b` snapped outward to a grid of `cell` degrees (in cells); without a
+/// cell, grown by half the [`GAP`], so bboxes closer than that meet.
 fn snapped(b: [f64; 4], cell: Option<f64>) -> [f64; 4] {
     match cell {
-        None => b,
+        None => [b[0] - GAP / 2.0, b[1] - GAP / 2.0, b[2] + GAP / 2.0, b[3] + GAP / 2.0],
         Some(c) => [
             (b[0] / c).floor(),
             (b[1] / c).floor(),
@@ -316,7 +326,7 @@ fn meet(a: [f64; 4], b: [f64; 4]) -> bool {
     a[0] <= b[2] && b[0] <= a[2] && a[1] <= b[3] && b[1] <= a[3]
 }
 
-/// Merges groups whose bboxes touch or overlap, and with a `cell`, groups
+/// Merges groups whose bboxes are within [`GAP`], and with a `cell`, groups
 /// whose bboxes snapped to it do, unless that would make a group wider than
 /// 180° of longitude; until no two are left to merge.
 fn merge(mut groups: Vec<Group>, cell: Option<f64>) -> Vec<Group> {
@@ -341,7 +351,7 @@ fn merge(mut groups: Vec<Group>, cell: Option<f64>) -> Vec<Group> {
                     continue;
                 }
                 let u = union(bbox[ri], bbox[rj]);
-                let overlap = meet(groups[i].bbox, groups[j].bbox);
+                let overlap = meet(snapped(groups[i].bbox, None), snapped(groups[j].bbox, None));
                 if !overlap && u[2] - u[0] > 180.0 {
                     continue;
                 }

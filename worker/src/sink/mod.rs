@@ -7,3 +7,4 @@ pub mod extent;
 mod hull;
 pub mod parquet;
 pub mod rows;
+mod snap;
