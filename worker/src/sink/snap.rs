@@ -10,9 +10,11 @@ use super::hull::{area2, Pt};
 /// Coordinates of a recorded outline are multiples of this many degrees.
 pub(crate) const GRID: f64 = 1e-7;
 const PER_DEGREE: f64 = 1e7;
-/// The offsets tried, in grid steps: a rounded vertex moves at most 0.71
-/// steps, so 1.5 holds the ring unless an edge is a few steps long.
-const OFFSETS: [f64; 5] = [1.5, 3.0, 6.0, 12.0, 24.0];
+/// The offsets tried, in grid steps: none first (a ring on the grid stays
+/// as it is, and rounding alone may hold the ring); then, as a rounded
+/// vertex moves at most 0.71 steps, 1.5 holds the ring unless an edge is a
+/// few steps long.
+const OFFSETS: [f64; 6] = [0.0, 1.5, 3.0, 6.0, 12.0, 24.0];
 
 /// `v` rounded to the grid.
 fn round(v: f64) -> f64 {

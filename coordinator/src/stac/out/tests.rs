@@ -69,7 +69,8 @@ fn file(task: &str) -> ManifestFile {
     }
 }
 
-/// A batch of the projected columns; `times` `None` leaves them out (schema 1).
+/// A batch of the projected columns, each row its own input (named by its
+/// bbox); `times` `None` leaves them out (schema 1).
 fn batch(bboxes: &[Option<[f64; 4]>], times: Option<&[(Option<i64>, Option<i64>)]>) -> RecordBatch {
     let mut b = StructBuilder::from_fields(bbox_fields(), bboxes.len());
     for bb in bboxes {
@@ -80,8 +81,15 @@ fn batch(bboxes: &[Option<[f64; 4]>], times: Option<&[(Option<i64>, Option<i64>)
         }
         b.append(bb.is_some());
     }
-    let mut fields = vec![Field::new(col::BBOX, DataType::Struct(bbox_fields()), true)];
-    let mut cols: Vec<ArrayRef> = vec![Arc::new(b.finish())];
+    let uris: arrow_array::StringArray = bboxes
+        .iter()
+        .map(|bb| Some(format!("file:///in/{bb:?}.tif")))
+        .collect();
+    let mut fields = vec![
+        Field::new(col::BBOX, DataType::Struct(bbox_fields()), true),
+        Field::new(col::SOURCE_URI, DataType::Utf8, false),
+    ];
+    let mut cols: Vec<ArrayRef> = vec![Arc::new(b.finish()), Arc::new(uris)];
     if let Some(times) = times {
         for (name, pick) in [(col::DATETIME, 0), (col::END_DATETIME, 1)] {
             let mut t = TimestampMicrosecondBuilder::new().with_timezone("UTC");
