@@ -90,7 +90,10 @@ fn run_writes_a_valid_collection_and_a_rerun_keeps_it_exact() {
         // at most a few centimetres: the outline's vertices are on a grid
         // of 1e-7 degrees.
         if !i["bbox"].is_null() {
-            let (b, c) = (i["bbox"].as_array().unwrap(), i["chips_bbox"].as_array().unwrap());
+            let (b, c) = (
+                i["bbox"].as_array().unwrap(),
+                i["chips_bbox"].as_array().unwrap(),
+            );
             for k in 0..4 {
                 let (b, c) = (b[k].as_f64().unwrap(), c[k].as_f64().unwrap());
                 let out = if k < 2 { c - b } else { b - c };
@@ -331,13 +334,23 @@ fn an_item_of_two_distant_places_is_found_only_where_its_chips_are() {
     let server = serve_output(&output, dir.path());
     // Between the two places, inside the item's bbox: nothing there.
     let bbox = it["bbox"].as_array().unwrap();
-    assert!(bbox[1].as_f64() < Some(20.0) && bbox[3].as_f64() > Some(30.0), "{it}");
-    assert_eq!(search(&server, "bbox=14.9,20,15.1,30"), Vec::<String>::new());
+    assert!(
+        bbox[1].as_f64() < Some(20.0) && bbox[3].as_f64() > Some(30.0),
+        "{it}"
+    );
+    assert_eq!(
+        search(&server, "bbox=14.9,20,15.1,30"),
+        Vec::<String>::new()
+    );
     // Each chip's own bbox finds the item that holds it.
     let chips = chip_bboxes(&output);
     assert_eq!(chips.len(), 8);
     for b in [chips[0], chips[7]] {
-        assert_eq!(search(&server, &bbox_query(b)), [id.clone()], "{b:?}");
+        assert_eq!(
+            search(&server, &bbox_query(b)),
+            std::slice::from_ref(&id),
+            "{b:?}"
+        );
     }
     drop(server);
 
@@ -361,9 +374,33 @@ fn a_stac_job_links_its_input_items_and_its_search_as_sent() {
     };
     let (hn, hs) = (href(&north), href(&south));
     let inputs = [
-        item(&north, "n1", "s2", "2024-06-15T10:00:00Z", json!(5), ItemStyle::Visual, &hn),
-        item(&south, "s1", "s2", "2024-07-01T10:00:00Z", json!(20), ItemStyle::Visual, &hs),
-        item(&north, "cloudy", "s2", "2024-06-20T10:00:00Z", json!(90), ItemStyle::Visual, &hn),
+        item(
+            &north,
+            "n1",
+            "s2",
+            "2024-06-15T10:00:00Z",
+            json!(5),
+            ItemStyle::Visual,
+            &hn,
+        ),
+        item(
+            &south,
+            "s1",
+            "s2",
+            "2024-07-01T10:00:00Z",
+            json!(20),
+            ItemStyle::Visual,
+            &hs,
+        ),
+        item(
+            &north,
+            "cloudy",
+            "s2",
+            "2024-06-20T10:00:00Z",
+            json!(90),
+            ItemStyle::Visual,
+            &hn,
+        ),
     ];
     let colls = dir.path().join("s2.json");
     std::fs::write(&colls, collection("s2").to_string()).unwrap();
@@ -398,8 +435,11 @@ fn a_stac_job_links_its_input_items_and_its_search_as_sent() {
     );
     assert_eq!(its[0]["polygons"], 2);
     let doc: Value = serde_json::from_slice(
-        &std::fs::read(output.join(format!("stac/items/{}.json", its[0]["id"].as_str().unwrap())))
-            .unwrap(),
+        &std::fs::read(output.join(format!(
+            "stac/items/{}.json",
+            its[0]["id"].as_str().unwrap()
+        )))
+        .unwrap(),
     )
     .unwrap();
     assert_eq!(
@@ -440,7 +480,10 @@ fn a_stac_job_links_its_input_items_and_its_search_as_sent() {
         .map(|f| f["id"].as_str().unwrap())
         .collect();
     for embedded in ["n1", "s1"] {
-        assert!(ids.contains(&embedded), "{embedded} not in {ids:?} from {href}");
+        assert!(
+            ids.contains(&embedded),
+            "{embedded} not in {ids:?} from {href}"
+        );
     }
 }
 

@@ -65,7 +65,14 @@ impl FileExtent {
             .iter()
             .flatten()
             .map(|&[x, y]| [x, y, x, y])
-            .reduce(|a, b| [a[0].min(b[0]), a[1].min(b[1]), a[2].max(b[2]), a[3].max(b[3])])
+            .reduce(|a, b| {
+                [
+                    a[0].min(b[0]),
+                    a[1].min(b[1]),
+                    a[2].max(b[2]),
+                    a[3].max(b[3]),
+                ]
+            })
     }
 
     /// Checks what a record read back holds (a done record or a footer is
@@ -149,7 +156,9 @@ mod tests {
         assert!(bad(&|b| b.end = None).contains("without"));
         assert!(bad(&|b| b.footprint = vec![vec![[0.0, 0.0]; 65]]).contains("65 vertices"));
         assert!(bad(&|b| {
-            b.sources = (0..=MAX_SOURCES).map(|i| (i.to_string(), "x".into())).collect()
+            b.sources = (0..=MAX_SOURCES)
+                .map(|i| (i.to_string(), "x".into()))
+                .collect()
         })
         .contains("sources"));
     }

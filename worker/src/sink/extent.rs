@@ -34,8 +34,8 @@ use parquet::file::metadata::KeyValue;
 use rsembed_schemas::extent::{FileExtent, EXTENT_KEY, MAX_SOURCES, MAX_VERTICES};
 
 use super::hull::{convex_hull, enclose, Pt};
-use super::snap;
 use super::rows::ChipRow;
+use super::snap;
 use crate::error::Result;
 
 /// Polygons at most: each may need a rectangle's four vertices.
@@ -86,7 +86,12 @@ impl Part {
 }
 
 fn union(a: [f64; 4], b: [f64; 4]) -> [f64; 4] {
-    [a[0].min(b[0]), a[1].min(b[1]), a[2].max(b[2]), a[3].max(b[3])]
+    [
+        a[0].min(b[0]),
+        a[1].min(b[1]),
+        a[2].max(b[2]),
+        a[3].max(b[3]),
+    ]
 }
 
 fn corners(b: [f64; 4]) -> [Pt; 4] {
@@ -114,7 +119,9 @@ impl ExtentBuilder {
         end: Option<i64>,
         item_id: Option<&str>,
     ) {
-        if let Some(b) = bbox.filter(|b| b.iter().all(|v| v.is_finite()) && b[0] <= b[2] && b[1] <= b[3]) {
+        if let Some(b) =
+            bbox.filter(|b| b.iter().all(|v| v.is_finite()) && b[0] <= b[2] && b[1] <= b[3])
+        {
             self.add_bbox(source, b);
         }
         match datetime {
@@ -134,7 +141,10 @@ impl ExtentBuilder {
         };
         self.parts
             .entry(key)
-            .or_insert(Part { bbox: b, points: Vec::new() })
+            .or_insert(Part {
+                bbox: b,
+                points: Vec::new(),
+            })
             .add(b, &corners(b));
         if self.parts.len() > MAX_PARTS {
             self.rekey();
@@ -186,7 +196,10 @@ impl ExtentBuilder {
             // Keep the first MAX_SOURCES in URL order, so the record does
             // not depend on the order of rows.
             e.more_sources = true;
-            if e.sources.last_key_value().is_some_and(|(k, _)| k.as_str() > uri) {
+            if e.sources
+                .last_key_value()
+                .is_some_and(|(k, _)| k.as_str() > uri)
+            {
                 e.sources.pop_last();
                 e.sources.insert(uri.to_owned(), item_id.to_owned());
             }
@@ -294,7 +307,12 @@ fn outline(parts: Vec<Part>) -> Vec<Vec<Pt>> {
         .map(|g| (convex_hull(g.points), g.bbox))
         .collect();
     // Small outlines first: what they leave of the budget goes to the rest.
-    hulls.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then(a.1[0].total_cmp(&b.1[0])).then(a.1[1].total_cmp(&b.1[1])));
+    hulls.sort_by(|a, b| {
+        a.0.len()
+            .cmp(&b.0.len())
+            .then(a.1[0].total_cmp(&b.1[0]))
+            .then(a.1[1].total_cmp(&b.1[1]))
+    });
     let mut left = MAX_VERTICES;
     let n = hulls.len();
     let mut polygons: Vec<Vec<Pt>> = Vec::with_capacity(n);
@@ -304,7 +322,11 @@ fn outline(parts: Vec<Part>) -> Vec<Vec<Pt>> {
         left -= p.len().min(left);
         polygons.push(p);
     }
-    polygons.sort_by(|a, b| a[0][0].total_cmp(&b[0][0]).then(a[0][1].total_cmp(&b[0][1])));
+    polygons.sort_by(|a, b| {
+        a[0][0]
+            .total_cmp(&b[0][0])
+            .then(a[0][1].total_cmp(&b[0][1]))
+    });
     polygons
 }
 
@@ -312,7 +334,12 @@ fn outline(parts: Vec<Part>) -> Vec<Vec<Pt>> {
 /// cell, grown by half the [`GAP`], so bboxes closer than that meet.
 fn snapped(b: [f64; 4], cell: Option<f64>) -> [f64; 4] {
     match cell {
-        None => [b[0] - GAP / 2.0, b[1] - GAP / 2.0, b[2] + GAP / 2.0, b[3] + GAP / 2.0],
+        None => [
+            b[0] - GAP / 2.0,
+            b[1] - GAP / 2.0,
+            b[2] + GAP / 2.0,
+            b[3] + GAP / 2.0,
+        ],
         Some(c) => [
             (b[0] / c).floor(),
             (b[1] / c).floor(),

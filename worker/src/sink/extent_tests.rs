@@ -48,7 +48,11 @@ fn assert_covers(e: &FileExtent, chips: &[(String, [f64; 4])]) {
             .footprint
             .iter()
             .any(|ring| corners(*b).iter().all(|&p| contains(ring, p, 1e-12)));
-        assert!(held, "the chip {b:?} of {s} is not covered by {:?}", e.footprint);
+        assert!(
+            held,
+            "the chip {b:?} of {s} is not covered by {:?}",
+            e.footprint
+        );
     }
     let boxes: Vec<[f64; 4]> = e
         .footprint
@@ -91,7 +95,10 @@ fn a_tilted_scene_is_one_small_polygon_that_holds_every_chip() {
     let b = e.bbox().unwrap();
     for k in 0..2 {
         assert!(b[k] <= all[k] && all[k] - b[k] < 5e-6, "{b:?} {all:?}");
-        assert!(b[k + 2] >= all[k + 2] && b[k + 2] - all[k + 2] < 5e-6, "{b:?} {all:?}");
+        assert!(
+            b[k + 2] >= all[k + 2] && b[k + 2] - all[k + 2] < 5e-6,
+            "{b:?} {all:?}"
+        );
     }
 }
 
@@ -129,7 +136,10 @@ fn over_the_bound_near_places_merge_and_far_ones_stay_apart() {
     let mut chips = Vec::new();
     for i in 0..40 {
         let x = 5.0 + i as f64 * 0.05;
-        chips.push((format!("fr{i}"), chip(x, 43.0 + (i % 3) as f64 * 0.01, 0.01, 0.01)));
+        chips.push((
+            format!("fr{i}"),
+            chip(x, 43.0 + (i % 3) as f64 * 0.01, 0.01, 0.01),
+        ));
         let x = -75.0 + i as f64 * 0.05;
         chips.push((format!("us{i}"), chip(x, 40.0, 0.01, 0.01)));
     }
@@ -137,7 +147,10 @@ fn over_the_bound_near_places_merge_and_far_ones_stay_apart() {
     assert_covers(&e, &chips);
     assert!(e.footprint.len() <= MAX_VERTICES / 4);
     assert!(e.footprint.len() >= 2);
-    assert!(!in_any(&e, [-30.0, 41.0]), "the ocean between is not covered");
+    assert!(
+        !in_any(&e, [-30.0, 41.0]),
+        "the ocean between is not covered"
+    );
 }
 
 #[test]
@@ -155,8 +168,14 @@ fn a_scene_cut_by_the_antimeridian_is_two_narrow_polygons() {
     // stay apart.
     let mut many = chips.clone();
     for i in 0..30 {
-        many.push((format!("w{i}"), chip(-179.0 + i as f64 * 0.02, -16.0, 0.01, 0.01)));
-        many.push((format!("e{i}"), chip(178.0 + i as f64 * 0.02, -16.0, 0.01, 0.01)));
+        many.push((
+            format!("w{i}"),
+            chip(-179.0 + i as f64 * 0.02, -16.0, 0.01, 0.01),
+        ));
+        many.push((
+            format!("e{i}"),
+            chip(178.0 + i as f64 * 0.02, -16.0, 0.01, 0.01),
+        ));
     }
     let e = build(&many);
     assert_covers(&e, &many);
@@ -246,7 +265,11 @@ fn the_footer_entry_round_trips_and_a_bad_one_is_none() {
     let kv = vec![entry(&e).unwrap()];
     assert_eq!(from_footer(Some(&kv)), Some(e.clone()));
     assert_eq!(from_footer(None), None);
-    for bad in ["{", r#"{"footprint": [[[0, 0], [1, 0]]]}"#, r#"{"start": "x"}"#] {
+    for bad in [
+        "{",
+        r#"{"footprint": [[[0, 0], [1, 0]]]}"#,
+        r#"{"start": "x"}"#,
+    ] {
         let kv = vec![KeyValue::new(EXTENT_KEY.to_owned(), bad.to_owned())];
         assert_eq!(from_footer(Some(&kv)), None, "{bad}");
     }
@@ -254,4 +277,3 @@ fn the_footer_entry_round_trips_and_a_bad_one_is_none() {
     let json = serde_json::to_string(&e).unwrap();
     assert!(json.len() < 400, "{} bytes: {json}", json.len());
 }
-

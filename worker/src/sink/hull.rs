@@ -32,7 +32,8 @@ pub(crate) fn convex_hull(mut points: Vec<Pt>) -> Vec<Pt> {
     }
     let mut hull: Vec<Pt> = Vec::with_capacity(points.len() + 1);
     let chain = |hull: &mut Vec<Pt>, p: Pt, floor: usize| {
-        while hull.len() >= floor + 2 && cross(hull[hull.len() - 2], hull[hull.len() - 1], p) <= 0.0 {
+        while hull.len() >= floor + 2 && cross(hull[hull.len() - 2], hull[hull.len() - 1], p) <= 0.0
+        {
             hull.pop();
         }
         hull.push(p);
@@ -123,7 +124,11 @@ pub(crate) fn enclose(hull: &[Pt], budget: usize, bounds: [f64; 4], slack: f64) 
     // The first vertex is the lowest-leftmost, so the ring does not depend
     // on which edges went.
     let first = (0..v.len())
-        .min_by(|&a, &b| v[a][0].total_cmp(&v[b][0]).then(v[a][1].total_cmp(&v[b][1])))
+        .min_by(|&a, &b| {
+            v[a][0]
+                .total_cmp(&v[b][0])
+                .then(v[a][1].total_cmp(&v[b][1]))
+        })
         .unwrap_or(0);
     v.rotate_left(first);
     v
@@ -160,7 +165,10 @@ mod tests {
         assert_eq!(h, vec![[0.0, 0.0], [2.0, 0.0], [2.0, 2.0], [0.0, 2.0]]);
         assert!(area2(&h) > 0.0, "counter-clockwise");
         assert!(pts.iter().all(|&p| contains(&h, p, 0.0)));
-        assert_eq!(convex_hull(vec![[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]).len(), 2);
+        assert_eq!(
+            convex_hull(vec![[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]).len(),
+            2
+        );
         assert_eq!(convex_hull(vec![[1.0, 1.0]; 3]), vec![[1.0, 1.0]]);
     }
 
@@ -189,7 +197,12 @@ mod tests {
                 assert!(contains(&e, p, 1e-12), "{budget}: {p:?} outside {e:?}");
             }
             for p in &e {
-                assert!(bounds[0] <= p[0] && p[0] <= bounds[2] && bounds[1] <= p[1] && p[1] <= bounds[3]);
+                assert!(
+                    bounds[0] <= p[0]
+                        && p[0] <= bounds[2]
+                        && bounds[1] <= p[1]
+                        && p[1] <= bounds[3]
+                );
             }
         }
         // Within the budget already: kept as it is unless slack allows.
@@ -201,7 +214,9 @@ mod tests {
     fn nearly_straight_runs_go_for_free_and_a_square_stays() {
         // A square whose bottom edge bends by a hair: its extra vertices add
         // almost no area, so a small slack drops them.
-        let mut pts: Vec<Pt> = (0..=20).map(|i| [i as f64 / 20.0, -1e-7 * (i * (20 - i)) as f64]).collect();
+        let mut pts: Vec<Pt> = (0..=20)
+            .map(|i| [i as f64 / 20.0, -1e-7 * (i * (20 - i)) as f64])
+            .collect();
         pts.extend([[1.0, 1.0], [0.0, 1.0]]);
         let hull = convex_hull(pts);
         assert!(hull.len() > 10);

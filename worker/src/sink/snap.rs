@@ -45,10 +45,18 @@ pub(crate) fn rectangle(b: [f64; 4]) -> Vec<Pt> {
     let (mut x0, mut y0) = (floor(b[0]).max(-180.0), floor(b[1]).max(-90.0));
     let (mut x1, mut y1) = (ceil(b[2]).min(180.0), ceil(b[3]).min(90.0));
     if x1 <= x0 {
-        (x0, x1) = if x1 < 180.0 { (x0, round(x0 + GRID)) } else { (round(x1 - GRID), x1) };
+        (x0, x1) = if x1 < 180.0 {
+            (x0, round(x0 + GRID))
+        } else {
+            (round(x1 - GRID), x1)
+        };
     }
     if y1 <= y0 {
-        (y0, y1) = if y1 < 90.0 { (y0, round(y0 + GRID)) } else { (round(y1 - GRID), y1) };
+        (y0, y1) = if y1 < 90.0 {
+            (y0, round(y0 + GRID))
+        } else {
+            (round(y1 - GRID), y1)
+        };
     }
     vec![[x0, y0], [x1, y0], [x1, y1], [x0, y1]]
 }
@@ -59,15 +67,26 @@ pub(crate) fn rectangle(b: [f64; 4]) -> Vec<Pt> {
 /// whose ring is convex and holds every vertex of `ring`. Else the
 /// rectangle of `bounds`, rounded outward.
 pub(crate) fn outward(ring: &[Pt], bounds: [f64; 4], reach: f64) -> Vec<Pt> {
-    let lo = [(bounds[0] - reach).max(-180.0), (bounds[1] - reach).max(-90.0)];
-    let hi = [(bounds[2] + reach).min(180.0), (bounds[3] + reach).min(90.0)];
+    let lo = [
+        (bounds[0] - reach).max(-180.0),
+        (bounds[1] - reach).max(-90.0),
+    ];
+    let hi = [
+        (bounds[2] + reach).min(180.0),
+        (bounds[3] + reach).min(90.0),
+    ];
     for steps in OFFSETS {
         let Some(grown) = offset(ring, steps * GRID) else {
             break;
         };
         let mut q: Vec<Pt> = grown
             .iter()
-            .map(|p| [round(p[0].clamp(lo[0], hi[0])), round(p[1].clamp(lo[1], hi[1]))])
+            .map(|p| {
+                [
+                    round(p[0].clamp(lo[0], hi[0])),
+                    round(p[1].clamp(lo[1], hi[1])),
+                ]
+            })
             .collect();
         q.dedup();
         while q.len() > 1 && q.first() == q.last() {
@@ -100,7 +119,10 @@ fn offset(ring: &[Pt], d: f64) -> Option<Vec<Pt>> {
             if k < 1e-3 {
                 return None;
             }
-            Some([v[0] + d * (n1[0] + n2[0]) / k, v[1] + d * (n1[1] + n2[1]) / k])
+            Some([
+                v[0] + d * (n1[0] + n2[0]) / k,
+                v[1] + d * (n1[1] + n2[1]) / k,
+            ])
         })
         .collect()
 }
@@ -135,7 +157,14 @@ mod tests {
 
     #[test]
     fn grid_values_print_short_and_read_back_exactly() {
-        for v in [-99.99700000000001, 179.99999999, -0.00000004, 47.0345, -180.0, 12.345678912] {
+        for v in [
+            -99.99700000000001,
+            179.99999999,
+            -0.00000004,
+            47.0345,
+            -180.0,
+            12.345678912,
+        ] {
             for g in [round(v), floor(v), ceil(v)] {
                 assert!(exact(g), "{v} -> {g}");
             }
@@ -153,7 +182,12 @@ mod tests {
             [-99.9085, 47.03450000000001],
             [-100.00000000000001, 47.0315],
         ];
-        let b = [-100.00000000000001, 46.94, -99.90550000000002, 47.03450000000001];
+        let b = [
+            -100.00000000000001,
+            46.94,
+            -99.90550000000002,
+            47.03450000000001,
+        ];
         let q = outward(&ring, b, 4e-6);
         assert_eq!(q.len(), 4);
         for p in &q {
@@ -167,7 +201,15 @@ mod tests {
         let nb = [0.0, 0.0, 1.0, 3e-8];
         let q = outward(&needle, nb, 4e-6);
         assert!(needle.iter().all(|&v| holds(&q, v)), "{q:?}");
-        assert_eq!(rectangle([1.0, 2.0, 1.0, 2.0]), vec![[1.0, 2.0], [1.0000001, 2.0], [1.0000001, 2.0000001], [1.0, 2.0000001]]);
+        assert_eq!(
+            rectangle([1.0, 2.0, 1.0, 2.0]),
+            vec![
+                [1.0, 2.0],
+                [1.0000001, 2.0],
+                [1.0000001, 2.0000001],
+                [1.0, 2.0000001]
+            ]
+        );
         let edge = rectangle([180.0, 90.0, 180.0, 90.0]);
         assert!(edge.iter().all(|p| p[0] <= 180.0 && p[1] <= 90.0) && area2(&edge) > 0.0);
     }

@@ -8,9 +8,7 @@ use serde_json::{json, Map, Value};
 use stac::{Asset, Bbox, Collection, Item, ItemAsset, Link};
 
 use super::link::{client_filter, source_link};
-use super::{
-    chrono_of, times_of, Context, Totals, EMBEDDINGS_EXTENSION, GEOJSON, JSON, PARQUET,
-};
+use super::{chrono_of, times_of, Context, Totals, EMBEDDINGS_EXTENSION, GEOJSON, JSON, PARQUET};
 use crate::error::{Error, Result};
 
 /// `processing:datetime`: when the embeddings were made (the proposal reuses it).
@@ -86,7 +84,9 @@ pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> R
     // the globe, which no outline of the vertex bound separates): say so
     // rather than let it pass for a place.
     if extent.footprint.iter().any(|r| {
-        let (lo, hi) = r.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| (lo.min(p[0]), hi.max(p[0])));
+        let (lo, hi) = r.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+            (lo.min(p[0]), hi.max(p[0]))
+        });
         hi - lo > 180.0
     }) {
         f.insert("rsembed:wide_footprint".into(), true.into());
@@ -96,7 +96,10 @@ pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> R
         serde_json::to_value(chrono_of(ctx.created_us)?)?,
     );
     let mut params = serde_json::to_value(&ctx.spec.tiling)?;
-    if let (Some(cf), Some(o)) = (client_filter(&ctx.spec.input, ctx.spec.search.as_ref()), params.as_object_mut()) {
+    if let (Some(cf), Some(o)) = (
+        client_filter(&ctx.spec.input, ctx.spec.search.as_ref()),
+        params.as_object_mut(),
+    ) {
         o.insert("client_filter".into(), cf.into());
     }
     f.insert("emb:runtime_parameters".into(), params);

@@ -80,7 +80,12 @@ impl Totals {
         if let Some(b) = bbox {
             self.bbox = Some(match self.bbox {
                 None => b,
-                Some(a) => [a[0].min(b[0]), a[1].min(b[1]), a[2].max(b[2]), a[3].max(b[3])],
+                Some(a) => [
+                    a[0].min(b[0]),
+                    a[1].min(b[1]),
+                    a[2].max(b[2]),
+                    a[3].max(b[3]),
+                ],
             });
         }
         self.start = Some(self.start.map_or(start, |s| s.min(start)));

@@ -112,10 +112,11 @@ fn data_type_name(t: &DataType) -> String {
 pub(super) fn add_batch(extent: &mut ExtentBuilder, batch: &RecordBatch) -> Result<(), String> {
     let bboxes = match batch.column_by_name(col::BBOX) {
         None => None,
-        Some(c) => Some(bboxes(
-            c.as_struct_opt()
-                .ok_or_else(|| format!("`bbox` is {}, not a struct", c.data_type()))?,
-        )?),
+        Some(c) => {
+            Some(bboxes(c.as_struct_opt().ok_or_else(|| {
+                format!("`bbox` is {}, not a struct", c.data_type())
+            })?)?)
+        }
     };
     let times = |name: &str| -> Result<Option<_>, String> {
         match batch.column_by_name(name) {

@@ -205,9 +205,16 @@ fn items_point_at_their_chip_file_and_collection_by_relative_hrefs() {
 fn places_apart_are_a_multipolygon_and_source_items_are_derived_from() {
     let ctx = Context::new(&spec(None)).unwrap();
     let mut e = square([-100.0, 46.0, -99.0, 47.0], Some(JUNE_1), Some(JUNE_1));
-    e.footprint.push(vec![[139.0, 35.0], [140.0, 35.0], [139.5, 36.0]]);
-    e.sources.insert("https://stac.example/v1/collections/s2/items/A".into(), "A".into());
-    e.sources.insert("https://stac.example/v1/collections/s2/items/B".into(), "B".into());
+    e.footprint
+        .push(vec![[139.0, 35.0], [140.0, 35.0], [139.5, 36.0]]);
+    e.sources.insert(
+        "https://stac.example/v1/collections/s2/items/A".into(),
+        "A".into(),
+    );
+    e.sources.insert(
+        "https://stac.example/v1/collections/s2/items/B".into(),
+        "B".into(),
+    );
     let v = serde_json::to_value(item(&ctx, &file("t"), &e).unwrap()).unwrap();
     assert_eq!(v["geometry"]["type"], "MultiPolygon");
     assert_eq!(
@@ -219,7 +226,10 @@ fn places_apart_are_a_multipolygon_and_source_items_are_derived_from() {
     for rel in ["derived_from", "emb:source-data"] {
         let of: Vec<&Value> = links.iter().filter(|l| l["rel"] == rel).collect();
         assert_eq!(of.len(), 2, "{rel}: {links:?}");
-        assert_eq!(of[0]["href"], "https://stac.example/v1/collections/s2/items/A");
+        assert_eq!(
+            of[0]["href"],
+            "https://stac.example/v1/collections/s2/items/A"
+        );
         assert_eq!(of[0]["title"], "source item A");
         assert_eq!(of[0]["type"], GEOJSON);
     }
@@ -337,7 +347,11 @@ fn full_search(by: Option<CloudCoverBy>) -> StacSearch {
 }
 
 fn query_of(url: &str) -> Vec<(String, String)> {
-    url::Url::parse(url).unwrap().query_pairs().into_owned().collect()
+    url::Url::parse(url)
+        .unwrap()
+        .query_pairs()
+        .into_owned()
+        .collect()
 }
 
 fn param<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
@@ -389,14 +403,21 @@ fn a_cloud_cover_filter_that_was_not_sent_is_not_in_the_link() {
     // The server has the query extension: the link sends it that way.
     let q = query_of(&search_url(api, &full_search(Some(CloudCoverBy::Query))).unwrap());
     assert_eq!(param(&q, "filter"), Some("platform = 'sentinel-2a'"));
-    assert_eq!(param(&q, "query"), Some(r#"{"eo:cloud_cover":{"lte":20.0}}"#));
+    assert_eq!(
+        param(&q, "query"),
+        Some(r#"{"eo:cloud_cover":{"lte":20.0}}"#)
+    );
     // Neither extension (or a job.json that does not say): rsembed judged
     // every item, so the link has no cloud cover and the filter is recorded
     // beside it and on every item.
     for by in [Some(CloudCoverBy::Client), None] {
         let s = full_search(by);
         let q = query_of(&search_url(api, &s).unwrap());
-        assert_eq!(param(&q, "filter"), Some("platform = 'sentinel-2a'"), "{by:?}");
+        assert_eq!(
+            param(&q, "filter"),
+            Some("platform = 'sentinel-2a'"),
+            "{by:?}"
+        );
         assert_eq!(param(&q, "query"), None);
         let l = source_link(api, Some(&s)).unwrap();
         assert_eq!(
@@ -408,8 +429,8 @@ fn a_cloud_cover_filter_that_was_not_sent_is_not_in_the_link() {
             Some("\"eo:cloud_cover\" <= 20")
         );
         let ctx = Context::new(&spec(Some(s))).unwrap();
-        let v = serde_json::to_value(item(&ctx, &file("t"), &FileExtent::default()).unwrap())
-            .unwrap();
+        let v =
+            serde_json::to_value(item(&ctx, &file("t"), &FileExtent::default()).unwrap()).unwrap();
         assert_eq!(
             v["properties"]["emb:runtime_parameters"]["client_filter"],
             "\"eo:cloud_cover\" <= 20"
@@ -618,8 +639,13 @@ async fn write_builds_items_from_recorded_extents_without_any_chip_file() {
     let mut spec = spec(None);
     spec.tiling.embedding_type = rsembed_schemas::embedding::EmbeddingType::Int8;
     let mut a = file("a");
-    let mut two = square([-100.0, 46.0, -99.0, 47.0], Some(JUNE_1), Some(JUNE_1 + DAY_US));
-    two.footprint.push(vec![[139.0, 35.0], [140.0, 35.0], [140.0, 36.0]]);
+    let mut two = square(
+        [-100.0, 46.0, -99.0, 47.0],
+        Some(JUNE_1),
+        Some(JUNE_1 + DAY_US),
+    );
+    two.footprint
+        .push(vec![[139.0, 35.0], [140.0, 35.0], [140.0, 36.0]]);
     two.sources.insert("https://x/items/A".into(), "A".into());
     a.extent = Some(two);
     let mut b = file("b");
