@@ -357,6 +357,8 @@ impl StacArgs {
             filter: self.filter.clone(),
             max_items: self.max_items,
             cloud_cover_max: self.cloud_cover_max,
+            // Known once the input is: crate::stac::resolve.
+            cloud_cover_by: None,
         })
     }
 }

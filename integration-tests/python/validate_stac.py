@@ -13,6 +13,9 @@
   resolve to files that exist; the embeddings asset is a chip file.
 - DuckDB reads every chip file's `bbox` and times: the item's bbox and
   datetime range must cover them, and the collection's extent every item.
+- Shapely checks each item's geometry: valid (a MultiPolygon's parts do not
+  overlap), and covering every chip's footprint (`geometry` WKB) within
+  1e-9 degrees.
 
 Usage: validate_stac.py OUTPUT_DIR. Exits non-zero with the reason on a failure.
 """
@@ -26,6 +29,9 @@ import sys
 import duckdb
 import pystac.errors
 import pystac.validation
+import shapely
+from shapely.geometry import shape
+from shapely.validation import explain_validity
 
 
 def _no_network(*_a, **_k):
@@ -127,10 +133,10 @@ def main(out):
             fail(f"{ipath}: extensions {it.get('stac_extensions')}, collection {it.get('collection')}")
         unknown_emb(it["properties"], ITEM_EMB, ipath)
         for l in it["links"]:
-            if l["rel"] == "emb:source-data":
+            if l["rel"] in ("emb:source-data", "derived_from"):
                 # The source items: URLs of the input, not of the output.
                 if "://" not in l["href"]:
-                    fail(f"{ipath}: emb:source-data {l['href']} is not a URL")
+                    fail(f"{ipath}: {l['rel']} {l['href']} is not a URL")
                 continue
             if not os.path.isfile(resolve(ipath, l["href"])):
                 fail(f"{ipath}: link {l['rel']} {l['href']} does not resolve")
@@ -166,6 +172,19 @@ def main(out):
                 fail(f"{ipath}: bbox {it['bbox']} does not cover the chips' {[x0, y0, x1, y1]}")
             if not (cx0 <= ix0 and cy0 <= iy0 and cx1 >= ix1 and cy1 >= iy1):
                 fail(f"{ipath}: the collection's bbox does not cover {it['bbox']}")
+        polygons = 0
+        if it.get("geometry") is not None:
+            g = shape(it["geometry"])
+            if not g.is_valid:
+                fail(f"{ipath}: the geometry is not valid: {explain_validity(g)}")
+            polygons = len(getattr(g, "geoms", [g]))
+            cover = g.buffer(1e-9)
+            for (wkb,) in con.execute(
+                f"SELECT geometry FROM read_parquet('{chips}') WHERE geometry IS NOT NULL"
+            ).fetchall():
+                chip = shapely.from_wkb(bytes(wkb))
+                if not cover.covers(chip):
+                    fail(f"{ipath}: the geometry does not cover the chip {chip.wkt}")
         start = ts(p.get("start_datetime") or p.get("datetime"))
         end = ts(p.get("end_datetime") or p.get("datetime"))
         if dmin is not None and not (start[:19] <= dmin[:19] and end[:19] >= dmax[:19]):
@@ -177,6 +196,9 @@ def main(out):
             "chips": rows,
             "bbox": it.get("bbox"),
             "chips_bbox": None if x0 is None else [x0, y0, x1, y1],
+            "geometry_type": None if it.get("geometry") is None else it["geometry"]["type"],
+            "polygons": polygons,
+            "derived_from": [l["href"] for l in it["links"] if l["rel"] == "derived_from"],
             "start": start,
             "end": end,
             "datetime_source": p.get("rsembed:datetime_source"),

@@ -190,6 +190,27 @@ pub struct StacSearch {
     /// `--cloud-cover-max`: scenes with `eo:cloud_cover` at most this (percent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloud_cover_max: Option<f64>,
+    /// How `--cloud-cover-max` went to a STAC API, as the planner found the
+    /// server: sent with the search, or applied by rsembed to each item.
+    /// Recorded so the output's `emb:source-data` link reproduces the request
+    /// as it was sent. Not part of the job's identity (it is what the server
+    /// supports, not which items the job selects); absent for inputs that are
+    /// not an API, without `--cloud-cover-max`, and in older `job.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_cover_by: Option<CloudCoverBy>,
+}
+
+/// Where a STAC API search's `--cloud-cover-max` was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CloudCoverBy {
+    /// Sent as CQL2 (`filter`): the server conforms to the filter extension.
+    Filter,
+    /// Sent as the query extension's `query` (`eo:cloud_cover` `lte`).
+    Query,
+    /// Not sent (the server has neither extension): rsembed judged each
+    /// item's `eo:cloud_cover` itself.
+    Client,
 }
 
 impl StacSearch {
@@ -603,7 +624,7 @@ fn join(v: &[u32]) -> String {
 }
 
 /// One data file listed in the manifest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ManifestFile {
     /// Path relative to the output root.
     pub path: String,
@@ -613,6 +634,11 @@ pub struct ManifestFile {
     pub sha256: String,
     /// Size in bytes.
     pub bytes: u64,
+    /// What a chip file's rows cover, as the worker that wrote it recorded
+    /// it. Absent for error files and in records of older versions (whose
+    /// chip files are read when it is needed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extent: Option<crate::extent::FileExtent>,
 }
 
 /// An input recorded as failed.
@@ -896,6 +922,27 @@ mod tests {
                 "{flag}: {d:?}"
             );
         }
+    }
+
+    #[test]
+    fn where_the_cloud_cover_filter_ran_is_recorded_but_not_identity() {
+        let search = StacSearch {
+            cloud_cover_max: Some(30.0),
+            ..StacSearch::default()
+        };
+        let base = spec().with_search(Some(search.clone()));
+        let json = serde_json::to_value(&base).unwrap();
+        assert!(json["search"].get("cloud_cover_by").is_none(), "{json}");
+        let client = spec().with_search(Some(StacSearch {
+            cloud_cover_by: Some(CloudCoverBy::Client),
+            ..search
+        }));
+        assert_eq!(client.job_id, base.job_id);
+        assert!(client.differences(&base).is_empty());
+        let json = serde_json::to_value(&client).unwrap();
+        assert_eq!(json["search"]["cloud_cover_by"], "client");
+        let back: JobSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, client);
     }
 
     #[test]

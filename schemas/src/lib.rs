@@ -9,6 +9,7 @@
 
 pub mod chip;
 pub mod embedding;
+pub mod extent;
 pub mod ids;
 pub mod job;
 pub mod meta;

@@ -313,7 +313,9 @@ impl TaskRunner {
         let empty_inputs = empty_inputs(task, &rows, &failures);
         let mut kv = chip_file_metadata(&meta, extent(&rows))?;
         kv.extend(crate::sink::parquet::empty_inputs_entry(&empty_inputs)?);
-        let chips_file = self
+        let covers = crate::sink::extent::of_rows(&rows);
+        kv.push(crate::sink::extent::entry(&covers)?);
+        let mut chips_file = self
             .commit
             .put(
                 &job.output,
@@ -322,6 +324,8 @@ impl TaskRunner {
                 rows.len() as u64,
             )
             .await?;
+        // A file an earlier delivery wrote is described with its own record.
+        chips_file.extent.get_or_insert(covers);
         Ok(TaskReport {
             empty_inputs,
             task_id: task.task_id.clone(),

@@ -429,6 +429,7 @@ mod tests {
             filter: Some("platform = 'sentinel-2a'".into()),
             max_items: Some(10),
             cloud_cover_max: Some(20.0),
+            cloud_cover_by: None,
         }
     }
 

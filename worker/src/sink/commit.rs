@@ -50,6 +50,7 @@ pub async fn put(root: &Location, rel: &str, bytes: Vec<u8>, rows: u64) -> Resul
         rows,
         sha256,
         bytes: n,
+        extent: None,
     })
 }
 
@@ -81,6 +82,7 @@ pub(crate) async fn put_once(
             rows,
             sha256,
             bytes: n,
+            extent: None,
         }),
         Err(object_store::Error::AlreadyExists { .. }) => {
             tracing::info!(
@@ -100,16 +102,16 @@ pub async fn describe(root: &Location, rel: &str) -> Result<ManifestFile> {
     describe_bytes(rel, bytes)
 }
 
-/// Digest, size and row count of the Parquet file `bytes`, stored at `rel`.
+/// Digest, size and row count of the Parquet file `bytes`, stored at `rel`,
+/// and the extent its footer records (chip files of this version).
 pub fn describe_bytes(rel: &str, bytes: bytes::Bytes) -> Result<ManifestFile> {
     let reader = parquet::file::serialized_reader::SerializedFileReader::new(bytes.clone())?;
-    let rows = parquet::file::reader::FileReader::metadata(&reader)
-        .file_metadata()
-        .num_rows() as u64;
+    let meta = parquet::file::reader::FileReader::metadata(&reader).file_metadata();
     Ok(ManifestFile {
         path: rel.to_owned(),
-        rows,
+        rows: meta.num_rows() as u64,
         sha256: hex::encode(Sha256::digest(&bytes)),
         bytes: bytes.len() as u64,
+        extent: super::extent::from_footer(meta.key_value_metadata()),
     })
 }

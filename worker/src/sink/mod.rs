@@ -1,6 +1,10 @@
 //! Writing results: Arrow rows ([`rows`]), GeoParquet files ([`parquet`]),
-//! and committing them to object storage ([`commit`]).
+//! what a chip file covers ([`extent`]), and committing them to object
+//! storage ([`commit`]).
 
 pub mod commit;
+pub mod extent;
+mod hull;
 pub mod parquet;
 pub mod rows;
+mod snap;

@@ -244,6 +244,7 @@ impl Lists {
             rows: self.rows.len() as u64,
             sha256: hex::encode(Sha256::digest(&bytes)),
             bytes: bytes.len() as u64,
+            extent: None,
         };
         out.store
             .put(&out.child(CENTROIDS_FILE), PutPayload::from(bytes))

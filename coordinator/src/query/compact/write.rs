@@ -227,6 +227,7 @@ pub(super) async fn write_part(
         rows,
         sha256: hex::encode(upload.sha.finalize_reset()),
         bytes: upload.bytes,
+        extent: None,
     };
     Ok((file, md.num_row_groups()))
 }

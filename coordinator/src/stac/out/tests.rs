@@ -1,17 +1,23 @@
-//! Tests of `out.rs`: the document builder, and `write` over an in-memory store.
+//! Tests of `stac::out`: the documents, the source link, the read of chip
+//! files without a recorded extent, and `write` over an in-memory store.
 
+use super::link::{client_filter, search_url, source_link};
+use super::read::add_batch;
 use super::*;
 use arrow_array::builder::{Float64Builder, StructBuilder, TimestampMicrosecondBuilder};
-use arrow_array::ArrayRef;
-use arrow_schema::{Field, Schema};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
 use object_store::memory::InMemory;
 use rsembed_raster::geo::Footprint;
-use rsembed_schemas::chip::{bbox_fields, timestamp_type};
+use rsembed_schemas::chip::{bbox_fields, col, timestamp_type};
 use rsembed_schemas::ids::Window;
-use rsembed_schemas::job::{GroupingSpec, ModelRef, TilingSpec};
+use rsembed_schemas::job::{
+    CloudCoverBy, GroupingSpec, ManifestFile, ModelRef, StacSearch, TilingSpec,
+};
+use rsembed_worker::sink::extent::ExtentBuilder;
 use rsembed_worker::sink::parquet::encode_chips;
 use rsembed_worker::sink::rows::{chip_batch, ChipRow, StacColumns};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const DAY_US: i64 = 86_400_000_000;
 /// 2024-06-01T00:00:00Z.
@@ -59,10 +65,12 @@ fn file(task: &str) -> ManifestFile {
         rows: 3,
         sha256: "ef".repeat(32),
         bytes: 1234,
+        extent: None,
     }
 }
 
-/// A batch of the projected columns; `times` `None` leaves them out (schema 1).
+/// A batch of the projected columns, each row its own input (named by its
+/// bbox); `times` `None` leaves them out (schema 1).
 fn batch(bboxes: &[Option<[f64; 4]>], times: Option<&[(Option<i64>, Option<i64>)]>) -> RecordBatch {
     let mut b = StructBuilder::from_fields(bbox_fields(), bboxes.len());
     for bb in bboxes {
@@ -73,8 +81,15 @@ fn batch(bboxes: &[Option<[f64; 4]>], times: Option<&[(Option<i64>, Option<i64>)
         }
         b.append(bb.is_some());
     }
-    let mut fields = vec![Field::new(col::BBOX, DataType::Struct(bbox_fields()), true)];
-    let mut cols: Vec<ArrayRef> = vec![Arc::new(b.finish())];
+    let uris: arrow_array::StringArray = bboxes
+        .iter()
+        .map(|bb| Some(format!("file:///in/{bb:?}.tif")))
+        .collect();
+    let mut fields = vec![
+        Field::new(col::BBOX, DataType::Struct(bbox_fields()), true),
+        Field::new(col::SOURCE_URI, DataType::Utf8, false),
+    ];
+    let mut cols: Vec<ArrayRef> = vec![Arc::new(b.finish()), Arc::new(uris)];
     if let Some(times) = times {
         for (name, pick) in [(col::DATETIME, 0), (col::END_DATETIME, 1)] {
             let mut t = TimestampMicrosecondBuilder::new().with_timezone("UTC");
@@ -89,10 +104,10 @@ fn batch(bboxes: &[Option<[f64; 4]>], times: Option<&[(Option<i64>, Option<i64>)
 }
 
 #[test]
-fn spans_union_bboxes_and_cover_every_chips_range() {
-    let mut s = ChipSpan::default();
+fn a_read_unions_bboxes_and_covers_every_chips_range() {
+    let mut b = ExtentBuilder::default();
     add_batch(
-        &mut s,
+        &mut b,
         &batch(
             &[
                 Some([1.0, 2.0, 3.0, 4.0]),
@@ -107,84 +122,62 @@ fn spans_union_bboxes_and_cover_every_chips_range() {
         ),
     )
     .unwrap();
-    assert_eq!(s.rows, 3);
-    assert_eq!(s.bbox, Some([-1.0, 2.0, 3.0, 5.0]));
-    assert_eq!(
-        (s.start, s.end),
-        (Some(JUNE_1 - DAY_US), Some(JUNE_1 + 2 * DAY_US))
-    );
-    assert_eq!(s.without_datetime, 1);
-
-    // A second batch widens it; merging spans is the same union.
-    let mut t = ChipSpan::default();
+    // A second batch widens it.
     add_batch(
-        &mut t,
+        &mut b,
         &batch(
             &[Some([10.0, -9.0, 11.0, -8.0])],
             Some(&[(Some(JUNE_1 + 9 * DAY_US), None)]),
         ),
     )
     .unwrap();
-    let mut all = s.clone();
-    all.merge(&t);
-    assert_eq!(all.rows, 4);
-    assert_eq!(all.bbox, Some([-1.0, -9.0, 11.0, 5.0]));
+    let e = b.finish();
+    assert_eq!(e.bbox(), Some([-1.0, -9.0, 11.0, 5.0]));
+    assert_eq!(e.footprint.len(), 2, "two places apart: {:?}", e.footprint);
     assert_eq!(
-        (all.start, all.end),
+        (e.start, e.end),
         (Some(JUNE_1 - DAY_US), Some(JUNE_1 + 9 * DAY_US))
     );
-}
-
-#[test]
-fn source_links_are_the_first_items_by_url_whatever_the_row_order() {
-    let mut fwd = ChipSpan::default();
-    let mut rev = ChipSpan::default();
-    let n = SOURCE_LINKS + 20;
-    let uri = |i: usize| format!("https://x/items/{i:04}");
-    for i in 0..n {
-        fwd.add_source(&uri(i), "id");
-        fwd.add_source(&uri(i), "id");
-        rev.add_source(&uri(n - 1 - i), "id");
-    }
-    assert_eq!(fwd.sources, rev.sources);
-    assert_eq!(fwd.sources.len(), SOURCE_LINKS);
-    assert!(fwd.more_sources && rev.more_sources);
-    assert_eq!(fwd.sources.keys().last(), Some(&uri(SOURCE_LINKS - 1)));
-    let mut few = ChipSpan::default();
-    few.add_source("a", "1");
-    few.add_source("a", "1");
-    assert!(!few.more_sources && few.sources.len() == 1);
+    assert_eq!(e.undated, 1);
 }
 
 #[test]
 fn schema_1_batches_have_no_datetime_and_bad_bboxes_are_errors() {
-    let mut s = ChipSpan::default();
-    add_batch(&mut s, &batch(&[Some([0.0, 0.0, 1.0, 1.0]), None], None)).unwrap();
-    assert_eq!((s.rows, s.start, s.without_datetime), (2, None, 2));
-    assert_eq!(s.bbox, Some([0.0, 0.0, 1.0, 1.0]));
+    let mut b = ExtentBuilder::default();
+    add_batch(&mut b, &batch(&[Some([0.0, 0.0, 1.0, 1.0]), None], None)).unwrap();
+    let e = b.finish();
+    assert_eq!((e.start, e.undated), (None, 2));
+    assert_eq!(e.bbox(), Some([0.0, 0.0, 1.0, 1.0]));
     for bad in [[2.0, 0.0, 1.0, 1.0], [0.0, f64::NAN, 1.0, 1.0]] {
-        let e = add_batch(&mut ChipSpan::default(), &batch(&[Some(bad)], None)).unwrap_err();
+        let e = add_batch(&mut ExtentBuilder::default(), &batch(&[Some(bad)], None)).unwrap_err();
         assert!(e.contains("row 0 has the bbox"), "{e}");
+    }
+}
+
+/// An extent of one square footprint.
+fn square(b: [f64; 4], start: Option<i64>, end: Option<i64>) -> FileExtent {
+    FileExtent {
+        footprint: vec![vec![[b[0], b[1]], [b[2], b[1]], [b[2], b[3]], [b[0], b[3]]]],
+        start,
+        end,
+        ..FileExtent::default()
     }
 }
 
 #[test]
 fn items_point_at_their_chip_file_and_collection_by_relative_hrefs() {
     let ctx = Context::new(&spec(None)).unwrap();
-    let span = ChipSpan {
-        rows: 3,
-        bbox: Some([1.0, 2.0, 3.0, 4.0]),
-        start: Some(JUNE_1),
-        end: Some(JUNE_1),
-        ..ChipSpan::default()
-    };
-    let item = item(&ctx, &file("t1"), &span).unwrap();
+    let e = square([1.0, 2.0, 3.0, 4.0], Some(JUNE_1), Some(JUNE_1));
+    let item = item(&ctx, &file("t1"), &e).unwrap();
     let v = serde_json::to_value(&item).unwrap();
     assert_eq!(v["id"], "t1");
     assert_eq!(v["stac_version"], "1.1.0");
     assert_eq!(v["collection"], ctx.id);
     assert_eq!(v["bbox"], json!([1.0, 2.0, 3.0, 4.0]));
-    assert_eq!(v["geometry"]["type"], "Polygon");
+    assert_eq!(
+        v["geometry"],
+        json!({"type": "Polygon", "coordinates": [[[1.0, 2.0], [3.0, 2.0], [3.0, 4.0], [1.0, 4.0], [1.0, 2.0]]]})
+    );
     let a = &v["assets"]["embeddings"];
     assert_eq!(a["href"], "../../chips/t1.parquet");
     assert_eq!(a["type"], PARQUET);
@@ -198,8 +191,10 @@ fn items_point_at_their_chip_file_and_collection_by_relative_hrefs() {
     assert_eq!(p["datetime"], "2024-06-01T00:00:00Z");
     assert!(p.get("start_datetime").is_none());
     assert_eq!(p["rsembed:datetime_source"], "acquisition");
+    assert_eq!(p["rsembed:chips"], 3);
     assert_eq!(p["processing:datetime"], "2025-01-02T03:04:05Z");
     assert_eq!(p["emb:runtime_parameters"]["chip_size"], 64);
+    assert!(p.get("rsembed:wide_footprint").is_none());
     assert!(v["stac_extensions"]
         .as_array()
         .unwrap()
@@ -207,14 +202,51 @@ fn items_point_at_their_chip_file_and_collection_by_relative_hrefs() {
 }
 
 #[test]
+fn places_apart_are_a_multipolygon_and_source_items_are_derived_from() {
+    let ctx = Context::new(&spec(None)).unwrap();
+    let mut e = square([-100.0, 46.0, -99.0, 47.0], Some(JUNE_1), Some(JUNE_1));
+    e.footprint
+        .push(vec![[139.0, 35.0], [140.0, 35.0], [139.5, 36.0]]);
+    e.sources.insert(
+        "https://stac.example/v1/collections/s2/items/A".into(),
+        "A".into(),
+    );
+    e.sources.insert(
+        "https://stac.example/v1/collections/s2/items/B".into(),
+        "B".into(),
+    );
+    let v = serde_json::to_value(item(&ctx, &file("t"), &e).unwrap()).unwrap();
+    assert_eq!(v["geometry"]["type"], "MultiPolygon");
+    assert_eq!(
+        v["geometry"]["coordinates"][1],
+        json!([[[139.0, 35.0], [140.0, 35.0], [139.5, 36.0], [139.0, 35.0]]])
+    );
+    assert_eq!(v["bbox"], json!([-100.0, 35.0, 140.0, 47.0]));
+    let links = v["links"].as_array().unwrap();
+    for rel in ["derived_from", "emb:source-data"] {
+        let of: Vec<&Value> = links.iter().filter(|l| l["rel"] == rel).collect();
+        assert_eq!(of.len(), 2, "{rel}: {links:?}");
+        assert_eq!(
+            of[0]["href"],
+            "https://stac.example/v1/collections/s2/items/A"
+        );
+        assert_eq!(of[0]["title"], "source item A");
+        assert_eq!(of[0]["type"], GEOJSON);
+    }
+    // A ring the long way round in lon/lat is said to be one.
+    let wide = square([-170.0, 0.0, 170.0, 1.0], None, None);
+    let v = serde_json::to_value(item(&ctx, &file("t"), &wide).unwrap()).unwrap();
+    assert_eq!(v["properties"]["rsembed:wide_footprint"], true);
+}
+
+#[test]
 fn a_range_gives_start_and_end_and_no_times_give_the_processing_time() {
     let ctx = Context::new(&spec(None)).unwrap();
-    let range = ChipSpan {
-        rows: 2,
+    let range = FileExtent {
         start: Some(JUNE_1),
         end: Some(JUNE_1 + DAY_US),
-        without_datetime: 1,
-        ..ChipSpan::default()
+        undated: 1,
+        ..FileExtent::default()
     };
     let v = serde_json::to_value(item(&ctx, &file("t"), &range).unwrap()).unwrap();
     let p = &v["properties"];
@@ -226,10 +258,9 @@ fn a_range_gives_start_and_end_and_no_times_give_the_processing_time() {
     assert_eq!(v["geometry"], Value::Null);
     assert!(v.get("bbox").is_none());
 
-    let none = ChipSpan {
-        rows: 2,
-        without_datetime: 2,
-        ..ChipSpan::default()
+    let none = FileExtent {
+        undated: 2,
+        ..FileExtent::default()
     };
     let v = serde_json::to_value(item(&ctx, &file("t"), &none).unwrap()).unwrap();
     assert_eq!(v["properties"]["datetime"], "2025-01-02T03:04:05Z");
@@ -246,14 +277,13 @@ fn the_collection_has_the_extension_fields_extent_and_links() {
         ..StacSearch::default()
     })))
     .unwrap();
-    let extent = ChipSpan {
+    let totals = Totals {
         rows: 7,
         bbox: Some([1.0, 2.0, 3.0, 4.0]),
         start: Some(JUNE_1),
         end: Some(JUNE_1 + DAY_US),
-        ..ChipSpan::default()
     };
-    let c = collection(&ctx, &["a".into(), "b".into()], &extent, "float32").unwrap();
+    let c = collection(&ctx, &["a".into(), "b".into()], &totals, "float32").unwrap();
     let v = serde_json::to_value(&c).unwrap();
     assert_eq!(v["type"], "Collection");
     assert_eq!(v["stac_version"], "1.1.0");
@@ -291,7 +321,7 @@ fn the_collection_has_the_extension_fields_extent_and_links() {
     assert_eq!(v["item_assets"]["embeddings"]["type"], PARQUET);
 
     // No chip has a footprint or a time: the world, and the processing time.
-    let c = collection(&ctx, &[], &ChipSpan::default(), "float32").unwrap();
+    let c = collection(&ctx, &[], &Totals::default(), "float32").unwrap();
     let v = serde_json::to_value(&c).unwrap();
     assert_eq!(
         v["extent"]["spatial"]["bbox"],
@@ -303,9 +333,8 @@ fn the_collection_has_the_extension_fields_extent_and_links() {
     );
 }
 
-#[test]
-fn the_source_link_is_the_search_url_of_an_api_and_the_input_otherwise() {
-    let s = StacSearch {
+fn full_search(by: Option<CloudCoverBy>) -> StacSearch {
+    StacSearch {
         collections: vec!["sentinel-2-l2a".into(), "landsat".into()],
         bbox: Some([-1.5, 2.0, 3.0, 4.25]),
         datetime: Some("2024-06-01T00:00:00Z/..".into()),
@@ -313,21 +342,40 @@ fn the_source_link_is_the_search_url_of_an_api_and_the_input_otherwise() {
         filter: Some("platform = 'sentinel-2a'".into()),
         max_items: Some(5),
         cloud_cover_max: Some(20.0),
-    };
+        cloud_cover_by: by,
+    }
+}
+
+fn query_of(url: &str) -> Vec<(String, String)> {
+    url::Url::parse(url)
+        .unwrap()
+        .query_pairs()
+        .into_owned()
+        .collect()
+}
+
+fn param<'a>(q: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str())
+}
+
+#[test]
+fn the_source_link_is_the_search_url_of_an_api_and_the_input_otherwise() {
+    let s = full_search(Some(CloudCoverBy::Filter));
     let url = search_url("https://earth-search.example/v1/", &s).unwrap();
-    let parsed = url::Url::parse(&url).unwrap();
-    assert_eq!(parsed.path(), "/v1/search");
-    let q: Vec<(String, String)> = parsed.query_pairs().into_owned().collect();
-    let get = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
-    assert_eq!(get("collections"), Some("sentinel-2-l2a,landsat"));
-    assert_eq!(get("bbox"), Some("-1.5,2,3,4.25"));
-    assert_eq!(get("datetime"), Some("2024-06-01T00:00:00Z/.."));
-    assert_eq!(get("ids"), Some("a b"));
+    assert_eq!(url::Url::parse(&url).unwrap().path(), "/v1/search");
+    let q = query_of(&url);
+    assert_eq!(param(&q, "collections"), Some("sentinel-2-l2a,landsat"));
+    assert_eq!(param(&q, "bbox"), Some("-1.5,2,3,4.25"));
+    assert_eq!(param(&q, "datetime"), Some("2024-06-01T00:00:00Z/.."));
+    assert_eq!(param(&q, "ids"), Some("a b"));
     assert_eq!(
-        get("filter"),
+        param(&q, "filter"),
         Some("(platform = 'sentinel-2a') AND \"eo:cloud_cover\" <= 20")
     );
-    assert_eq!(get("filter-lang"), Some("cql2-text"));
+    assert_eq!(param(&q, "filter-lang"), Some("cql2-text"));
+    assert_eq!(param(&q, "query"), None);
+    let l = source_link("https://earth-search.example/v1/", Some(&s)).unwrap();
+    assert!(l.additional_fields.get("rsembed:client_filter").is_none());
 
     // Documents are linked as they are; the search rides along.
     for doc in [
@@ -340,6 +388,7 @@ fn the_source_link_is_the_search_url_of_an_api_and_the_input_otherwise() {
         let l = source_link(doc, Some(&s)).unwrap();
         assert_eq!(l.href, doc);
         assert_eq!(l.additional_fields["rsembed:search"]["max_items"], 5);
+        assert!(l.additional_fields.get("rsembed:client_filter").is_none());
     }
     let l = source_link("file:///images/", None).unwrap();
     assert_eq!(
@@ -349,11 +398,58 @@ fn the_source_link_is_the_search_url_of_an_api_and_the_input_otherwise() {
 }
 
 #[test]
+fn a_cloud_cover_filter_that_was_not_sent_is_not_in_the_link() {
+    let api = "https://stac.example/v1";
+    // The server has the query extension: the link sends it that way.
+    let q = query_of(&search_url(api, &full_search(Some(CloudCoverBy::Query))).unwrap());
+    assert_eq!(param(&q, "filter"), Some("platform = 'sentinel-2a'"));
+    assert_eq!(
+        param(&q, "query"),
+        Some(r#"{"eo:cloud_cover":{"lte":20.0}}"#)
+    );
+    // Neither extension (or a job.json that does not say): rsembed judged
+    // every item, so the link has no cloud cover and the filter is recorded
+    // beside it and on every item.
+    for by in [Some(CloudCoverBy::Client), None] {
+        let s = full_search(by);
+        let q = query_of(&search_url(api, &s).unwrap());
+        assert_eq!(
+            param(&q, "filter"),
+            Some("platform = 'sentinel-2a'"),
+            "{by:?}"
+        );
+        assert_eq!(param(&q, "query"), None);
+        let l = source_link(api, Some(&s)).unwrap();
+        assert_eq!(
+            l.additional_fields["rsembed:client_filter"],
+            "\"eo:cloud_cover\" <= 20"
+        );
+        assert_eq!(
+            client_filter(api, Some(&s)).as_deref(),
+            Some("\"eo:cloud_cover\" <= 20")
+        );
+        let ctx = Context::new(&spec(Some(s))).unwrap();
+        let v =
+            serde_json::to_value(item(&ctx, &file("t"), &FileExtent::default()).unwrap()).unwrap();
+        assert_eq!(
+            v["properties"]["emb:runtime_parameters"]["client_filter"],
+            "\"eo:cloud_cover\" <= 20"
+        );
+    }
+    let no_cc = StacSearch {
+        cloud_cover_max: None,
+        ..full_search(None)
+    };
+    assert_eq!(client_filter(api, Some(&no_cc)), None);
+    assert!(param(&query_of(&search_url(api, &no_cc).unwrap()), "query").is_none());
+}
+
+#[test]
 fn a_manifest_path_that_is_not_a_chip_file_is_an_error() {
     let ctx = Context::new(&spec(None)).unwrap();
     let mut f = file("x");
     f.path = "chips/.parquet".into();
-    assert!(item(&ctx, &f, &ChipSpan::default()).is_err());
+    assert!(item(&ctx, &f, &FileExtent::default()).is_err());
 }
 
 fn chip(bbox: Option<[f64; 4]>, times: (Option<i64>, Option<i64>)) -> ChipRow {
@@ -395,6 +491,7 @@ async fn put_chips(out: &Location, task: &str, batch: &RecordBatch) -> ManifestF
         rows: batch.num_rows() as u64,
         sha256: "00".repeat(32),
         bytes: bytes.len() as u64,
+        extent: None,
     };
     out.store
         .put(&out.child(&f.path), PutPayload::from(bytes))
@@ -529,4 +626,68 @@ async fn a_missing_chip_file_is_a_store_error_and_a_broken_one_a_task_file_error
     // Nothing claims the job is described.
     let c = out.store.get(&out.child(COLLECTION_FILE)).await;
     assert!(matches!(c, Err(object_store::Error::NotFound { .. })));
+}
+
+#[tokio::test]
+async fn write_builds_items_from_recorded_extents_without_any_chip_file() {
+    // The store holds no chip file at all: a read would fail the write.
+    let out = Location {
+        store: Arc::new(InMemory::new()),
+        prefix: object_store::path::Path::from("job"),
+        url: url::Url::parse("memory:///job").unwrap(),
+    };
+    let mut spec = spec(None);
+    spec.tiling.embedding_type = rsembed_schemas::embedding::EmbeddingType::Int8;
+    let mut a = file("a");
+    let mut two = square(
+        [-100.0, 46.0, -99.0, 47.0],
+        Some(JUNE_1),
+        Some(JUNE_1 + DAY_US),
+    );
+    two.footprint
+        .push(vec![[139.0, 35.0], [140.0, 35.0], [140.0, 36.0]]);
+    two.sources.insert("https://x/items/A".into(), "A".into());
+    a.extent = Some(two);
+    let mut b = file("b");
+    b.extent = Some(FileExtent {
+        undated: 3,
+        ..FileExtent::default()
+    });
+    let m = crate::job::output::manifest(&spec, 2, vec![a, b], vec![], vec![], vec![], vec![]);
+    let w = write(&out, &spec, &m).await.unwrap();
+    assert_eq!(w.items, 2);
+
+    let ia = get_json(&out, "stac/items/a.json").await;
+    assert_eq!(ia["geometry"]["type"], "MultiPolygon");
+    assert_eq!(ia["bbox"], json!([-100.0, 35.0, 140.0, 47.0]));
+    assert_eq!(ia["properties"]["start_datetime"], "2024-06-01T00:00:00Z");
+    let derived: Vec<&Value> = ia["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["rel"] == "derived_from")
+        .collect();
+    assert_eq!(derived.len(), 1);
+    assert_eq!(derived[0]["href"], "https://x/items/A");
+    let ib = get_json(&out, "stac/items/b.json").await;
+    assert_eq!(ib["geometry"], Value::Null);
+    assert_eq!(ib["properties"]["rsembed:datetime_source"], "processing");
+    let col = get_json(&out, COLLECTION_FILE).await;
+    assert_eq!(col["data_type"], "int8", "the job's type: no file was read");
+    assert_eq!(col["rsembed:chips"], 6);
+    assert_eq!(
+        col["extent"]["spatial"]["bbox"],
+        json!([[-100.0, 35.0, 140.0, 47.0]])
+    );
+
+    // A record that does not check is not trusted: the file is read, and
+    // here it is missing.
+    let mut bad = file("c");
+    bad.extent = Some(FileExtent {
+        footprint: vec![vec![[500.0, 0.0], [1.0, 0.0], [1.0, 1.0]]],
+        ..FileExtent::default()
+    });
+    let m = crate::job::output::manifest(&spec, 1, vec![bad], vec![], vec![], vec![], vec![]);
+    let e = write(&out, &spec, &m).await.unwrap_err();
+    assert!(matches!(e, Error::ReadOutput { .. }), "{e:?}");
 }

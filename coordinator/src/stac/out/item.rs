@@ -1,0 +1,234 @@
+//! The documents: the item of one chip file, from its [`FileExtent`], and the
+//! collection over the items.
+
+use rsembed_schemas::embedding::EmbeddingType;
+use rsembed_schemas::extent::FileExtent;
+use rsembed_schemas::job::ManifestFile;
+use serde_json::{json, Map, Value};
+use stac::{Asset, Bbox, Collection, Item, ItemAsset, Link};
+
+use super::link::{client_filter, source_link};
+use super::{chrono_of, times_of, Context, Totals, EMBEDDINGS_EXTENSION, GEOJSON, JSON, PARQUET};
+use crate::error::{Error, Result};
+
+/// `processing:datetime`: when the embeddings were made (the proposal reuses it).
+const PROCESSING_EXTENSION: &str =
+    "https://stac-extensions.github.io/processing/v1.2.0/schema.json";
+/// `file:size` and `file:checksum` of the embeddings asset, from the manifest.
+const FILE_EXTENSION: &str = "https://stac-extensions.github.io/file/v2.1.0/schema.json";
+
+/// The GeoJSON geometry of a footprint: a Polygon for one ring, else a
+/// MultiPolygon; rings closed, as GeoJSON has them. `None` when empty.
+fn geometry(footprint: &[Vec<[f64; 2]>]) -> Option<Value> {
+    let closed = |ring: &Vec<[f64; 2]>| -> Value {
+        let mut r: Vec<[f64; 2]> = ring.clone();
+        r.extend(ring.first().copied());
+        json!([r])
+    };
+    match footprint {
+        [] => None,
+        [one] => Some(json!({"type": "Polygon", "coordinates": closed(one)})),
+        many => Some(json!({
+            "type": "MultiPolygon",
+            "coordinates": many.iter().map(closed).collect::<Vec<_>>(),
+        })),
+    }
+}
+
+/// The item of one chip file.
+pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> Result<Item> {
+    let id = file
+        .path
+        .rsplit('/')
+        .next()
+        .and_then(|n| n.strip_suffix(".parquet"))
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| {
+            Error::Output(format!(
+                "manifest: `{}` is not a chips/<task>.parquet path",
+                file.path
+            ))
+        })?;
+    let mut item = Item::new(id).collection(&ctx.id);
+    item.extensions = vec![
+        EMBEDDINGS_EXTENSION.to_owned(),
+        PROCESSING_EXTENSION.to_owned(),
+        FILE_EXTENSION.to_owned(),
+    ];
+    if let (Some(g), Some([x0, y0, x1, y1])) = (geometry(&extent.footprint), extent.bbox()) {
+        item.geometry = Some(serde_json::from_value(g)?);
+        item.bbox = Some(Bbox::new(x0, y0, x1, y1));
+    }
+    let p = &mut item.properties;
+    let (start, end, source) = times_of(ctx, extent);
+    if start == end {
+        p.datetime = Some(chrono_of(start)?);
+    } else {
+        p.datetime = None;
+        p.start_datetime = Some(chrono_of(start)?);
+        p.end_datetime = Some(chrono_of(end)?);
+    }
+    let f = &mut p.additional_fields;
+    f.insert("rsembed:datetime_source".into(), source.into());
+    if extent.start.is_some() && extent.undated > 0 {
+        f.insert(
+            "rsembed:chips_without_datetime".into(),
+            extent.undated.into(),
+        );
+    }
+    f.insert("rsembed:chips".into(), file.rows.into());
+    if extent.more_sources {
+        f.insert("rsembed:more_sources".into(), true.into());
+    }
+    // A polygon that runs the long way round in lon/lat (chips all around
+    // the globe, which no outline of the vertex bound separates): say so
+    // rather than let it pass for a place.
+    if extent.footprint.iter().any(|r| {
+        let (lo, hi) = r.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+            (lo.min(p[0]), hi.max(p[0]))
+        });
+        hi - lo > 180.0
+    }) {
+        f.insert("rsembed:wide_footprint".into(), true.into());
+    }
+    f.insert(
+        "processing:datetime".into(),
+        serde_json::to_value(chrono_of(ctx.created_us)?)?,
+    );
+    let mut params = serde_json::to_value(&ctx.spec.tiling)?;
+    if let (Some(cf), Some(o)) = (
+        client_filter(&ctx.spec.input, ctx.spec.search.as_ref()),
+        params.as_object_mut(),
+    ) {
+        o.insert("client_filter".into(), cf.into());
+    }
+    f.insert("emb:runtime_parameters".into(), params);
+
+    let up = "../collection.json";
+    for rel in ["root", "parent", "collection"] {
+        item.links.push(Link::new(up, rel).r#type(JSON.to_owned()));
+    }
+    // The STAC items the chips were cut from: `derived_from` (STAC's
+    // relation for it) and the proposal's item-level `emb:source-data`.
+    for rel in ["derived_from", "emb:source-data"] {
+        for (uri, id) in &extent.sources {
+            item.links.push(
+                Link::new(uri, rel)
+                    .r#type(GEOJSON.to_owned())
+                    .title(format!("source item {id}")),
+            );
+        }
+    }
+    let mut asset = Asset::new(format!("../../{}", file.path)).role("data");
+    asset.r#type = Some(PARQUET.to_owned());
+    asset.title = Some(format!("chip embeddings ({} rows)", file.rows));
+    asset
+        .additional_fields
+        .insert("file:size".into(), file.bytes.into());
+    // Multihash: 0x12 is SHA2-256, 0x20 its 32-byte length.
+    asset.additional_fields.insert(
+        "file:checksum".into(),
+        format!("1220{}", file.sha256).into(),
+    );
+    item.assets.insert("embeddings".into(), asset);
+    Ok(item)
+}
+
+/// The collection over the items `ids` whose chips `totals` covers.
+pub(crate) fn collection(
+    ctx: &Context,
+    ids: &[String],
+    totals: &Totals,
+    data_type: &str,
+) -> Result<Collection> {
+    let spec = &ctx.spec;
+    let m = &spec.model;
+    let mut c = Collection::new(
+        &ctx.id,
+        format!(
+            "Chip embeddings of {} by the model {} ({} dimensions), one item per chip file; \
+             made by {}, job {}.",
+            spec.input, m.name, m.embed_dim, spec.software_version, spec.job_id
+        ),
+    );
+    c.title = Some(format!("{} chip embeddings", m.name));
+    c.extensions = vec![EMBEDDINGS_EXTENSION.to_owned()];
+    c.extent.spatial.bbox = vec![match totals.bbox {
+        Some([x0, y0, x1, y1]) => Bbox::new(x0, y0, x1, y1),
+        // No chip has a footprint: the whole world is what is known.
+        None => Bbox::new(-180.0, -90.0, 180.0, 90.0),
+    }];
+    let (start, end) = match (totals.start, totals.end) {
+        (Some(s), Some(e)) => (s, e),
+        _ => (ctx.created_us, ctx.created_us),
+    };
+    c.extent.temporal.interval = vec![[Some(chrono_of(start)?), Some(chrono_of(end)?)]];
+
+    let f = &mut c.additional_fields;
+    f.insert("emb:type".into(), "chip".into());
+    f.insert("emb:dimensions".into(), m.embed_dim.into());
+    f.insert("data_type".into(), data_type.into());
+    // How to get float32 values back from f16 or int8 files: the same
+    // record as their `rsembed` metadata's `quantization`.
+    if let Some(q) = data_type
+        .parse::<EmbeddingType>()
+        .ok()
+        .and_then(|t| t.quantization())
+    {
+        f.insert(
+            "emb:quantization".into(),
+            serde_json::to_value(q).map_err(|e| Error::Output(e.to_string()))?,
+        );
+    }
+    let t = &spec.tiling;
+    f.insert(
+        "emb:chip_layout".into(),
+        json!({
+            "layout_type": "regular_grid",
+            "chip_size": [t.chip_size, t.chip_size],
+            "stride": [t.stride, t.stride],
+        }),
+    );
+    f.insert(
+        "rsembed:model".into(),
+        json!({
+            "name": m.name,
+            "sha256": m.sha256,
+            "preprocessor_sha256": m.preprocessor_sha256,
+            "fp16": m.fp16,
+        }),
+    );
+    f.insert("rsembed:job_id".into(), spec.job_id.clone().into());
+    f.insert("rsembed:chips".into(), totals.rows.into());
+
+    c.item_assets.insert(
+        "embeddings".into(),
+        ItemAsset {
+            title: Some("Chip embeddings".into()),
+            description: Some(
+                "rsembed chip rows (GeoParquet): footprint, source, and the embedding".into(),
+            ),
+            r#type: Some(PARQUET.into()),
+            roles: vec!["data".into()],
+            additional_fields: Map::new(),
+        },
+    );
+
+    c.links
+        .push(Link::new("./collection.json", "root").r#type(JSON.to_owned()));
+    c.links.push(
+        Link::new("../job.json", "emb:model")
+            .r#type(JSON.to_owned())
+            .title(format!(
+                "{} (vision graph sha256 {}); job.json holds every model file's digest",
+                m.name, m.sha256
+            )),
+    );
+    c.links
+        .push(source_link(&spec.input, spec.search.as_ref())?);
+    for id in ids {
+        c.links
+            .push(Link::new(format!("./items/{id}.json"), "item").r#type(GEOJSON.to_owned()));
+    }
+    Ok(c)
+}
