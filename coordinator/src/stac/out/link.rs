@@ -37,14 +37,22 @@ pub(crate) fn source_link(input: &str, search: Option<&StacSearch>) -> Result<Li
 }
 
 /// Whether `input` names a STAC API root rather than a document (a
-/// catalog, collection or item collection): http(s), and a last path
-/// segment not named like a document.
+/// catalog, collection or item collection, or an API's collection or item
+/// read by its URL): http(s), a last path segment not named like a
+/// document, and no `collections/<id>` in the path.
 fn api_root(input: &str) -> Option<url::Url> {
     let url = url::Url::parse(input).ok()?;
     if !matches!(url.scheme(), "http" | "https") {
         return None;
     }
-    let last = url.path_segments()?.rev().find(|p| !p.is_empty());
+    let segments: Vec<&str> = url.path_segments()?.filter(|p| !p.is_empty()).collect();
+    if segments
+        .windows(2)
+        .any(|w| w[0] == "collections" && !w[1].is_empty())
+    {
+        return None;
+    }
+    let last = segments.last().copied();
     let document = [".json", ".ndjson", ".parquet", ".geoparquet"];
     if last.is_some_and(|l| document.iter().any(|d| l.to_ascii_lowercase().ends_with(d))) {
         return None;

@@ -383,6 +383,11 @@ fn the_source_link_is_the_search_url_of_an_api_and_the_input_otherwise() {
         "https://x.example/items.ndjson",
         "s3://bucket/items.parquet",
         "file:///data/collection.json",
+        // A STAC API's collection or item, read by its URL: a document too,
+        // not a root to put `/search` under.
+        "https://earth-search.example/v1/collections/naip",
+        "https://earth-search.example/v1/collections/naip/",
+        "https://earth-search.example/v1/collections/naip/items/m_4209_20200831",
     ] {
         assert_eq!(search_url(doc, &s), None, "{doc}");
         let l = source_link(doc, Some(&s)).unwrap();
