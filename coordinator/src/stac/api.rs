@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 
-use rsembed_schemas::job::StacSearch;
+use rsembed_schemas::job::{CloudCoverBy, StacSearch};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use sha2::Digest;
@@ -242,21 +242,20 @@ fn first_request(
         .as_deref()
         .map(normalize_datetime)
         .transpose()?;
-    let cloud = search.cloud_cover_max.map(cloud_cover_text);
-    let filter = if conf.filter {
-        match (&search.filter, &cloud) {
-            (Some(f), Some(c)) => Some(format!("({f}) AND {c}")),
-            (Some(f), None) => Some(f.clone()),
-            (None, Some(c)) => Some(c.clone()),
-            (None, None) => None,
-        }
-    } else {
-        None
+    // Where the cloud cover goes is the one rule job.json records
+    // (`cloud_cover_by`), so the collection's source link repeats this request.
+    let by = super::cloud_cover_by(conf);
+    let sent_as = |how: CloudCoverBy| search.cloud_cover_max.filter(|_| by == how);
+    // `--filter` is refused above unless the server takes CQL2.
+    let filter = match (
+        &search.filter,
+        sent_as(CloudCoverBy::Filter).map(cloud_cover_text),
+    ) {
+        (Some(f), Some(c)) => Some(format!("({f}) AND {c}")),
+        (Some(f), None) => Some(f.clone()),
+        (None, c) => c,
     };
-    let query = match search.cloud_cover_max {
-        Some(max) if !conf.filter && conf.query => Some(json!({"eo:cloud_cover": {"lte": max}})),
-        _ => None,
-    };
+    let query = sent_as(CloudCoverBy::Query).map(|max| json!({"eo:cloud_cover": {"lte": max}}));
     if post {
         let mut body = Map::new();
         if !search.collections.is_empty() {
