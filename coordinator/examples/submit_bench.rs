@@ -187,6 +187,7 @@ async fn ours(bin: &Path, tasks: Vec<Task>, model: &ModelRef, tiling: &TilingSpe
         requeued: 0,
         retried: 0,
         failed_inputs: 0,
+        superseded: 0,
         seconds: 0.0,
     };
     // The capacity `submit` gives the planner's channel.
@@ -202,6 +203,7 @@ async fn ours(bin: &Path, tasks: Vec<Task>, model: &ModelRef, tiling: &TilingSpe
     });
     publish_tasks(
         &PublishJob {
+            job_id: JOB,
             queue: &q,
             output: &rsembed_coordinator::job::output::JobOutput::new(output.clone()),
             model,

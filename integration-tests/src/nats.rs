@@ -194,6 +194,28 @@ impl NatsServer {
         self.monitor
     }
 
+    /// Every stream's `state` (messages, bytes, num_subjects, ...) by name,
+    /// as the monitoring endpoint reports it.
+    pub fn stream_states(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        let (status, body) = crate::http_get(self.monitor, "/jsz?acc=$G&streams=true")
+            .expect("the monitoring endpoint answers");
+        assert!(status.contains("200"), "{status}: {body}");
+        let jsz: serde_json::Value = serde_json::from_str(&body).expect("jsz is JSON");
+        jsz["account_details"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a["stream_detail"].as_array())
+            .flatten()
+            .map(|s| {
+                (
+                    s["name"].as_str().unwrap_or("").to_owned(),
+                    s["state"].clone(),
+                )
+            })
+            .collect()
+    }
+
     /// The JetStream store directory.
     pub fn store_dir(&self) -> &std::path::Path {
         self.store.path()

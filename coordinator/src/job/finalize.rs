@@ -2,21 +2,21 @@
 //! `manifest.json`.
 //!
 //! Complete means: `submit` finished planning, nothing of the job is queued
-//! or held, and every task of the plan (`tasks.txt`) is either done, with its
-//! chip file (and error file, when it has one) present in the output, or
-//! recorded as failed. Chip and error files of no planned task (left by an
-//! earlier plan of an input that changed since) are removed before the
-//! manifest is written: a query of `chips/*.parquet` would read them, and
-//! their chips may be in the plan's own files too.
+//! or held, and every task of the plan is either done or recorded as failed:
+//! the job's totals count as many done and failed tasks as the plan has
+//! (`submit` forgets the records and files of tasks an earlier plan had and
+//! this one has not, so every record counted is of a planned task).
+//!
+//! It costs the job's size in time and a bounded amount of memory: the done
+//! records are read as a stream and go to the file list as they come; no chip
+//! file is read or hashed (the worker recorded each file's digest, rows and
+//! extent when it wrote it), and neither the plan nor the list is held.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
-use rsembed_schemas::job::{ManifestFailedTask, ManifestFailure, ManifestFile, MANIFEST_FILE};
+use rsembed_schemas::job::{ManifestFailedTask, ManifestFailure, MANIFEST_FILE};
 use rsembed_schemas::queue::TaskMessage;
-use rsembed_worker::sink::commit::describe;
-use rsembed_worker::sink::parquet::read_error_rows;
+use rsembed_worker::sink::parquet::{empty_inputs_at, read_error_rows};
 use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
 
@@ -24,12 +24,16 @@ use crate::cli::FinalizeArgs;
 use crate::error::Result;
 use crate::job::deadletter;
 use crate::job::output::{self, JobOutput, TASKS_FILE};
-use crate::job::status::{done_for, job_of, open, queued};
+use crate::job::status::{job_of, open, queued};
+use rsembed_worker::queue::Queue;
 
 /// How many failed inputs the manifest lists by name (the count is exact).
 const FAILURES_LISTED: usize = 1000;
-/// How many names of missing or stale tasks a gap message lists.
+/// How many names of missing tasks a gap message lists.
 const NAMES_LISTED: usize = 10;
+/// How many planned tasks a finalize of an incomplete job probes for their
+/// records to name the missing ones (the count is exact without it).
+const MISSING_PROBED: usize = 100_000;
 
 /// What `finalize` found.
 #[derive(Debug, Clone, Serialize)]
@@ -99,35 +103,24 @@ impl FinalizeReport {
     }
 }
 
-fn names(v: &[String]) -> String {
-    let mut s = v
-        .iter()
-        .take(NAMES_LISTED)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if v.len() > NAMES_LISTED {
-        s.push_str(&format!(", and {} more", v.len() - NAMES_LISTED));
-    }
-    s
-}
-
-/// Sizes of the files under `dir/` of the output, by path relative to the output.
-async fn list_sizes(output: &Location, dir: &str) -> Result<HashMap<String, u64>> {
-    let prefix = output.child(dir);
-    let root = output.prefix.as_ref().to_owned();
-    let mut out = HashMap::new();
-    let mut s = output.store.list(Some(&prefix));
-    while let Some(meta) = s.next().await {
-        let meta = meta?;
-        let full = meta.location.as_ref();
-        let rel = full
-            .strip_prefix(&root)
-            .unwrap_or(full)
-            .trim_start_matches('/');
-        out.insert(rel.to_owned(), meta.size);
-    }
-    Ok(out)
+/// Up to [`NAMES_LISTED`] tasks of the plan with neither a done nor a failed
+/// record, found by probing the first [`MISSING_PROBED`] of them.
+async fn missing_tasks(q: &Queue, out: &JobOutput, job: &str) -> Result<Vec<String>> {
+    let Some(ids) = out.plan_ids().await? else {
+        return Ok(vec![]);
+    };
+    let probes = ids
+        .take(MISSING_PROBED)
+        .map(|id| async move {
+            let id = id?;
+            let settled =
+                q.state.done(job, &id).await?.is_some() || q.state.failed_one(job, &id).await?;
+            Ok::<_, crate::error::Error>((!settled).then_some(id))
+        })
+        .buffered(32)
+        .try_filter_map(|v| async move { Ok(v) })
+        .take(NAMES_LISTED);
+    probes.try_collect().await
 }
 
 /// Runs `rsembed finalize`.
@@ -137,12 +130,13 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     let spec = job_of(&output).await?;
     let q = open(&args.nats, "rsembed-finalize").await?;
     deadletter::reconcile(&q).await?;
-    let mut snap = q.state.snapshot(&spec.job_id).await?;
-    snap.done = done_for(&spec, std::mem::take(&mut snap.done));
-    let in_stream = queued(&q, &spec.job_id).await?;
+    let job = spec.job_id.as_str();
+    let record = q.state.record(job).await?;
+    let in_stream = queued(&q, job).await?;
+    let out = JobOutput::new(output.clone());
 
     let mut gaps = Vec::new();
-    let planned = snap.record.as_ref().filter(|r| r.planned);
+    let planned = record.as_ref().filter(|r| r.planned);
     if planned.is_none() {
         gaps.push("submit has not finished planning this job (run `rsembed submit` again)".into());
     }
@@ -151,100 +145,36 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
             "{in_stream} tasks are still queued or held by workers (see `rsembed status`)"
         ));
     }
-    let out = JobOutput::new(output.clone());
-    let plan: Vec<String> = match out.plan().await? {
-        Some(plan) => plan,
-        None => {
-            gaps.push(format!("{TASKS_FILE} is missing from the output"));
-            Vec::new()
-        }
-    };
-    let chips_on_disk = list_sizes(&output, "chips/").await?;
-    let errors_on_disk = list_sizes(&output, "errors/").await?;
-
-    let planned_ids: HashSet<&str> = plan.iter().map(String::as_str).collect();
-    let mut missing = Vec::new();
-    let mut lost_files = Vec::new();
-    let mut files = BTreeMap::new();
-    let mut error_files = BTreeMap::new();
-    let mut failed_tasks = Vec::new();
-    for id in &plan {
-        if let Some(d) = snap.done.get(id) {
-            let mut check = |f: &ManifestFile, on_disk: &HashMap<String, u64>| -> Option<bool> {
-                match on_disk.get(&f.path) {
-                    None => {
-                        lost_files.push(f.path.clone());
-                        None
-                    }
-                    Some(&size) => Some(size == f.bytes),
-                }
-            };
-            match check(&d.chips_file, &chips_on_disk) {
-                Some(true) => {
-                    files.insert(id.clone(), d.chips_file.clone());
-                }
-                // Rewritten since it was recorded (a store without
-                // conditional puts, and two deliveries): describe what is there.
-                Some(false) => {
-                    files.insert(id.clone(), describe(&output, &d.chips_file.path).await?);
-                }
-                None => {}
+    if !exists(&output, TASKS_FILE).await? {
+        gaps.push(format!("{TASKS_FILE} is missing from the output"));
+    }
+    let tasks = planned.map_or(0, |r| r.tasks);
+    let totals = q.state.totals(job).await?;
+    let failed = q.state.failed(job).await?;
+    let settled = totals.done + failed.len() as u64;
+    if planned.is_some() && settled < tasks {
+        let names = missing_tasks(&q, &out, job).await?;
+        let mut g = format!("{} tasks are neither done nor failed", tasks - settled);
+        if !names.is_empty() {
+            g.push_str(&format!(": {}", names.join(", ")));
+            if tasks - settled > names.len() as u64 {
+                g.push_str(&format!(
+                    ", and {} more",
+                    tasks - settled - names.len() as u64
+                ));
             }
-            if let Some(e) = &d.errors_file {
-                match check(e, &errors_on_disk) {
-                    Some(true) => {
-                        error_files.insert(id.clone(), e.clone());
-                    }
-                    Some(false) => {
-                        error_files.insert(id.clone(), describe(&output, &e.path).await?);
-                    }
-                    None => {}
-                }
-            }
-        } else if let Some(f) = snap.failed.get(id) {
-            let inputs = serde_json::from_str::<TaskMessage>(&f.message)
-                .map(|m| m.task.inputs.into_iter().map(|i| i.uri).collect())
-                .unwrap_or_default();
-            failed_tasks.push(ManifestFailedTask {
-                task_id: id.clone(),
-                inputs,
-                error: f.error.clone(),
-                deliveries: f.deliveries,
-            });
-        } else {
-            missing.push(id.clone());
         }
+        gaps.push(g);
     }
-    if !missing.is_empty() {
-        gaps.push(format!(
-            "{} tasks are neither done nor failed: {}",
-            missing.len(),
-            names(&missing)
-        ));
-    }
-    if !lost_files.is_empty() {
-        gaps.push(format!(
-            "{} files recorded as written are missing from the output: {}",
-            lost_files.len(),
-            names(&lost_files)
-        ));
-    }
-    let without_chips: Vec<String> = plan
-        .iter()
-        .filter_map(|id| snap.done.get(id))
-        .flat_map(|d| d.empty_inputs.iter().cloned())
-        .collect();
-    let rows = files.values().map(|f| f.rows).sum();
-    let failed_inputs = error_files.values().map(|f| f.rows).sum();
     let mut report = FinalizeReport {
         job_id: spec.job_id.clone(),
         gaps,
-        tasks: plan.len() as u64,
-        done: files.len() as u64,
-        failed: failed_tasks.len() as u64,
-        rows,
-        failed_inputs,
-        inputs_without_chips: without_chips.len() as u64,
+        tasks,
+        done: totals.done,
+        failed: failed.len() as u64,
+        rows: totals.chips,
+        failed_inputs: totals.failed_inputs,
+        inputs_without_chips: totals.inputs_without_chips,
         superseded: 0,
         manifest: None,
         stac: None,
@@ -252,10 +182,48 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     if !report.gaps.is_empty() {
         return Ok(report);
     }
-    report.superseded = out.remove_stale(&planned_ids).await?;
+
+    let mut files = Vec::new();
+    let mut error_files = Vec::new();
+    let mut without_chips = Vec::new();
+    let done = q.state.done_records(job).await?;
+    let mut done = std::pin::pin!(done);
+    while let Some(r) = done.next().await {
+        let (task, d) = r?;
+        if d.output.as_deref().is_some_and(|o| o != spec.output) {
+            // An older worker's record of another output: not this job's work.
+            continue;
+        }
+        if d.without_chips() > 0 {
+            let names = if d.empty_inputs.is_empty() {
+                empty_inputs_at(&output, &d.chips_file.path).await?
+            } else {
+                d.empty_inputs.clone()
+            };
+            without_chips.extend(names);
+        }
+        files.push(d.chips_file);
+        error_files.extend(d.errors_file);
+        let _ = task;
+    }
+    let failed_tasks: Vec<ManifestFailedTask> = failed
+        .into_iter()
+        .map(|(id, f)| ManifestFailedTask {
+            inputs: serde_json::from_str::<TaskMessage>(&f.message)
+                .map(|m| m.task.inputs.into_iter().map(|i| i.uri).collect())
+                .unwrap_or_default(),
+            task_id: id,
+            error: f.error,
+            deliveries: f.deliveries,
+        })
+        .collect();
+    report.done = files.len() as u64;
+    report.rows = files.iter().map(|f| f.rows).sum();
+    report.failed_inputs = error_files.iter().map(|f| f.rows).sum();
+    report.inputs_without_chips = without_chips.len() as u64;
 
     let mut failures: Vec<ManifestFailure> = Vec::new();
-    for f in error_files.values() {
+    for f in &error_files {
         if failures.len() >= FAILURES_LISTED {
             break;
         }
@@ -269,9 +237,9 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     }
     let manifest = output::manifest(
         &spec,
-        plan.len() as u64,
-        files.into_values().collect(),
-        error_files.into_values().collect(),
+        tasks,
+        files,
+        error_files,
         failures,
         failed_tasks,
         without_chips,
@@ -287,4 +255,13 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         output.url.as_str().trim_end_matches('/')
     ));
     Ok(report)
+}
+
+/// Whether the output holds `rel`.
+async fn exists(out: &Location, rel: &str) -> Result<bool> {
+    match out.store.head(&out.child(rel)).await {
+        Ok(_) => Ok(true),
+        Err(object_store::Error::NotFound { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }

@@ -249,20 +249,52 @@ impl JobOutput {
         Ok(removed)
     }
 
-    /// The plan's task ids from `tasks.txt`, in plan order; `None` when the
-    /// output has none (no `submit` has run).
-    pub(crate) async fn plan(&self) -> Result<Option<Vec<String>>> {
-        match self.loc.store.get(&self.loc.child(TASKS_FILE)).await {
-            Ok(g) => Ok(Some(
-                String::from_utf8_lossy(&g.bytes().await?)
-                    .lines()
-                    .filter(|l| !l.is_empty())
-                    .map(str::to_owned)
-                    .collect(),
-            )),
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
-        }
+    /// The plan's task ids from `tasks.txt`, in plan order, read as they
+    /// come (a plan of 10⁷ tasks is 330 MB); `None` when the output has none
+    /// (no `submit` has run).
+    pub(crate) async fn plan_ids(
+        &self,
+    ) -> Result<Option<impl futures::Stream<Item = Result<String>> + use<>>> {
+        let got = match self.loc.store.get(&self.loc.child(TASKS_FILE)).await {
+            Ok(g) => g,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let chunks = got.into_stream();
+        let lines = futures::stream::unfold(
+            (
+                chunks,
+                Vec::<u8>::new(),
+                std::collections::VecDeque::new(),
+                false,
+            ),
+            |(mut chunks, mut rest, mut ready, mut ended)| async move {
+                loop {
+                    if let Some(line) = ready.pop_front() {
+                        return Some((Ok(line), (chunks, rest, ready, ended)));
+                    }
+                    if ended {
+                        return None;
+                    }
+                    match chunks.next().await {
+                        Some(Ok(b)) => rest.extend_from_slice(&b),
+                        Some(Err(e)) => return Some((Err(e.into()), (chunks, rest, ready, true))),
+                        None => {
+                            ended = true;
+                            rest.push(b'\n');
+                        }
+                    }
+                    while let Some(i) = rest.iter().position(|&c| c == b'\n') {
+                        let line: Vec<u8> = rest.drain(..=i).collect();
+                        let line = String::from_utf8_lossy(&line[..i]).trim().to_owned();
+                        if !line.is_empty() {
+                            ready.push_back(line);
+                        }
+                    }
+                }
+            },
+        );
+        Ok(Some(lines))
     }
 
     /// Writes `manifest.json`.

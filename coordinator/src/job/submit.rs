@@ -14,7 +14,7 @@
 //! and would keep the old ones), then their done record, so the retry writes
 //! them anew and every chip still lands once.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -67,6 +67,9 @@ pub struct SubmitSummary {
     pub retried: u64,
     /// Failed inputs of the done tasks left as they are (listed in errors/).
     pub failed_inputs: u64,
+    /// Done or failed tasks of an earlier plan that this one no longer has
+    /// (an input changed since): their records and files were removed.
+    pub superseded: u64,
     /// Seconds taken.
     pub seconds: f64,
 }
@@ -96,6 +99,12 @@ impl SubmitSummary {
             s += &format!(
                 "  retried    {} done tasks with failed inputs requeued\n",
                 self.retried
+            );
+        }
+        if self.superseded > 0 {
+            s += &format!(
+                "  superseded {} tasks of an earlier plan removed (records and files)\n",
+                self.superseded
             );
         }
         if let Some(hint) =
@@ -216,12 +225,14 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         requeued: 0,
         retried: 0,
         failed_inputs: 0,
+        superseded: 0,
         seconds: 0.0,
     };
     let first = futures::stream::once(std::future::ready(first));
     let mut tasks = std::pin::pin!(first.chain(crate::job::plan::receiver_stream(planner.tasks)));
     let published = publish_tasks(
         &PublishJob {
+            job_id: &job_id,
             queue: &q,
             output: &out,
             model: &model_ref,
@@ -261,6 +272,8 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
 
 /// Everything the publishing stage needs besides the tasks.
 pub struct PublishJob<'a> {
+    /// The job.
+    pub job_id: &'a str,
     /// The queue.
     pub queue: &'a Queue,
     /// The job's output (gets `tasks.txt`; its manifest is deleted before
@@ -297,9 +310,15 @@ pub async fn publish_tasks(
     // one that queues work reopens the job first.
     let mut reopened = false;
     let mut acks: VecDeque<(String, queue::PublishAckFuture)> = VecDeque::new();
+    // Records of this plan's tasks; the others are an earlier plan's. Holds
+    // no more than the records submit has read anyway.
+    let mut planned_records: HashSet<String> = HashSet::new();
     let result: Result<()> = async {
         while let Some(task) = tasks.next().await {
             s.tasks += 1;
+            if job.done.contains_key(&task.task_id) || job.failed.contains_key(&task.task_id) {
+                planned_records.insert(task.task_id.clone());
+            }
             tasks_file
                 .write_all(format!("{}\n", task.task_id).as_bytes())
                 .await
@@ -320,7 +339,7 @@ pub async fn publish_tasks(
                     reopened = true;
                 }
                 msg_id = format!("{}.retry.{}", task.task_id, d.finished_at);
-                forget_done(job, &task).await?;
+                forget_done(job, &task.job_id, &task.task_id).await?;
                 s.retried += 1;
             }
             if let Some(f) = job.failed.get(&task.task_id) {
@@ -356,6 +375,21 @@ pub async fn publish_tasks(
         while let Some((id, ack)) = acks.pop_front() {
             count(s, &id, ack.await)?;
         }
+        // Tasks of an earlier plan: counted as done or failed they would
+        // stand for tasks of this one, and their chips may be in this plan's
+        // files too.
+        for id in job.done.keys() {
+            if !planned_records.contains(id) {
+                forget_done(job, job.job_id, id).await?;
+                s.superseded += 1;
+            }
+        }
+        for id in job.failed.keys() {
+            if !planned_records.contains(id) {
+                q.state.clear_failed(job.job_id, id).await?;
+                s.superseded += 1;
+            }
+        }
         Ok(())
     }
     .await;
@@ -377,14 +411,16 @@ pub async fn publish_tasks(
 /// its done record (a worker acks a task recorded done without running it).
 /// Cut off between the two, the record still names the errors file, and the
 /// next `--retry-failed` does it again.
-async fn forget_done(job: &PublishJob<'_>, task: &Task) -> Result<()> {
+async fn forget_done(job: &PublishJob<'_>, job_id: &str, task_id: &str) -> Result<()> {
     let out = &job.output.loc;
+    let task = Task {
+        job_id: job_id.to_owned(),
+        task_id: task_id.to_owned(),
+        inputs: vec![],
+    };
     crate::job::output::delete_if_present(out, &task.chips_path()).await?;
     crate::job::output::delete_if_present(out, &task.errors_path()).await?;
-    job.queue
-        .state
-        .clear_done(&task.job_id, &task.task_id)
-        .await?;
+    job.queue.state.clear_done(job_id, task_id).await?;
     Ok(())
 }
 

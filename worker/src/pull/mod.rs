@@ -89,6 +89,9 @@ impl Default for ServeConfig {
     }
 }
 
+/// How often one worker folds a job's totals (see [`Worker::fold_totals`]).
+const FOLD_EVERY: Duration = Duration::from_secs(2);
+
 /// `<hostname>-<pid>`: unique among live workers, readable in `status`.
 pub fn default_name() -> String {
     let host = std::env::var("HOSTNAME")
@@ -134,6 +137,8 @@ pub struct Worker {
     fingerprint: String,
     cfg: ServeConfig,
     jobs: Mutex<HashMap<(String, String), Arc<JobContext>>>,
+    /// When this worker last folded each job's totals.
+    folded: Mutex<HashMap<String, Instant>>,
     tally: Tally,
     max_deliver: i64,
     progress: Duration,
@@ -164,6 +169,7 @@ impl Worker {
             model,
             cfg,
             jobs: Mutex::new(HashMap::new()),
+            folded: Mutex::new(HashMap::new()),
             tally: Tally::default(),
             max_deliver,
             progress,
@@ -338,6 +344,9 @@ impl Worker {
         match self.queue.state.done(&job, &task).await {
             Ok(Some(_)) => {
                 tracing::info!("already done (an ack was lost); acking again");
+                // A worker killed between the record and clearing its mark
+                // left the mark.
+                let _ = self.queue.state.clear_running(&job, &task).await;
                 return self.ack(m).await;
             }
             Ok(None) => {}
@@ -402,11 +411,12 @@ impl Worker {
                     tracing::error!(task_id = %task, "aborting after the task's files (fault injection)");
                     std::process::abort();
                 }
-                let mut empty_inputs = report.empty_inputs;
-                empty_inputs.truncate(crate::sink::parquet::EMPTY_INPUTS_KEPT);
+                // The names of inputs without chips stay in the chip file's
+                // footer: a record at rest holds only their count.
                 let done = TaskDone {
-                    output: Some(msg.output.clone()),
-                    empty_inputs,
+                    output: None,
+                    empty_inputs: vec![],
+                    inputs_without_chips: report.empty_inputs.len() as u64,
                     chips_file: report.chips_file,
                     errors_file: report.errors_file,
                     worker: self.cfg.name.clone(),
@@ -424,12 +434,18 @@ impl Worker {
                         .await;
                 }
                 let _ = clear.await;
+                if delivered > 1 {
+                    // An earlier try's error is no longer this task's story.
+                    let _ = self.queue.state.clear_last_error(&job, &task).await;
+                }
                 tracing::info!(
                     rows = done.chips_file.rows,
                     seconds = done.seconds,
                     "task done"
                 );
-                self.ack(m).await
+                let outcome = self.ack(m).await;
+                self.fold_totals(&job);
+                outcome
             }
             Some(Err(e)) => {
                 let _ = clear.await;
@@ -437,6 +453,28 @@ impl Worker {
                     .await
             }
         }
+    }
+
+    /// Folds the job's new done records into its totals, at most every
+    /// [`FOLD_EVERY`] per worker and in the background: `status` then reads
+    /// a few seconds of records at most, however long since anyone polled.
+    fn fold_totals(&self, job: &str) {
+        {
+            let mut folded = self.folded.lock().expect("fold lock");
+            if folded.get(job).is_some_and(|t| t.elapsed() < FOLD_EVERY) {
+                return;
+            }
+            if folded.len() > 1024 {
+                folded.clear();
+            }
+            folded.insert(job.to_owned(), Instant::now());
+        }
+        let (state, job) = (self.queue.state.clone(), job.to_owned());
+        tokio::spawn(async move {
+            if let Err(e) = state.totals(&job).await {
+                tracing::debug!(error = %chain(&e), "totals not folded");
+            }
+        });
     }
 
     fn job_context(&self, msg: &TaskMessage) -> Result<Arc<JobContext>, String> {

@@ -1,41 +1,63 @@
 //! Job state in one JetStream KV bucket, shared by every job.
 //!
-//! Keys are `<job_id>.<kind>.<task_id>` (and `<job_id>.job` for the job
-//! record), so one job's whole state is one subject filter:
+//! Keys are `<job_id>.<kind>.<task_id>` (and `<job_id>.job` and
+//! `<job_id>.totals` for the job), so one job's whole state is one subject
+//! filter:
 //!
 //! | key | value | written by |
 //! | --- | --- | --- |
 //! | `<job>.job` | [`JobRecord`] | `submit` |
-//! | `<job>.done.<task>` | [`TaskDone`] | the worker, after its files are written, before the ack |
-//! | `<job>.run.<task>` | [`TaskRunning`] | the worker while it holds the task (deleted after) |
+//! | `<job>.d.<task>` | [`DoneRecord`] (compact) | the worker, after its files are written, before the ack; created once |
+//! | `<job>.done.<task>` | [`TaskDone`] as JSON | workers of older versions (still read) |
+//! | `<job>.run.<task>` | [`TaskRunning`] | the worker while it holds the task (purged after) |
 //! | `<job>.lasterr.<task>` | [`TaskError`] | the worker, when a try fails and will be retried |
-//! | `<job>.failed.<task>` | [`TaskFailed`] | the worker when it gives up, or the coordinator on a dead-letter advisory |
+//! | `<job>.failed.<task>` | [`TaskFailed`] | the worker when it gives up, or the coordinator on a dead-letter advisory; created once |
+//! | `<job>.totals` | [`JobTotals`] | whoever folds the records (`status`, `finalize`, workers) |
 //!
-//! `status` reads a job's state with one ordered consumer (the last value of
-//! every key); it never touches the task stream's consumer.
+//! Counting at a cost that does not grow with the job: done and failed
+//! records are created once (a second delivery's write finds the key and
+//! changes nothing), so folding them in stream order counts every task
+//! exactly once. `<job>.totals` holds the fold up to a stream sequence;
+//! [`JobState::totals`] folds what came after it and writes it back with a
+//! compare-and-set, so a poll reads only what finished since the last one.
+//! Taking a record out ([`JobState::clear_done`], [`JobState::clear_failed`])
+//! purges its subject and then rewrites the totals (less the record, when it
+//! was folded in): a fold that read the record before the purge then fails
+//! its compare-and-set and folds again. Running marks are purged rather than
+//! deleted, so a finished job leaves no tombstone per task.
 
 use std::collections::HashMap;
 
 use async_nats::jetstream::{self, consumer, kv, stream};
 use futures::StreamExt;
-use rsembed_schemas::queue::{JobRecord, TaskDone, TaskError, TaskFailed, TaskRunning};
+use rsembed_schemas::queue::{
+    DoneRecord, JobRecord, JobTotals, TaskDone, TaskError, TaskFailed, TaskRunning,
+};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{QueueConfig, QueueError};
 
 /// The kinds of per-task records.
-const DONE: &str = "done";
+const DONE: &str = "d";
+const DONE_JSON: &str = "done";
 const RUN: &str = "run";
 const LASTERR: &str = "lasterr";
 const FAILED: &str = "failed";
+/// The key of a job's totals, after the job id.
+const TOTALS: &str = "totals";
 
-/// How long a snapshot waits for its next record before it fails. An ordered
+/// How long a read waits for its next record before it fails. An ordered
 /// consumer re-creates itself across a NATS restart and would otherwise wait
 /// for the server forever; a failed read can be retried, a hung one cannot.
 const SNAPSHOT_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// One job's state, as the bucket holds it now.
+/// How often a fold tries again when another one wrote the totals first.
+const FOLD_TRIES: usize = 8;
+
+/// One job's state, as the bucket holds it now. Reading it costs the whole
+/// job: only `submit` (which holds its plan anyway) reads it whole;
+/// `status` reads [`JobState::totals`] and [`JobState::running`].
 #[derive(Debug, Default, Clone)]
 pub struct Snapshot {
     /// What `submit` planned, once it has run.
@@ -48,6 +70,31 @@ pub struct Snapshot {
     pub last_errors: HashMap<String, TaskError>,
     /// Tasks given up on.
     pub failed: HashMap<String, TaskFailed>,
+}
+
+/// One record read from the bucket.
+struct Record {
+    /// `<kind>.<task>`, or `job` / `totals`.
+    key: String,
+    /// Its stream sequence.
+    seq: u64,
+    payload: bytes::Bytes,
+    /// A delete or purge marker (older versions deleted with markers).
+    deleted: bool,
+}
+
+/// A done record of either form, as a [`TaskDone`].
+fn done_of(kind: &str, task: &str, payload: &[u8]) -> Option<TaskDone> {
+    match kind {
+        DONE => DoneRecord::decode(payload)
+            .map_err(|e| tracing::warn!(task, error = %e, "unreadable done record; left out"))
+            .ok()
+            .map(|r| r.into_task_done(task)),
+        // A value that does not parse (another version's) is left out rather
+        // than failing the whole read.
+        DONE_JSON => serde_json::from_slice(payload).ok(),
+        _ => None,
+    }
 }
 
 /// The job-state bucket.
@@ -91,6 +138,10 @@ impl JobState {
         format!("{job}.{kind}.{task}")
     }
 
+    fn subject(&self, key: &str) -> String {
+        format!("$KV.{}.{key}", self.bucket)
+    }
+
     fn error(&self, what: &str, e: &(dyn std::error::Error + 'static)) -> QueueError {
         QueueError::State {
             bucket: self.bucket.clone(),
@@ -106,8 +157,25 @@ impl JobState {
             .map_err(|e| self.error(&key, &e))
     }
 
+    /// Writes `key` unless it holds a value: records that are counted are
+    /// written once, so a second delivery's write counts nothing twice.
+    async fn create_once(&self, key: String, bytes: Vec<u8>) -> Result<(), QueueError> {
+        match self.kv.create(&key, bytes.into()).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {
+                tracing::debug!(key, "already recorded");
+                Ok(())
+            }
+            Err(e) => Err(self.error(&key, &e)),
+        }
+    }
+
+    async fn get_raw(&self, key: &str) -> Result<Option<bytes::Bytes>, QueueError> {
+        self.kv.get(key).await.map_err(|e| self.error(key, &e))
+    }
+
     async fn get<T: DeserializeOwned>(&self, key: String) -> Result<Option<T>, QueueError> {
-        match self.kv.get(&key).await.map_err(|e| self.error(&key, &e))? {
+        match self.get_raw(&key).await? {
             None => Ok(None),
             Some(b) => serde_json::from_slice(&b)
                 .map(Some)
@@ -115,29 +183,40 @@ impl JobState {
         }
     }
 
-    async fn delete(&self, key: String) -> Result<(), QueueError> {
-        self.kv.delete(&key).await.map_err(|e| self.error(&key, &e))
+    /// Removes every message of `key`, leaving no tombstone.
+    async fn purge_key(&self, key: &str) -> Result<(), QueueError> {
+        self.stream
+            .purge()
+            .filter(self.subject(key))
+            .await
+            .map(drop)
+            .map_err(|e| self.error(key, &e))
     }
 
-    /// Records a task as finished.
-    pub(crate) async fn put_done(
-        &self,
-        job: &str,
-        task: &str,
-        v: &TaskDone,
-    ) -> Result<(), QueueError> {
-        self.put(Self::key(job, DONE, task), v).await.map(drop)
+    /// Records a task as finished (once: a record already there stays).
+    pub async fn put_done(&self, job: &str, task: &str, v: &TaskDone) -> Result<(), QueueError> {
+        self.create_once(Self::key(job, DONE, task), DoneRecord::of(v).encode())
+            .await
     }
 
     /// A finished task's record.
     pub async fn done(&self, job: &str, task: &str) -> Result<Option<TaskDone>, QueueError> {
-        self.get(Self::key(job, DONE, task)).await
+        if let Some(b) = self.get_raw(&Self::key(job, DONE, task)).await? {
+            return DoneRecord::decode(&b)
+                .map(|r| Some(r.into_task_done(task)))
+                .map_err(|message| QueueError::State {
+                    bucket: self.bucket.clone(),
+                    message,
+                });
+        }
+        self.get(Self::key(job, DONE_JSON, task)).await
     }
 
     /// Forgets that a task finished (`submit --retry-failed` runs a task
     /// with failed inputs again: a worker would ack a task recorded done).
     pub async fn clear_done(&self, job: &str, task: &str) -> Result<(), QueueError> {
-        self.delete(Self::key(job, DONE, task)).await
+        self.forget(job, DONE, task).await?;
+        self.forget(job, DONE_JSON, task).await
     }
 
     /// Marks a task as held by a worker.
@@ -150,9 +229,9 @@ impl JobState {
         self.put(Self::key(job, RUN, task), v).await.map(drop)
     }
 
-    /// Clears a task's running mark.
+    /// Clears a task's running mark, leaving no tombstone.
     pub async fn clear_running(&self, job: &str, task: &str) -> Result<(), QueueError> {
-        self.delete(Self::key(job, RUN, task)).await
+        self.purge_key(&Self::key(job, RUN, task)).await
     }
 
     /// Records the error of a try that will be retried.
@@ -170,17 +249,27 @@ impl JobState {
         self.get(Self::key(job, LASTERR, task)).await
     }
 
-    /// Records a task as given up on.
+    /// Clears a task's last error (it finished after all).
+    pub(crate) async fn clear_last_error(&self, job: &str, task: &str) -> Result<(), QueueError> {
+        self.purge_key(&Self::key(job, LASTERR, task)).await
+    }
+
+    /// Records a task as given up on (once: a record already there stays).
     pub async fn put_failed(&self, job: &str, v: &TaskFailed) -> Result<(), QueueError> {
-        self.put(Self::key(job, FAILED, &v.task_id), v)
+        let bytes = serde_json::to_vec(v).map_err(|e| self.error(&v.task_id, &e))?;
+        self.create_once(Self::key(job, FAILED, &v.task_id), bytes)
             .await
-            .map(drop)
+    }
+
+    /// Whether a task is recorded as given up on.
+    pub async fn failed_one(&self, job: &str, task: &str) -> Result<bool, QueueError> {
+        Ok(self.get_raw(&Self::key(job, FAILED, task)).await?.is_some())
     }
 
     /// Forgets that a task failed (it is being requeued).
     pub async fn clear_failed(&self, job: &str, task: &str) -> Result<(), QueueError> {
-        self.delete(Self::key(job, FAILED, task)).await?;
-        self.delete(Self::key(job, LASTERR, task)).await
+        self.forget(job, FAILED, task).await?;
+        self.purge_key(&Self::key(job, LASTERR, task)).await
     }
 
     /// Records what `submit` planned.
@@ -193,74 +282,327 @@ impl JobState {
         self.get(format!("{job}.job")).await
     }
 
-    /// Every record of one job: the last value of each of its keys, read by
-    /// an ordered consumer that stops at the count the stream had when it
-    /// started, so it ends even while workers keep writing.
-    pub async fn snapshot(&self, job: &str) -> Result<Snapshot, QueueError> {
-        let prefix = format!("$KV.{}.{job}.", self.bucket);
-        let c = self
-            .stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: format!("{prefix}>"),
-                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
-                ..Default::default()
-            })
+    /// The totals as last written, with the revision to compare-and-set.
+    async fn stored_totals(&self, job: &str) -> Result<(u64, JobTotals), QueueError> {
+        let key = format!("{job}.{TOTALS}");
+        match self
+            .kv
+            .entry(&key)
             .await
-            .map_err(|e| self.error("snapshot", &e))?;
-        let pending = c.cached_info().num_pending;
-        let mut snap = Snapshot::default();
-        if pending == 0 {
-            return Ok(snap);
+            .map_err(|e| self.error(&key, &e))?
+        {
+            Some(e) if e.operation == kv::Operation::Put => {
+                // Totals another version wrote in another form are folded again.
+                Ok((
+                    e.revision,
+                    serde_json::from_slice(&e.value).unwrap_or_default(),
+                ))
+            }
+            Some(e) => Ok((e.revision, JobTotals::default())),
+            None => Ok((0, JobTotals::default())),
         }
-        let mut msgs = c.messages().await.map_err(|e| self.error("snapshot", &e))?;
-        for read in 0..pending {
-            let next = tokio::time::timeout(SNAPSHOT_STALL, msgs.next()).await;
-            let Ok(next) = next else {
-                return Err(QueueError::State {
-                    bucket: self.bucket.clone(),
-                    message: format!(
-                        "snapshot: no record for {} s with {} still to read (is NATS reachable?)",
-                        SNAPSHOT_STALL.as_secs(),
-                        pending - read
-                    ),
-                });
+    }
+
+    /// Writes the totals if they are still at `revision`; `false` when
+    /// another writer came first.
+    async fn store_totals(
+        &self,
+        job: &str,
+        revision: u64,
+        t: &JobTotals,
+    ) -> Result<bool, QueueError> {
+        let key = format!("{job}.{TOTALS}");
+        let bytes = serde_json::to_vec(t).map_err(|e| self.error(&key, &e))?;
+        match self.kv.update(&key, bytes.into(), revision).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(false),
+            Err(e) => Err(self.error(&key, &e)),
+        }
+    }
+
+    /// The job's counts now: the stored totals plus every done and failed
+    /// record written after them, which are then stored as the new totals.
+    /// Costs what finished since the last fold, whatever the job's size.
+    pub async fn totals(&self, job: &str) -> Result<JobTotals, QueueError> {
+        let prefix = format!("{job}.");
+        let mut last = JobTotals::default();
+        for _ in 0..FOLD_TRIES {
+            let (revision, mut t) = self.stored_totals(job).await?;
+            let from = t.seq;
+            let filters = [DONE, DONE_JSON, FAILED]
+                .map(|k| self.subject(&format!("{prefix}{k}.>")))
+                .to_vec();
+            let policy = consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: from + 1,
             };
-            let Some(m) = next else { break };
-            let m = m.map_err(|e| self.error("snapshot", &e))?;
-            let Some(key) = m.subject.as_str().strip_prefix(&prefix) else {
-                continue;
-            };
-            let deleted = m
-                .headers
-                .as_ref()
-                .and_then(|h| h.get("KV-Operation"))
-                .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-            if deleted {
-                continue;
+            self.read(filters, policy, |r| {
+                t.seq = t.seq.max(r.seq);
+                if r.deleted {
+                    return;
+                }
+                let Some((kind, task)) = r.key.split_once('.') else {
+                    return;
+                };
+                match kind {
+                    FAILED => t.add_failed(1),
+                    _ => {
+                        if let Some(d) = done_of(kind, task, &r.payload) {
+                            t.add_done(&DoneRecord::of(&d), 1);
+                        }
+                    }
+                }
+            })
+            .await?;
+            if t.seq == from && revision > 0 {
+                return Ok(t);
             }
-            if key == "job" {
-                snap.record = serde_json::from_slice(&m.payload).ok();
-                continue;
+            if self.store_totals(job, revision, &t).await? {
+                return Ok(t);
             }
-            let Some((kind, task)) = key.split_once('.') else {
-                continue;
+            last = t;
+        }
+        // Writers keep coming first; what this fold read is still right.
+        Ok(last)
+    }
+
+    /// Takes one counted record out: purges it, then rewrites the totals
+    /// (less the record when it was folded in). Rewriting them even when it
+    /// was not makes a fold that read the record before the purge fail its
+    /// compare-and-set and read again.
+    async fn forget(&self, job: &str, kind: &str, task: &str) -> Result<(), QueueError> {
+        let key = Self::key(job, kind, task);
+        let entry = self
+            .kv
+            .entry(&key)
+            .await
+            .map_err(|e| self.error(&key, &e))?;
+        let Some(entry) = entry.filter(|e| e.operation == kv::Operation::Put) else {
+            return Ok(());
+        };
+        self.purge_key(&key).await?;
+        for _ in 0..FOLD_TRIES {
+            let (revision, mut t) = self.stored_totals(job).await?;
+            if entry.revision <= t.seq {
+                match kind {
+                    FAILED => t.add_failed(-1),
+                    _ => {
+                        if let Some(d) = done_of(kind, task, &entry.value) {
+                            t.add_done(&DoneRecord::of(&d), -1);
+                        }
+                    }
+                }
+            }
+            if self.store_totals(job, revision, &t).await? {
+                return Ok(());
+            }
+        }
+        Err(QueueError::State {
+            bucket: self.bucket.clone(),
+            message: format!("{job}: the totals kept changing while {key} was taken out"),
+        })
+    }
+
+    /// The running marks of a job: costs the tasks held now, not the job.
+    pub async fn running(&self, job: &str) -> Result<HashMap<String, TaskRunning>, QueueError> {
+        let mut running = HashMap::new();
+        let filter = self.subject(&Self::key(job, RUN, ">"));
+        self.read(vec![filter], consumer::DeliverPolicy::LastPerSubject, |r| {
+            if r.deleted {
+                return;
+            }
+            if let Some(task) = r.key.strip_prefix("run.") {
+                if let Ok(v) = serde_json::from_slice(&r.payload) {
+                    running.insert(task.to_owned(), v);
+                }
+            }
+        })
+        .await?;
+        Ok(running)
+    }
+
+    /// The failed records of the job (few: a task is given up on only
+    /// after its deliveries ran out).
+    pub async fn failed(&self, job: &str) -> Result<HashMap<String, TaskFailed>, QueueError> {
+        let mut failed = HashMap::new();
+        let filter = self.subject(&Self::key(job, FAILED, ">"));
+        self.read(vec![filter], consumer::DeliverPolicy::LastPerSubject, |r| {
+            if r.deleted {
+                return;
+            }
+            if let Some(task) = r.key.strip_prefix("failed.") {
+                if let Ok(v) = serde_json::from_slice(&r.payload) {
+                    failed.insert(task.to_owned(), v);
+                }
+            }
+        })
+        .await?;
+        Ok(failed)
+    }
+
+    /// Every record of one job: the last value of each of its keys.
+    pub async fn snapshot(&self, job: &str) -> Result<Snapshot, QueueError> {
+        let mut snap = Snapshot::default();
+        let filter = self.subject(&format!("{job}.>"));
+        self.read(vec![filter], consumer::DeliverPolicy::LastPerSubject, |r| {
+            if r.deleted {
+                return;
+            }
+            if r.key == "job" {
+                snap.record = serde_json::from_slice(&r.payload).ok();
+                return;
+            }
+            let Some((kind, task)) = r.key.split_once('.') else {
+                return;
             };
-            // A value that does not parse (another version's) is left out
-            // rather than failing the whole read.
             fn insert<T: DeserializeOwned>(map: &mut HashMap<String, T>, task: &str, v: &[u8]) {
                 if let Ok(v) = serde_json::from_slice(v) {
                     map.insert(task.to_owned(), v);
                 }
             }
             match kind {
-                DONE => insert(&mut snap.done, task, &m.payload),
-                RUN => insert(&mut snap.running, task, &m.payload),
-                LASTERR => insert(&mut snap.last_errors, task, &m.payload),
-                FAILED => insert(&mut snap.failed, task, &m.payload),
+                DONE | DONE_JSON => {
+                    if let Some(d) = done_of(kind, task, &r.payload) {
+                        snap.done.insert(task.to_owned(), d);
+                    }
+                }
+                RUN => insert(&mut snap.running, task, &r.payload),
+                LASTERR => insert(&mut snap.last_errors, task, &r.payload),
+                FAILED => insert(&mut snap.failed, task, &r.payload),
                 _ => {}
             }
-        }
+        })
+        .await?;
         Ok(snap)
+    }
+
+    /// Reads the messages of `filters` that the stream holds when the read
+    /// starts (an ordered consumer that stops at the count it had then, so it
+    /// ends even while workers keep writing), passing each to `each` with
+    /// its key relative to the job's prefix.
+    async fn read(
+        &self,
+        filters: Vec<String>,
+        deliver_policy: consumer::DeliverPolicy,
+        mut each: impl FnMut(Record),
+    ) -> Result<(), QueueError> {
+        let records = self.records(filters, deliver_policy).await?;
+        let mut records = std::pin::pin!(records);
+        while let Some(r) = records.next().await {
+            each(r?);
+        }
+        Ok(())
+    }
+
+    /// The messages of `filters` that the stream holds when the read starts,
+    /// as a stream.
+    async fn records(
+        &self,
+        filters: Vec<String>,
+        deliver_policy: consumer::DeliverPolicy,
+    ) -> Result<impl futures::Stream<Item = Result<Record, QueueError>> + use<>, QueueError> {
+        let what = "reading job state";
+        let c = self
+            .stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subjects: filters,
+                deliver_policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| self.error(what, &e))?;
+        let pending = c.cached_info().num_pending;
+        let msgs = if pending == 0 {
+            None
+        } else {
+            Some(c.messages().await.map_err(|e| self.error(what, &e))?)
+        };
+        let bucket = self.bucket.clone();
+        let bucket_prefix = format!("$KV.{bucket}.");
+        let fail = move |message: String| QueueError::State {
+            bucket: bucket.clone(),
+            message: format!("{what}: {message}"),
+        };
+        Ok(futures::stream::unfold(
+            (msgs, 0u64),
+            move |(msgs, read)| {
+                let (bucket_prefix, fail) = (bucket_prefix.clone(), fail.clone());
+                async move {
+                    let mut msgs = msgs?;
+                    loop {
+                        if read >= pending {
+                            return None;
+                        }
+                        let next = tokio::time::timeout(SNAPSHOT_STALL, msgs.next()).await;
+                        let m = match next {
+                            Err(_) => {
+                                let e = fail(format!(
+                                    "no record for {} s with {} still to read (is NATS reachable?)",
+                                    SNAPSHOT_STALL.as_secs(),
+                                    pending - read
+                                ));
+                                return Some((Err(e), (None, pending)));
+                            }
+                            Ok(None) => return None,
+                            Ok(Some(Err(e))) => {
+                                let e = fail(crate::error::chain(&e));
+                                return Some((Err(e), (None, pending)));
+                            }
+                            Ok(Some(Ok(m))) => m,
+                        };
+                        let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
+                        let deleted = m
+                            .headers
+                            .as_ref()
+                            .and_then(|h| h.get("KV-Operation"))
+                            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+                        // `<job>.<rest>`: job ids hold no dot.
+                        let key = m
+                            .subject
+                            .as_str()
+                            .strip_prefix(&bucket_prefix)
+                            .and_then(|k| k.split_once('.'))
+                            .map(|(_, k)| k.to_owned());
+                        let Some(key) = key else {
+                            continue;
+                        };
+                        let r = Record {
+                            key,
+                            seq,
+                            payload: m.payload.clone(),
+                            deleted,
+                        };
+                        return Some((Ok(r), (Some(msgs), read + 1)));
+                    }
+                }
+            },
+        ))
+    }
+
+    /// Every done record of the job, as a stream in no particular order:
+    /// costs the job's size in time, not in memory.
+    pub async fn done_records(
+        &self,
+        job: &str,
+    ) -> Result<
+        impl futures::Stream<Item = Result<(String, TaskDone), QueueError>> + use<>,
+        QueueError,
+    > {
+        let filters = [DONE, DONE_JSON]
+            .map(|k| self.subject(&Self::key(job, k, ">")))
+            .to_vec();
+        let records = self
+            .records(filters, consumer::DeliverPolicy::LastPerSubject)
+            .await?;
+        Ok(records.filter_map(|r| async move {
+            match r {
+                Err(e) => Some(Err(e)),
+                Ok(r) if r.deleted => None,
+                Ok(r) => {
+                    let (kind, task) = r.key.split_once('.')?;
+                    done_of(kind, task, &r.payload).map(|d| Ok((task.to_owned(), d)))
+                }
+            }
+        }))
     }
 
     /// Removes every record of a job (`submit --force-new-job` on its output).

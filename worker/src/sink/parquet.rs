@@ -154,6 +154,41 @@ pub(crate) fn empty_inputs_entry(empty: &[String]) -> Result<Option<KeyValue>> {
     )))
 }
 
+/// The empty inputs the chip file at `rel` lists, reading its footer only
+/// (`finalize` lists them for the few tasks whose record counts some).
+pub async fn empty_inputs_at(root: &crate::store::Location, rel: &str) -> Result<Vec<String>> {
+    use object_store::ObjectStoreExt;
+    use parquet::errors::ParquetError;
+    use parquet::file::metadata::ParquetMetaDataReader;
+    let path = root.child(rel);
+    let size = root.store.head(&path).await?.size;
+    // Footers of chip files are a few KiB: one request, a second when not.
+    let mut want = size.min(64 * 1024);
+    let meta = loop {
+        let tail = root.store.get_range(&path, size - want..size).await?;
+        let mut r = ParquetMetaDataReader::new();
+        match r.try_parse_sized(&tail, size) {
+            Ok(()) => break r.finish()?,
+            Err(ParquetError::NeedMoreData(n)) if (n as u64) > want && (n as u64) <= size => {
+                want = n as u64
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let names = meta
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|e| e.key == EMPTY_INPUTS_KEY))
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| serde_json::from_str::<Vec<String>>(v).ok())
+        .map(|mut v| {
+            v.truncate(EMPTY_INPUTS_KEPT);
+            v
+        })
+        .unwrap_or_default();
+    Ok(names)
+}
+
 /// The empty inputs a chip file lists (see [`EMPTY_INPUTS_KEY`]); none when
 /// the file has no such entry or it does not parse.
 pub fn empty_inputs_of(bytes: &bytes::Bytes) -> Vec<String> {

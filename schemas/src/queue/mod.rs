@@ -10,6 +10,13 @@ use serde::{Deserialize, Serialize};
 use crate::job::{ManifestFile, TilingSpec};
 use crate::task::Task;
 
+mod record;
+pub use record::{DoneRecord, JobTotals, RateBucket, RECORD_FORMAT};
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 /// The task message format; a worker terminates a message of another format.
 pub const MESSAGE_FORMAT: u32 = 1;
 
@@ -44,15 +51,29 @@ pub struct TaskDone {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
     /// Inputs of the task that gave neither a chip nor an error row (at most
-    /// a thousand), so `finalize` can report them.
+    /// a thousand). Records of older workers carried them; a record now
+    /// carries only [`TaskDone::inputs_without_chips`], and the names are in
+    /// the chip file's footer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub empty_inputs: Vec<String>,
+    /// How many inputs of the task gave neither a chip nor an error row.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub inputs_without_chips: u64,
     /// The worker that wrote them.
     pub worker: String,
     /// RFC 3339.
     pub finished_at: String,
     /// Seconds the task took on the worker.
     pub seconds: f64,
+}
+
+impl TaskDone {
+    /// Inputs of the task that gave neither a chip nor an error row, in
+    /// records of any version.
+    pub fn without_chips(&self) -> u64 {
+        self.inputs_without_chips
+            .max(self.empty_inputs.len() as u64)
+    }
 }
 
 /// `failed.<job>.<task>`: the task was given up (terminated, or delivered
