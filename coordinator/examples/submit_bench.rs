@@ -327,8 +327,8 @@ async fn main() {
         bands: None,
         scale: "auto".into(),
         min_valid: None,
-        task_size: 1,
-        task_bytes: u64::MAX,
+        task_size: Some(1),
+        task_bytes: Some(u64::MAX),
         task_chips: None,
         band_files: None,
         assets: None,
@@ -336,7 +336,7 @@ async fn main() {
         max_cloud: None,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: Default::default(),
-        shard_bytes: 16 << 20,
+        shard_bytes: Some(16 << 20),
         stac: Default::default(),
     };
     let tiling = tiling_spec(&tiling_args, &model).expect("tiling");

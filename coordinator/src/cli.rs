@@ -10,7 +10,6 @@ use rsembed_worker::engine::flags::EngineArgs;
 use rsembed_worker::engine::session::{parse_byte_size, Device, SessionConfig};
 
 use crate::fetch_model::GraphCheck;
-use crate::job::plan::Grouping;
 use rsembed_worker::queue::{parse_duration, NatsArgs, QueueConfig};
 use rsembed_worker::task::PipelineArgs;
 
@@ -226,19 +225,21 @@ pub struct TilingArgs {
     /// Inputs per task, on average (`--task-size` is the old name). Task boundaries
     /// are content-defined, so adding a file to an archive changes one task, not
     /// all the tasks after it.
+    /// Default 8192: a task is seconds of a GPU's work, not milliseconds
+    /// (`docs/decisions.md`, "Task sizes"). A job resumed without grouping
+    /// flags keeps the grouping it recorded.
     #[arg(
         long = "task-files",
         visible_alias = "task-size",
-        env = "RSEMBED_TASK_FILES",
-        default_value_t = 64
+        env = "RSEMBED_TASK_FILES"
     )]
-    pub task_size: usize,
+    pub task_size: Option<usize>,
     /// A task also ends once its inputs reach this many bytes (`1GiB`, `256MiB`,
-    /// bytes), so a run of large files does not make one huge task.
-    #[arg(long, env = "RSEMBED_TASK_BYTES", default_value = "1GiB", value_parser = parse_byte_size)]
-    pub task_bytes: u64,
+    /// bytes), so a run of large files does not make one huge task. Default 1GiB.
+    #[arg(long, env = "RSEMBED_TASK_BYTES", value_parser = parse_byte_size)]
+    pub task_bytes: Option<u64>,
     /// Chips per task of a split scene, about (blocks follow the scene's internal
-    /// tiles). Default: `--task-files`.
+    /// tiles). Default: `--task-files`, or 8192.
     #[arg(long, env = "RSEMBED_TASK_CHIPS")]
     pub task_chips: Option<usize>,
     /// Scenes stored one file per band: group files whose names differ only in
@@ -249,8 +250,9 @@ pub struct TilingArgs {
     /// GeoTIFFs at least this large (`16MiB`, `1GB`, bytes) are split into tasks of chip blocks
     /// of about `--task-chips` chips each, so one scene spreads over many workers and
     /// a task reads only its region. Smaller TIFFs are one task input.
-    #[arg(long, env = "RSEMBED_SHARD_BYTES", default_value = "16MiB", value_parser = parse_byte_size)]
-    pub shard_bytes: u64,
+    /// Default 16MiB.
+    #[arg(long, env = "RSEMBED_SHARD_BYTES", value_parser = parse_byte_size)]
+    pub shard_bytes: Option<u64>,
     /// STAC inputs: asset keys or band common names in R,G,B order
     /// (`B04,B03,B02`, `red,green,blue`), or one 3-band asset (`visual`).
     /// Default: `visual` when the item has it, else red, green, blue by common name.
@@ -386,25 +388,41 @@ fn parse_stac_bbox(s: &str) -> Result<[f64; 4], String> {
     Ok([w, so, e, n])
 }
 
+/// `--task-files` when not given: a task of one-chip images is 8192 chips,
+/// about 4.5 s of Git-RSCLIP-L on an H200 and a 24 MiB chip file of 768-d
+/// float32 (`docs/decisions.md`, "Task sizes").
+pub const DEFAULT_TASK_FILES: usize = 8192;
+/// `--task-chips` when neither it nor `--task-files` is given: a Sentinel-2
+/// scene (1,764 chips of 256 px) or a Landsat scene is one block.
+pub const DEFAULT_TASK_CHIPS: usize = 8192;
+/// `--task-bytes` when not given.
+pub const DEFAULT_TASK_BYTES: u64 = 1 << 30;
+/// `--shard-bytes` when not given.
+pub const DEFAULT_SHARD_BYTES: u64 = 16 << 20;
+
 impl TilingArgs {
-    /// How inputs are grouped into tasks.
-    pub(crate) fn grouping(&self) -> Grouping {
-        Grouping {
-            files: self.task_size,
-            bytes: self.task_bytes,
-            chips: self.task_chips.unwrap_or(self.task_size),
+    /// The grouping as the job spec records it (part of the job's identity),
+    /// with the defaults for what was not given.
+    pub fn grouping_spec(&self) -> rsembed_schemas::job::GroupingSpec {
+        let files = self.task_size.unwrap_or(DEFAULT_TASK_FILES);
+        rsembed_schemas::job::GroupingSpec {
+            task_files: files as u64,
+            task_bytes: self.task_bytes.unwrap_or(DEFAULT_TASK_BYTES),
+            task_chips: self
+                .task_chips
+                .or(self.task_size)
+                .unwrap_or(DEFAULT_TASK_CHIPS) as u64,
+            shard_bytes: self.shard_bytes.unwrap_or(DEFAULT_SHARD_BYTES),
         }
     }
 
-    /// The grouping as the job spec records it (part of the job's identity).
-    pub(crate) fn grouping_spec(&self) -> rsembed_schemas::job::GroupingSpec {
-        let g = self.grouping();
-        rsembed_schemas::job::GroupingSpec {
-            task_files: g.files as u64,
-            task_bytes: g.bytes,
-            task_chips: g.chips as u64,
-            shard_bytes: self.shard_bytes,
-        }
+    /// Whether a grouping flag was given: without one, a resumed job keeps
+    /// the grouping it recorded (an older version's defaults among them).
+    pub(crate) fn grouping_given(&self) -> bool {
+        self.task_size.is_some()
+            || self.task_bytes.is_some()
+            || self.task_chips.is_some()
+            || self.shard_bytes.is_some()
     }
 }
 

@@ -234,7 +234,13 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             .await?;
     let input = resolved.location.clone();
     let is_stac = resolved.search.is_some();
-    let mut planner = plan::start_dry_run(&stores, resolved.source, tiling, &args.tiling, 64);
+    let mut planner = plan::start_dry_run(
+        &stores,
+        resolved.source,
+        tiling,
+        &args.tiling.grouping_spec(),
+        64,
+    );
     let stats = planner.stats.clone();
     let mut largest = 0usize;
     while let Some(t) = planner.tasks.recv().await {

@@ -700,3 +700,46 @@ fn distributed_an_input_that_yields_nothing_is_reported_by_finalize() {
     );
     drop(w);
 }
+
+#[test]
+fn a_job_planned_under_the_old_default_grouping_resumes_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (input, output) = (dir.path().join("in"), dir.path().join("out"));
+    make_images(&input, 100);
+    // The grouping versions before issue 29 recorded when no flag was given.
+    let old = [
+        "--task-files",
+        "64",
+        "--task-chips",
+        "64",
+        "--task-bytes",
+        "1GiB",
+        "--shard-bytes",
+        "16MiB",
+    ];
+    let first = run_ok(&input, &output, &old);
+    let spec = |o: &Path| -> Value {
+        serde_json::from_slice(&std::fs::read(o.join("job.json")).unwrap()).unwrap()
+    };
+    assert_eq!(spec(&output)["grouping"]["task_files"], 64);
+    // Today's defaults differ; without a grouping flag the job resumes with
+    // the grouping it recorded instead of being refused as another job.
+    let again = run_ok(&input, &output, &[]);
+    assert_eq!(again["job_id"], first["job_id"], "{again}");
+    assert_eq!(again["chips_embedded"], 0, "{again}");
+    assert_eq!(again["tasks_resumed"], first["tasks"], "{again}");
+    assert_eq!(spec(&output)["grouping"]["task_files"], 64);
+    // A grouping flag given is compared as always.
+    let before = snapshot(&output);
+    let o = run_job(&input, &output, &["--task-files", "8192"]);
+    assert_refused(&before, &output, &o, "--task-files");
+
+    // A new job takes the new defaults: 100 one-chip images are one task,
+    // where 64 files a task made several.
+    let fresh = dir.path().join("fresh");
+    let s = run_ok(&input, &fresh, &[]);
+    assert_eq!(s["tasks"], 1, "{s}");
+    assert!(first["tasks"].as_u64().unwrap() > 1, "{first}");
+    assert_eq!(spec(&fresh)["grouping"]["task_files"], 8192);
+    assert_eq!(spec(&fresh)["grouping"]["task_chips"], 8192);
+}

@@ -456,6 +456,27 @@ impl JobSpec {
         }
     }
 
+    /// The job a command asks for, given the job `theirs` at its output, when
+    /// no grouping flag was given: `theirs`'s grouping when the two are
+    /// otherwise one job. A job planned under an older version's defaults
+    /// (64 files a task) resumes with them instead of being refused as
+    /// another job.
+    pub fn resuming_grouping(self, theirs: Option<&JobSpec>) -> JobSpec {
+        match theirs.and_then(|t| t.grouping.map(|g| (t, g))) {
+            Some((t, g)) if self.grouping != Some(g) => {
+                let mut old = self.clone();
+                old.grouping = Some(g);
+                old.job_id = old.id();
+                if old.job_id == t.job_id {
+                    old
+                } else {
+                    self
+                }
+            }
+            _ => self,
+        }
+    }
+
     /// Every field in which `self` (the job asked for now) differs from
     /// `theirs` (the job at the output), named by its flag. Empty when the
     /// two are one job.

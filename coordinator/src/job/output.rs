@@ -60,6 +60,15 @@ impl Claim {
     }
 }
 
+/// Which of the flags that a resumed job may take from its record were given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Given {
+    /// `--footprint-tolerance`.
+    pub(crate) footprint_tolerance: bool,
+    /// Any of `--task-files`, `--task-bytes`, `--task-chips`, `--shard-bytes`.
+    pub(crate) grouping: bool,
+}
+
 /// What a command may replace at its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Replace {
@@ -108,20 +117,30 @@ impl JobOutput {
     }
 
     /// The job a command asks for, `ours`, as it resumes: when
-    /// `--footprint-tolerance` was not `given` and the output holds this very
+    /// `--footprint-tolerance` was not given and the output holds this very
     /// job as written before the flag existed, that job with its footprints
-    /// to 5e-8 degrees (see [`JobSpec::resuming_old_footprints`]). Starting
-    /// over (`run --overwrite`) takes the default.
+    /// to 5e-8 degrees (see [`JobSpec::resuming_old_footprints`]); when no
+    /// grouping flag was given, this job with the grouping it recorded (see
+    /// [`JobSpec::resuming_grouping`]). Starting over (`run --overwrite`)
+    /// takes the defaults.
     pub(crate) async fn as_resumed(
         &self,
         ours: JobSpec,
-        given: bool,
+        given: Given,
         replace: Replace,
     ) -> Result<JobSpec> {
-        if given || replace == Replace::Anything {
+        if replace == Replace::Anything {
             return Ok(ours);
         }
-        Ok(ours.resuming_old_footprints(self.spec().await?.as_ref()))
+        let theirs = self.spec().await?;
+        let mut spec = ours;
+        if !given.grouping {
+            spec = spec.resuming_grouping(theirs.as_ref());
+        }
+        if !given.footprint_tolerance {
+            spec = spec.resuming_old_footprints(theirs.as_ref());
+        }
+        Ok(spec)
     }
 
     /// Decides whether the job `ours` may use this output. Without `replace`

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use futures::StreamExt;
 use object_store::{ObjectMeta, ObjectStoreExt};
 use rsembed_raster::tiff::TiffLimits;
-use rsembed_schemas::job::{StacSearch, TilingSpec};
+use rsembed_schemas::job::{GroupingSpec, StacSearch, TilingSpec};
 use rsembed_schemas::task::{ends_group, BandFile, ItemInfo, Task, TaskInput};
 use rsembed_worker::input::InputKind;
 use rsembed_worker::store::{Location, StoreCache};
@@ -37,6 +37,15 @@ pub struct Grouping {
 }
 
 impl Grouping {
+    /// How a job's recorded grouping groups its inputs.
+    pub fn of(g: &rsembed_schemas::job::GroupingSpec) -> Grouping {
+        Grouping {
+            files: g.task_files.max(1) as usize,
+            bytes: g.task_bytes.max(1),
+            chips: g.task_chips.max(1) as usize,
+        }
+    }
+
     /// `files` inputs (and chips) per task, no byte cap.
     pub fn files(files: usize) -> Grouping {
         Grouping {
@@ -449,10 +458,10 @@ pub fn start(
     input: Source,
     job_id: String,
     tiling: TilingSpec,
-    flags: &crate::cli::TilingArgs,
+    grouping: &GroupingSpec,
     capacity: usize,
 ) -> Planner {
-    start_with(stores, input, job_id, tiling, flags, capacity, false)
+    start_with(stores, input, job_id, tiling, grouping, capacity, false)
 }
 
 /// [`start`] for `rsembed plan`: every input is measured for the estimate
@@ -461,10 +470,18 @@ pub fn start_dry_run(
     stores: &StoreCache,
     input: Source,
     tiling: TilingSpec,
-    flags: &crate::cli::TilingArgs,
+    grouping: &GroupingSpec,
     capacity: usize,
 ) -> Planner {
-    start_with(stores, input, "plan".into(), tiling, flags, capacity, true)
+    start_with(
+        stores,
+        input,
+        "plan".into(),
+        tiling,
+        grouping,
+        capacity,
+        true,
+    )
 }
 
 fn start_with(
@@ -472,7 +489,7 @@ fn start_with(
     input: Source,
     job_id: String,
     tiling: TilingSpec,
-    flags: &crate::cli::TilingArgs,
+    grouping: &GroupingSpec,
     capacity: usize,
     estimate: bool,
 ) -> Planner {
@@ -481,7 +498,7 @@ fn start_with(
     let sharding = Sharding {
         stores: stores.clone(),
         tiling,
-        min_bytes: flags.shard_bytes,
+        min_bytes: grouping.shard_bytes,
         limits: TiffLimits::default(),
         estimate,
     };
@@ -489,7 +506,7 @@ fn start_with(
         stores.clone(),
         input,
         job_id,
-        flags.grouping(),
+        Grouping::of(grouping),
         Some(sharding),
         stats.clone(),
         tx,

@@ -59,7 +59,7 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
         }
     }
     check_stac_tiling(t)?;
-    if t.task_size == 0 || t.task_chips == Some(0) || t.task_bytes == 0 {
+    if t.task_size == Some(0) || t.task_chips == Some(0) || t.task_bytes == Some(0) {
         return Err(Error::Usage(
             "--task-files, --task-chips and --task-bytes must be positive".into(),
         ));
@@ -320,8 +320,12 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     )
     .with_search(resolved.search.clone());
     let replace = Replace::anything_if(args.overwrite);
-    let given = args.tiling.footprint_tolerance.is_some();
+    let given = output::Given {
+        footprint_tolerance: args.tiling.footprint_tolerance.is_some(),
+        grouping: args.tiling.grouping_given(),
+    };
     let mut spec = out.as_resumed(spec, given, replace).await?;
+    let grouping = spec.grouping.unwrap_or_else(|| args.tiling.grouping_spec());
     let tiling = spec.tiling.clone();
     // A mistyped --input is named as such, not as another job.
     check_input_exists(&stores, &args.input).await?;
@@ -368,7 +372,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         resolved.source,
         job_id.clone(),
         tiling.clone(),
-        &args.tiling,
+        &grouping,
         16,
     );
     let stats = planner.stats.clone();

@@ -32,7 +32,7 @@ use tokio::io::AsyncWriteExt;
 use crate::cli::SubmitArgs;
 use crate::error::{Error, Result};
 use crate::job::deadletter;
-use crate::job::output::{Claim, JobOutput, Replace};
+use crate::job::output::{self, Claim, JobOutput, Replace};
 use crate::job::plan;
 use crate::job::run::{check_output, now_rfc3339, tiling_spec};
 
@@ -149,8 +149,12 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     } else {
         Replace::No
     };
-    let given = args.tiling.footprint_tolerance.is_some();
+    let given = output::Given {
+        footprint_tolerance: args.tiling.footprint_tolerance.is_some(),
+        grouping: args.tiling.grouping_given(),
+    };
     let mut spec = out.as_resumed(spec, given, replace).await?;
+    let grouping = spec.grouping.unwrap_or_else(|| args.tiling.grouping_spec());
     let tiling = spec.tiling.clone();
     // A mistyped --input is named as such, not as another job.
     crate::job::run::check_input_exists(&stores, &args.input).await?;
@@ -169,7 +173,7 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         resolved.source,
         job_id.clone(),
         tiling.clone(),
-        &args.tiling,
+        &grouping,
         256,
     );
     // The job exists once its plan has found an input: a mistyped --input
