@@ -12,22 +12,19 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
-use rsembed_schemas::job::{ManifestFailedTask, ManifestFailure, ManifestFile, MANIFEST_FILE};
+use rsembed_schemas::job::{ManifestFailedTask, ManifestFile, MANIFEST_FILE};
 use rsembed_schemas::queue::TaskMessage;
 use rsembed_worker::sink::commit::describe;
-use rsembed_worker::sink::parquet::read_error_rows;
 use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
 
 use crate::cli::FinalizeArgs;
 use crate::error::Result;
 use crate::job::deadletter;
-use crate::job::output::{self, JobOutput, TASKS_FILE};
+use crate::job::manifest::ManifestBuilder;
+use crate::job::output::{JobOutput, TASKS_FILE};
 use crate::job::status::{done_for, job_of, open, queued};
 
-/// How many failed inputs the manifest lists by name (the count is exact).
-const FAILURES_LISTED: usize = 1000;
 /// How many names of missing or stale tasks a gap message lists.
 const NAMES_LISTED: usize = 10;
 
@@ -56,6 +53,9 @@ pub struct FinalizeReport {
     pub manifest: Option<String>,
     /// Where the STAC collection of the job went, when it was written.
     pub(crate) stac: Option<String>,
+    /// What `finalize` without `--nats` did to an older manifest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) converted: Option<String>,
 }
 
 impl FinalizeReport {
@@ -84,6 +84,9 @@ impl FinalizeReport {
         match &self.manifest {
             Some(m) => {
                 s.push_str(&format!("  manifest   {m}\n"));
+                if let Some(c) = &self.converted {
+                    s.push_str(&format!("  converted  {c}\n"));
+                }
                 if let Some(c) = &self.stac {
                     s.push_str(&format!("  stac       {c}\n"));
                 }
@@ -134,8 +137,11 @@ async fn list_sizes(output: &Location, dir: &str) -> Result<HashMap<String, u64>
 pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     let stores = StoreCache::default();
     let output = stores.location(&args.output)?;
+    let Some(nats) = &args.nats else {
+        return super::convert::convert(&output).await;
+    };
     let spec = job_of(&output).await?;
-    let q = open(&args.nats, "rsembed-finalize").await?;
+    let q = open(nats, "rsembed-finalize").await?;
     deadletter::reconcile(&q).await?;
     let mut snap = q.state.snapshot(&spec.job_id).await?;
     snap.done = done_for(&spec, std::mem::take(&mut snap.done));
@@ -248,35 +254,36 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         superseded: 0,
         manifest: None,
         stac: None,
+        converted: None,
     };
     if !report.gaps.is_empty() {
         return Ok(report);
     }
     report.superseded = out.remove_stale(&planned_ids).await?;
 
-    let mut failures: Vec<ManifestFailure> = Vec::new();
-    for f in error_files.values() {
-        if failures.len() >= FAILURES_LISTED {
-            break;
+    let mut builder = ManifestBuilder::new(&out, &spec)?;
+    for (id, f) in &files {
+        builder.chips_file(id, f).await?;
+        if let Some(e) = error_files.get(id) {
+            builder.errors_file(id, e).await?;
         }
-        let bytes = output
-            .store
-            .get(&output.child(&f.path))
-            .await?
-            .bytes()
-            .await?;
-        failures.extend(read_error_rows(bytes, FAILURES_LISTED - failures.len())?);
     }
-    let manifest = output::manifest(
-        &spec,
-        plan.len() as u64,
-        files.into_values().collect(),
-        error_files.into_values().collect(),
-        failures,
-        failed_tasks,
-        without_chips,
-    );
-    out.write_manifest(&manifest).await?;
+    builder
+        .failures_of_error_files(
+            error_files
+                .iter()
+                .map(|(id, e)| (id.clone(), e.path.clone())),
+        )
+        .await?;
+    for t in &failed_tasks {
+        builder.failed_task(t).await?;
+    }
+    for id in &plan {
+        if let Some(d) = snap.done.get(id) {
+            builder.without_chips(Some(id), &d.empty_inputs).await?;
+        }
+    }
+    let manifest = builder.finish(plan.len() as u64).await?.manifest;
     report.stac = Some(
         crate::stac::out::write(&output, &spec, &manifest)
             .await?
