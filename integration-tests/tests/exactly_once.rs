@@ -15,7 +15,7 @@ use rsembed_integration_tests::cluster::{
     chip_counts, finalize, make_images, status, submit, submit_ok, wait_finished, Worker,
 };
 use rsembed_integration_tests::nats::NatsServer;
-use rsembed_integration_tests::{duckdb, run, run_cmd, tiny_model};
+use rsembed_integration_tests::{duckdb, manifest_list, run, run_cmd, tiny_model};
 use serde_json::Value;
 
 const FINISH: Duration = Duration::from_secs(120);

@@ -101,11 +101,17 @@ impl ManifestBuilder {
     }
 
     async fn file(&mut self, kind: FileKind, task_id: &str, f: &ManifestFile) -> Result<()> {
-        let row = ListedFile {
+        let mut row = ListedFile {
             kind,
             task_id: task_id.to_owned(),
             file: f.clone(),
         };
+        // A record the list cannot hold is left out, as a record of an
+        // older version is: the STAC output then reads the chip file.
+        if let Some(Err(why)) = row.file.extent.as_ref().map(lists::extent_fits) {
+            tracing::warn!(path = %f.path, %why, "the recorded extent does not fit the file list: left out");
+            row.file.extent = None;
+        }
         self.files
             .push(row)
             .await

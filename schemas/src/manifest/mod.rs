@@ -50,7 +50,7 @@ mod write;
 pub use failures::{failures_schema, FailureKind, FailureRow};
 pub use files::{files_schema, FileKind, ListedFile};
 pub use read::{failures, files, parse_manifest};
-pub use write::{FailuresWriter, FilesWriter, ListRow, ListWriter, Written};
+pub use write::{extent_fits, FailuresWriter, FilesWriter, ListRow, ListWriter, Written};
 
 /// The files list, relative to the output root.
 pub const FILES_LIST: &str = "manifest/files.parquet";

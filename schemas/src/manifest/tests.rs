@@ -271,6 +271,11 @@ async fn the_writer_refuses_rows_that_would_not_read_back() {
         .to_string()
         .contains("65 vertices"));
     assert_eq!(w.rows(), 0);
+    // What the values mean is the reader's to judge: a list keeps them.
+    let mut odd = listed(2);
+    odd.file.extent.as_mut().unwrap().footprint[0][0] = [200.0, 0.0];
+    w.push(odd).await.unwrap();
+    assert_eq!(w.rows(), 1);
 }
 
 /// A file with the list's columns, written by another writer, to play a

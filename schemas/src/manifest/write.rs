@@ -19,6 +19,7 @@ use super::{
     check_relative_path, ListError, Result, BATCH_ROWS, FAILURES_LIST, FILES_LIST, MAX_NAME_BYTES,
     MAX_ROW_GROUP_BYTES, ROW_GROUP_ROWS,
 };
+use crate::extent::{FileExtent, MAX_SOURCES, MAX_VERTICES};
 use crate::job::ManifestFile;
 use crate::meta::GEO_KEY;
 
@@ -54,6 +55,34 @@ fn name(what: &str, v: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether a list can hold `e` so that it reads back: at most
+/// [`MAX_VERTICES`] vertices in rings of three or more, at most
+/// [`MAX_SOURCES`] sources, names of at most [`MAX_NAME_BYTES`]. What the
+/// values mean (lon/lat in range, start before end) is the reader's to
+/// judge ([`FileExtent::check`]): the list keeps what the worker recorded.
+pub fn extent_fits(e: &FileExtent) -> Result<(), String> {
+    let vertices: usize = e.footprint.iter().map(Vec::len).sum();
+    if vertices > MAX_VERTICES {
+        return Err(format!(
+            "the footprint has {vertices} vertices, more than {MAX_VERTICES}"
+        ));
+    }
+    if let Some(r) = e.footprint.iter().find(|r| r.len() < 3) {
+        return Err(format!("a ring of {} vertices", r.len()));
+    }
+    if e.sources.len() > MAX_SOURCES {
+        return Err(format!(
+            "{} sources, more than {MAX_SOURCES}",
+            e.sources.len()
+        ));
+    }
+    for (u, i) in &e.sources {
+        name("a source", u)?;
+        name("an item id", i)?;
+    }
+    Ok(())
+}
+
 impl ListRow for ListedFile {
     const PATH: &'static str = FILES_LIST;
     fn schema() -> SchemaRef {
@@ -71,14 +100,10 @@ impl ListRow for ListedFile {
             return Err("an empty task id".into());
         }
         name("a task id", &self.task_id)?;
-        if let Some(e) = &self.file.extent {
-            e.check()?;
-            for (u, i) in &e.sources {
-                name("a source", u)?;
-                name("an item id", i)?;
-            }
+        match &self.file.extent {
+            Some(e) => extent_fits(e),
+            None => Ok(()),
         }
-        Ok(())
     }
     fn bbox(&self) -> Option<[f64; 4]> {
         self.file.extent.as_ref().and_then(|e| e.bbox())
