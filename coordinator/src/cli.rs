@@ -53,7 +53,9 @@ pub enum Command {
     /// Distributed mode: tasks done, in flight, pending and failed; chips, rate, ETA.
     Status(StatusArgs),
     /// Distributed mode: verify that every task has its files, then write manifest.json.
-    /// Without --nats: rewrite an older output's manifest.json into the current format.
+    ///
+    /// Without --nats: rewrite an older output's manifest.json (format 1) into the
+    /// current format, its lists in manifest/*.parquet.
     Finalize(FinalizeArgs),
     /// Text embeddings, one JSON array per line.
     Text(TextArgs),

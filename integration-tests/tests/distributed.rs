@@ -47,12 +47,15 @@ fn assert_complete(nats: &str, input: &Path, output: &Path, images: u64) {
     assert_eq!(files.len() as u64, images);
 }
 
-/// The failed task of a finalized output: its rows of the failures list
-/// (one per input), the first, after checking the manifest counts one.
+/// The first row of the failures list (one per input) of a failed task of
+/// a finalized output, after checking the manifest counts failed tasks.
 fn failed_task(output: &Path) -> serde_json::Value {
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["failed_task_count"], 1, "{manifest}");
+    assert!(
+        manifest["failed_task_count"].as_u64().unwrap() >= 1,
+        "{manifest}"
+    );
     let rows = manifest_list(output, "failures", "kind = 'failed_task'");
     assert!(!rows.is_empty(), "{manifest}");
     rows[0].clone()

@@ -439,6 +439,34 @@ pub(crate) async fn delete_if_present(out: &Location, rel: &str) -> Result<()> {
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn deleting_the_manifest_deletes_its_lists_and_the_collection() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = [
+            MANIFEST_FILE,
+            FILES_LIST,
+            FAILURES_LIST,
+            crate::stac::out::COLLECTION_FILE,
+        ];
+        for f in files {
+            let p = dir.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"x").unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("chips")).unwrap();
+        std::fs::write(dir.path().join("chips/a.parquet"), b"x").unwrap();
+        let loc = rsembed_worker::store::StoreCache::default()
+            .location(dir.path().to_str().unwrap())
+            .unwrap();
+        JobOutput::new(loc.clone()).delete_manifest().await.unwrap();
+        for f in files {
+            assert!(!dir.path().join(f).exists(), "{f} is deleted");
+        }
+        assert!(dir.path().join("chips/a.parquet").exists(), "the job stays");
+        JobOutput::new(loc).wipe().await.unwrap();
+        assert!(!dir.path().join("chips/a.parquet").exists());
+    }
+
     #[test]
     fn the_unfinished_warning_gives_the_progress_it_knows() {
         let u = Unfinished {

@@ -76,17 +76,20 @@
 //!
 //! **Output.** `chips/part-NNNNN.parquet` (the chip schema, as above), the
 //! source's `job.json` byte for byte (it records the job that made the rows),
-//! its `errors/` files copied (checked against their manifest sha256, so the
-//! output's `error_files` are valid paths under it), and `manifest.json`, last:
-//! the source manifest's job id, fingerprint, tasks, rows, failures and failed
-//! tasks, `files` = the new parts with sha256, bytes and rows, a new
-//! `finalized_at`, and a `compacted_from` key (source URL and the sha256 of its
-//! manifest; readers of [`Manifest`] ignore it).
+//! its `errors/` files copied (checked against the sha256 its files list
+//! records, so the output's error files are valid paths under it), the
+//! manifest's lists (format 2, whatever the source's): `files.parquet` =
+//! the new parts with sha256, bytes and rows, then the error files;
+//! `failures.parquet` = the failed inputs the copied error files hold, then
+//! the source's failed tasks and inputs without chips. Then `manifest.json`,
+//! last: the source manifest's job id, fingerprint, tasks and counts, a new
+//! `finalized_at`, and a `compacted_from` key (source URL and the sha256 of
+//! its manifest; readers of [`Manifest`] ignore it).
 //!
 //! Refused: a source without `manifest.json` (a job not finished), an output
 //! equal to the source, and an output already holding a dataset unless
-//! `--overwrite` (which deletes its manifest first, then its chips/, errors/
-//! and job.json).
+//! `--overwrite` (which deletes its manifest first, then its lists, chips/,
+//! errors/ and job.json).
 
 use std::path::PathBuf;
 use std::sync::Arc;
