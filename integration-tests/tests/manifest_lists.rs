@@ -175,6 +175,8 @@ fn to_format_1(out: &Path) {
         "inputs_without_chips": 0,
         "finalized_at": m.finalized_at,
         "software_version": "rsembed 0.1.0",
+        // What a compaction added beside the manifest's own keys.
+        "compacted_from": {"url": "file:///elsewhere", "files": 3},
     });
     std::fs::write(
         out.join("manifest.json"),
@@ -246,6 +248,7 @@ fn an_older_output_is_searched_and_finalize_without_nats_rewrites_its_manifest()
         assert_eq!(m[k], new[k], "{k}");
     }
     assert_eq!(lists(&out), before, "the same rows as the run wrote");
+    assert_eq!(m["compacted_from"]["files"], 3, "other keys are kept: {m}");
     assert_eq!(search_like(&out, &like), found);
 
     // A second time: nothing to do, and it says so.
