@@ -34,7 +34,11 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use rsembed_raster::geo::{polygon_wkb, Footprint};
 use rsembed_schemas::ids::{chip_id, IdHasher, Window};
 use rsembed_schemas::job::{
-    GroupingSpec, JobSpec, Manifest, ManifestFile, ModelRef, TilingSpec, JOB_FILE, MANIFEST_FILE,
+    GroupingSpec, JobSpec, Manifest, ManifestFile, ManifestLists, ModelRef, TilingSpec, JOB_FILE,
+    MANIFEST_FILE, MANIFEST_FORMAT,
+};
+use rsembed_schemas::manifest::{
+    FailuresWriter, FileKind, FilesWriter, ListedFile, FAILURES_LIST, FILES_LIST,
 };
 use rsembed_schemas::meta::FileMeta;
 use rsembed_worker::sink::commit::put;
@@ -414,13 +418,26 @@ async fn main() -> anyhow::Result<()> {
             tokio::task::spawn_blocking(move || encode_file(&job, f))
         })
         .buffered(threads);
-    let mut manifest_files: Vec<ManifestFile> = Vec::with_capacity(files);
+    // The file list streams to `manifest/files.parquet` as files are written.
+    let list =
+        |rel: &str| object_store::buffered::BufWriter::new(out.store.clone(), out.child(rel));
+    let mut listed = FilesWriter::new(list(FILES_LIST))?;
+    let (mut rows, mut bytes) = (0u64, 0u64);
     let mut planted: Vec<Option<Planted>> = vec![None; job.planted.len()];
     let mut queries: Vec<Option<Vec<f32>>> = vec![None; job.query_rows.len()];
     while let Some(r) = written.next().await {
         let file = r??;
         let path = format!("chips/{}.parquet", file.task_id);
-        manifest_files.push(put(&out, &path, file.bytes, file.rows).await?);
+        let f: ManifestFile = put(&out, &path, file.bytes, file.rows).await?;
+        rows += f.rows;
+        bytes += f.bytes;
+        listed
+            .push(ListedFile {
+                kind: FileKind::Chips,
+                task_id: file.task_id.clone(),
+                file: f,
+            })
+            .await?;
         for (j, p) in file.planted {
             planted[j] = Some(p);
         }
@@ -428,16 +445,26 @@ async fn main() -> anyhow::Result<()> {
             queries[q] = Some(v);
         }
     }
-    let rows: u64 = manifest_files.iter().map(|f| f.rows).sum();
-    let bytes: u64 = manifest_files.iter().map(|f| f.bytes).sum();
+    let files_list = listed.finish().await?.file;
+    let failures_list = FailuresWriter::new(list(FAILURES_LIST))?
+        .finish()
+        .await?
+        .file;
     let manifest = Manifest {
-        format: 1,
+        format: MANIFEST_FORMAT,
         job_id,
         fingerprint,
         tasks: files as u64,
         rows,
         failed_inputs: 0,
-        files: manifest_files,
+        chip_file_count: files as u64,
+        error_file_count: 0,
+        failed_task_count: 0,
+        lists: Some(ManifestLists {
+            files: files_list,
+            failures: failures_list,
+        }),
+        files: Vec::new(),
         error_files: Vec::new(),
         failures: Vec::new(),
         failed_tasks: Vec::new(),

@@ -52,6 +52,9 @@ pub enum Command {
     /// Distributed mode: tasks done, in flight, pending and failed; chips, rate, ETA.
     Status(StatusArgs),
     /// Distributed mode: verify that every task has its files, then write manifest.json.
+    ///
+    /// Without --nats: rewrite an older output's manifest.json (format 1) into the
+    /// current format, its lists in manifest/*.parquet.
     Finalize(FinalizeArgs),
     /// Text embeddings, one JSON array per line.
     Text(TextArgs),
@@ -191,10 +194,15 @@ pub struct StatusArgs {
 
 /// `rsembed finalize`.
 #[derive(Debug, Clone, Args)]
+// `--nats` is what the other NATS flags need; here it may be left out.
+#[command(mut_arg("nats", |a| a.required(false)))]
 pub struct FinalizeArgs {
-    /// NATS connection.
+    /// NATS connection. Without `--nats`, the output must hold a finished
+    /// job: a `manifest.json` of format 1 (rsembed before its Parquet
+    /// lists) is rewritten into `manifest/*.parquet` and a small
+    /// `manifest.json`; one of the current format is left as it is.
     #[command(flatten)]
-    pub(crate) nats: NatsArgs,
+    pub(crate) nats: Option<NatsArgs>,
     /// The job's output.
     #[arg(long, env = "RSEMBED_OUTPUT")]
     pub(crate) output: String,

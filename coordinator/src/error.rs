@@ -144,6 +144,16 @@ pub enum Error {
     /// The connection to NATS is down.
     #[error("NATS: not connected to NATS")]
     NatsDisconnected,
+    /// `manifest.json` or a list of the manifest (`manifest/*.parquet`)
+    /// that cannot be written or read.
+    #[error("{url}: {source}")]
+    ManifestList {
+        /// The file.
+        url: String,
+        /// Why.
+        #[source]
+        source: rsembed_schemas::manifest::ListError,
+    },
     /// JSON that does not parse.
     #[error("json: {0}")]
     Json(#[from] serde_json::Error),

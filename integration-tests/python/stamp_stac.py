@@ -8,7 +8,8 @@ time and cloud fractions, as if their scenes were STAC items (two of summer
 2024, one of 2023 with an acquisition range), so that the queries of
 docs/querying.md on those columns have rows to return. Each file is rewritten
 with its own Arrow schema and metadata (`geo`, `rsembed`), and the dataset's
-manifest is updated to the new sizes and digests. tests/readers.rs runs it.
+manifest (its files list, or the JSON list of a format 1 manifest) is updated
+to the new sizes and digests. tests/readers.rs runs it.
 """
 
 import datetime as dt
@@ -62,13 +63,32 @@ def main_for(root):
     mpath = os.path.join(root, "manifest.json")
     with open(mpath) as f:
         manifest = json.load(f)
-    for entry in manifest["files"]:
-        with open(os.path.join(root, entry["path"]), "rb") as f:
-            data = f.read()
-        entry["bytes"] = len(data)
-        entry["sha256"] = hashlib.sha256(data).hexdigest()
+    if "lists" in manifest:
+        restamp_list(root, manifest["lists"]["files"])
+    for entry in manifest.get("files", []):
+        entry.update(digest(os.path.join(root, entry["path"])))
     with open(mpath, "w") as f:
         json.dump(manifest, f, indent=2)
+
+
+def digest(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    return {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def restamp_list(root, entry):
+    """The sizes and digests of a format 2 manifest's files list
+    (`manifest/files.parquet`), and the list's own in `entry`. The list keeps
+    its Arrow schema (rsembed's reader wants its own) and metadata."""
+    lpath = os.path.join(root, entry["path"])
+    t = pq.read_table(lpath)
+    new = [digest(os.path.join(root, p)) for p in t.column("path").to_pylist()]
+    for name in ("bytes", "sha256"):
+        i = t.schema.get_field_index(name)
+        t = t.set_column(i, t.schema.field(i), pa.array([d[name] for d in new], t.schema.field(i).type))
+    pq.write_table(t, lpath, use_compliant_nested_type=False, compression="zstd")
+    entry.update(digest(lpath))
 
 
 if __name__ == "__main__":

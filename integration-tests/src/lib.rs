@@ -311,6 +311,24 @@ print(json.dumps([[v if isinstance(v, (int, float, str, type(None))) else (list(
     serde_json::from_slice(&out.stdout).expect("duckdb output is JSON")
 }
 
+/// The rows of a manifest list of a local output (`files` or `failures`:
+/// `manifest/<list>.parquet`) that match `filter` (SQL over its columns,
+/// `true` for all), read by DuckDB, each a JSON object by column, in the
+/// list's order.
+pub fn manifest_list(output: &Path, list: &str, filter: &str) -> Vec<serde_json::Value> {
+    let path = output.join("manifest").join(format!("{list}.parquet"));
+    let sql = format!(
+        "SELECT to_json(t)::VARCHAR FROM read_parquet('{}') t WHERE {filter}",
+        path.display()
+    );
+    duckdb(&sql)
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| serde_json::from_str(r[0].as_str().expect("JSON text")).expect("JSON"))
+        .collect()
+}
+
 /// Copies a directory tree (files only), for tests that damage a copy.
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

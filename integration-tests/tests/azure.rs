@@ -126,12 +126,8 @@ fn azure_input_and_output_equal_local_run_and_resume() {
         .copied()
         .filter(|n| n.starts_with("chips/"))
         .collect();
-    let mut in_manifest: Vec<&str> = manifest["files"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["path"].as_str().unwrap())
-        .collect();
+    let files = manifest_list(&dl, "files", "kind = 'chips'");
+    let mut in_manifest: Vec<&str> = files.iter().map(|f| f["path"].as_str().unwrap()).collect();
     in_manifest.sort_unstable();
     assert_eq!(listed, in_manifest, "the manifest lists the chip blobs");
 

@@ -10,7 +10,7 @@ use rsembed_integration_tests::cluster::{
     chip_counts, finalize, make_images, status, submit_ok, wait_finished, Worker,
 };
 use rsembed_integration_tests::nats::NatsServer;
-use rsembed_integration_tests::{rsembed, run};
+use rsembed_integration_tests::{manifest_list, rsembed, run};
 
 const FINISH: Duration = Duration::from_secs(120);
 
@@ -42,7 +42,23 @@ fn assert_complete(nats: &str, input: &Path, output: &Path, images: u64) {
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(manifest["rows"], images);
-    assert_eq!(manifest["files"].as_array().unwrap().len() as u64, images);
+    assert_eq!(manifest["chip_file_count"], images);
+    let files = manifest_list(output, "files", "kind = 'chips'");
+    assert_eq!(files.len() as u64, images);
+}
+
+/// The first row of the failures list (one per input) of a failed task of
+/// a finalized output, after checking the manifest counts failed tasks.
+fn failed_task(output: &Path) -> serde_json::Value {
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
+    assert!(
+        manifest["failed_task_count"].as_u64().unwrap() >= 1,
+        "{manifest}"
+    );
+    let rows = manifest_list(output, "failures", "kind = 'failed_task'");
+    assert!(!rows.is_empty(), "{manifest}");
+    rows[0].clone()
 }
 
 #[test]
@@ -171,20 +187,18 @@ fn a_poison_task_is_dead_lettered_and_retry_failed_completes_the_job() {
         Some(3),
         "a job with a failed task finalizes with exit 3: {report}"
     );
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
-    let failed = &manifest["failed_tasks"][0];
-    assert_eq!(failed["deliveries"], 3, "{manifest}");
+    let failed = &failed_task(&output);
+    assert_eq!(failed["deliveries"], 3, "{failed}");
     assert!(
-        failed["inputs"][0]
+        failed["source_uri"]
             .as_str()
             .unwrap()
             .ends_with("img_002.png"),
-        "{manifest}"
+        "{failed}"
     );
     assert!(
         failed["error"].as_str().unwrap().contains("img_002.png"),
-        "{manifest}"
+        "{failed}"
     );
 
     // Back in place, but without --retry-failed a resubmit leaves it failed.
@@ -357,13 +371,11 @@ fn a_task_whose_workers_all_die_is_dead_lettered_by_the_advisory() {
     assert_eq!(st["pending"], 0, "the dead task left the stream: {st}");
     let (code, report) = finalize(&url, &output);
     assert_eq!(code, Some(3), "{report}");
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
-    let failed = &manifest["failed_tasks"][0];
-    assert_eq!(failed["deliveries"], 2, "{manifest}");
+    let failed = &failed_task(&output);
+    assert_eq!(failed["deliveries"], 2, "{failed}");
     assert!(
         failed["error"].as_str().unwrap().contains("without an ack"),
-        "{manifest}"
+        "{failed}"
     );
 
     let retry = submit_ok(
@@ -425,9 +437,8 @@ fn a_job_no_worker_serves_ends_dead_lettered_with_the_reason() {
     );
     let (code, report) = finalize(&url, &output);
     assert_eq!(code, Some(3), "{report}");
-    let m: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
-    let err = m["failed_tasks"][0]["error"].as_str().unwrap();
+    let failed = failed_task(&output);
+    let err = failed["error"].as_str().unwrap();
     assert!(
         err.contains("tiny-siglip-renamed") && err.contains("wants model tiny-siglip"),
         "{err}"
@@ -499,10 +510,8 @@ fn an_input_the_store_refuses_fails_its_task_at_once() {
     assert!(!output.join("errors").exists(), "no error row calls it bad");
     let (code, report) = finalize(&url, &output);
     assert_eq!(code, Some(3), "{report}");
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(output.join("manifest.json")).unwrap()).unwrap();
-    let failed = &manifest["failed_tasks"][0];
-    assert_eq!(failed["deliveries"], 1, "{manifest}");
+    let failed = &failed_task(&output);
+    assert_eq!(failed["deliveries"], 1, "{failed}");
     let error = failed["error"].as_str().unwrap();
     assert!(
         error.contains("denied.png") && error.contains("403"),

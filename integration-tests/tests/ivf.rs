@@ -161,6 +161,8 @@ fn write_job(root: &Path, embeddings: &[Vec<f32>], files: usize) {
             let rel = format!("chips/task-{f:03}.parquet");
             manifest_files.push(put(&out, &rel, bytes, rows.len() as u64).await.unwrap());
         }
+        // A format 1 manifest (its lists in it), as older rsembed wrote:
+        // readers still read it.
         let manifest = Manifest {
             format: 1,
             job_id: spec.job_id.clone(),
@@ -168,6 +170,10 @@ fn write_job(root: &Path, embeddings: &[Vec<f32>], files: usize) {
             tasks: manifest_files.len() as u64,
             rows: manifest_files.iter().map(|f| f.rows).sum(),
             failed_inputs: 0,
+            chip_file_count: 0,
+            error_file_count: 0,
+            failed_task_count: 0,
+            lists: None,
             files: manifest_files,
             error_files: Vec::new(),
             failures: Vec::new(),

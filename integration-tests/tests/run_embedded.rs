@@ -195,7 +195,13 @@ fn rerun_resumes_without_duplicates() {
     assert_eq!(summary["tasks_resumed"], summary["tasks"]);
     assert_eq!(summary["chips_embedded"], 0);
     let second = read_json(&out.join("manifest.json"));
-    assert_eq!(first["files"], second["files"], "same files, same bytes");
+    assert_eq!(second["format"], 2);
+    assert_eq!(
+        first["lists"], second["lists"],
+        "the same lists, byte for byte"
+    );
+    let files = manifest_list(&out, "files", "kind = 'chips'");
+    assert_eq!(files.len() as u64, summary["tasks"].as_u64().unwrap());
     let rows = duckdb(&format!(
         "SELECT count(*) - count(DISTINCT chip_id) FROM '{}/chips/*.parquet'",
         out.display()

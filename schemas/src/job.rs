@@ -644,7 +644,8 @@ fn join(v: &[u32]) -> String {
     v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
-/// One data file listed in the manifest.
+/// A file of the output: a chip or error file (a row of the manifest's
+/// files list), or a list itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ManifestFile {
     /// Path relative to the output root.
@@ -686,43 +687,78 @@ pub struct ManifestFailedTask {
     pub deliveries: u64,
 }
 
-/// `manifest.json`: written last, only when every task of the plan is done.
+/// The manifest format [`Manifest`]s are written in: 2 keeps totals in
+/// `manifest.json` and the lists in Parquet ([`ManifestLists`]). Format 1
+/// held the lists as JSON arrays (`files`, `error_files`, `failures`,
+/// `failed_tasks`, `without_chips`), about 200 bytes a task.
+pub const MANIFEST_FORMAT: u32 = 2;
+
+/// `manifest.json`: written last, only when every task of the plan is done,
+/// after the lists it names. Its size does not grow with the job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// Manifest format; only 1 exists.
+    /// Manifest format: [`MANIFEST_FORMAT`], or 1 in outputs of older versions.
     pub format: u32,
     /// The job.
     pub job_id: String,
     /// The job fingerprint.
     pub fingerprint: String,
-    /// Tasks in the plan; each has a chip file.
+    /// Tasks in the plan; each has a chip file, unless it failed.
     pub tasks: u64,
     /// Chip rows over all files.
     pub rows: u64,
     /// Inputs recorded in `errors/`.
     pub failed_inputs: u64,
-    /// Chip files.
-    pub files: Vec<ManifestFile>,
-    /// Error files.
-    pub error_files: Vec<ManifestFile>,
-    /// The failed inputs, up to a bound; `failed_inputs` has the full count.
-    pub failures: Vec<ManifestFailure>,
-    /// Tasks given up on (distributed mode: dead-lettered), with their last
-    /// error. A manifest is written with failed tasks only by `finalize
-    /// --allow-failed`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub failed_tasks: Vec<ManifestFailedTask>,
+    /// Chip files: the rows of kind `chips` of the files list. Format 2; a
+    /// format 1 manifest has its count once read through
+    /// [`crate::manifest::parse_manifest`].
+    #[serde(default)]
+    pub chip_file_count: u64,
+    /// Error files: the rows of kind `errors` of the files list (format 2).
+    #[serde(default)]
+    pub error_file_count: u64,
+    /// Tasks given up on (distributed mode: dead-lettered); a manifest is
+    /// written with failed tasks only by `finalize --allow-failed` (format 2).
+    #[serde(default)]
+    pub failed_task_count: u64,
     /// Inputs that gave neither a chip nor an error row (every chip without a
     /// valid pixel, or below `--min-valid`); blocks of split scenes aside.
     #[serde(default)]
     pub inputs_without_chips: u64,
-    /// Those inputs, up to a bound; `inputs_without_chips` has the full count.
+    /// Format 2: `manifest/files.parquet` and `manifest/failures.parquet`,
+    /// each with its rows, bytes and sha256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lists: Option<ManifestLists>,
+    /// Format 1: the chip files. Read them, in either format, through
+    /// [`crate::manifest::files`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<ManifestFile>,
+    /// Format 1: the error files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub error_files: Vec<ManifestFile>,
+    /// Format 1: the first 1000 failed inputs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<ManifestFailure>,
+    /// Format 1: the tasks given up on, with their last error.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed_tasks: Vec<ManifestFailedTask>,
+    /// Format 1: the first 1000 inputs without chips.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub without_chips: Vec<String>,
     /// RFC 3339 time the manifest was written.
     pub finalized_at: String,
     /// Software that wrote it.
     pub software_version: String,
+}
+
+/// Where a format 2 manifest's lists are, relative to the output root.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestLists {
+    /// `manifest/files.parquet`: one row per chip or error file.
+    pub files: ManifestFile,
+    /// `manifest/failures.parquet`: one row per failed input, input of a
+    /// failed task, or input without chips.
+    pub failures: ManifestFile,
 }
 
 /// `centroids.parquet` of a dataset compacted with `rsembed compact --lists N`.

@@ -12,6 +12,8 @@ pub mod embedding;
 pub mod extent;
 pub mod ids;
 pub mod job;
+#[cfg(feature = "arrow")]
+pub mod manifest;
 pub mod meta;
 pub mod model;
 pub mod queue;

@@ -14,21 +14,20 @@
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
-use rsembed_schemas::job::{ManifestFailedTask, ManifestFailure, MANIFEST_FILE};
+use rsembed_schemas::job::{ManifestFailedTask, MANIFEST_FILE};
 use rsembed_schemas::queue::TaskMessage;
-use rsembed_worker::sink::parquet::{empty_inputs_at, read_error_rows};
+use rsembed_worker::sink::parquet::empty_inputs_at;
 use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
 
 use crate::cli::FinalizeArgs;
 use crate::error::Result;
 use crate::job::deadletter;
-use crate::job::output::{self, JobOutput, TASKS_FILE};
+use crate::job::manifest::ManifestBuilder;
+use crate::job::output::{JobOutput, TASKS_FILE};
 use crate::job::status::{job_of, open, queued};
 use rsembed_worker::queue::Queue;
 
-/// How many failed inputs the manifest lists by name (the count is exact).
-const FAILURES_LISTED: usize = 1000;
 /// How many names of missing tasks a gap message lists.
 const NAMES_LISTED: usize = 10;
 /// How many planned tasks a finalize of an incomplete job probes for their
@@ -60,6 +59,9 @@ pub struct FinalizeReport {
     pub manifest: Option<String>,
     /// Where the STAC collection of the job went, when it was written.
     pub(crate) stac: Option<String>,
+    /// What `finalize` without `--nats` did to an older manifest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) converted: Option<String>,
 }
 
 impl FinalizeReport {
@@ -88,6 +90,9 @@ impl FinalizeReport {
         match &self.manifest {
             Some(m) => {
                 s.push_str(&format!("  manifest   {m}\n"));
+                if let Some(c) = &self.converted {
+                    s.push_str(&format!("  converted  {c}\n"));
+                }
                 if let Some(c) = &self.stac {
                     s.push_str(&format!("  stac       {c}\n"));
                 }
@@ -127,8 +132,11 @@ async fn missing_tasks(q: &Queue, out: &JobOutput, job: &str) -> Result<Vec<Stri
 pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     let stores = StoreCache::default();
     let output = stores.location(&args.output)?;
+    let Some(nats) = &args.nats else {
+        return super::convert::convert(&output).await;
+    };
     let spec = job_of(&output).await?;
-    let q = open(&args.nats, "rsembed-finalize").await?;
+    let q = open(nats, "rsembed-finalize").await?;
     deadletter::reconcile(&q).await?;
     let job = spec.job_id.as_str();
     let record = q.state.record(job).await?;
@@ -178,14 +186,18 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         superseded: 0,
         manifest: None,
         stac: None,
+        converted: None,
     };
     if !report.gaps.is_empty() {
         return Ok(report);
     }
 
-    let mut files = Vec::new();
-    let mut error_files = Vec::new();
-    let mut without_chips = Vec::new();
+    // The done records go to the file list as they are read; only the
+    // error files' names are kept (a task's failed inputs are read from its
+    // error file once the list of chip files is complete).
+    let mut builder = ManifestBuilder::new(&out, &spec)?;
+    let mut error_files: Vec<(String, String)> = Vec::new();
+    let (mut done_count, mut rows, mut failed_inputs, mut without) = (0u64, 0u64, 0u64, 0u64);
     let done = q.state.done_records(job).await?;
     let mut done = std::pin::pin!(done);
     while let Some(r) = done.next().await {
@@ -194,57 +206,44 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
             // An older worker's record of another output: not this job's work.
             continue;
         }
+        builder.chips_file(&task, &d.chips_file).await?;
+        done_count += 1;
+        rows += d.chips_file.rows;
+        if let Some(e) = &d.errors_file {
+            builder.errors_file(&task, e).await?;
+            failed_inputs += e.rows;
+            error_files.push((task.clone(), e.path.clone()));
+        }
         if d.without_chips() > 0 {
+            // Records carry the count; the names are in the chip file's
+            // footer (older records carried them).
             let names = if d.empty_inputs.is_empty() {
                 empty_inputs_at(&output, &d.chips_file.path).await?
             } else {
                 d.empty_inputs.clone()
             };
-            without_chips.extend(names);
+            without += names.len() as u64;
+            builder.without_chips(Some(&task), &names).await?;
         }
-        files.push(d.chips_file);
-        error_files.extend(d.errors_file);
-        let _ = task;
     }
-    let failed_tasks: Vec<ManifestFailedTask> = failed
-        .into_iter()
-        .map(|(id, f)| ManifestFailedTask {
-            inputs: serde_json::from_str::<TaskMessage>(&f.message)
-                .map(|m| m.task.inputs.into_iter().map(|i| i.uri).collect())
-                .unwrap_or_default(),
-            task_id: id,
-            error: f.error,
-            deliveries: f.deliveries,
-        })
-        .collect();
-    report.done = files.len() as u64;
-    report.rows = files.iter().map(|f| f.rows).sum();
-    report.failed_inputs = error_files.iter().map(|f| f.rows).sum();
-    report.inputs_without_chips = without_chips.len() as u64;
-
-    let mut failures: Vec<ManifestFailure> = Vec::new();
-    for f in &error_files {
-        if failures.len() >= FAILURES_LISTED {
-            break;
-        }
-        let bytes = output
-            .store
-            .get(&output.child(&f.path))
-            .await?
-            .bytes()
+    builder.failures_of_error_files(error_files).await?;
+    for (id, f) in failed {
+        builder
+            .failed_task(&ManifestFailedTask {
+                inputs: serde_json::from_str::<TaskMessage>(&f.message)
+                    .map(|m| m.task.inputs.into_iter().map(|i| i.uri).collect())
+                    .unwrap_or_default(),
+                task_id: id,
+                error: f.error,
+                deliveries: f.deliveries,
+            })
             .await?;
-        failures.extend(read_error_rows(bytes, FAILURES_LISTED - failures.len())?);
     }
-    let manifest = output::manifest(
-        &spec,
-        tasks,
-        files,
-        error_files,
-        failures,
-        failed_tasks,
-        without_chips,
-    );
-    out.write_manifest(&manifest).await?;
+    report.done = done_count;
+    report.rows = rows;
+    report.failed_inputs = failed_inputs;
+    report.inputs_without_chips = without;
+    let manifest = builder.finish(tasks).await?.manifest;
     report.stac = Some(
         crate::stac::out::write(&output, &spec, &manifest)
             .await?

@@ -9,9 +9,11 @@
 //! planned task is done or failed and writes `manifest.json`. [`summary`]
 //! renders what a command did.
 
+pub(crate) mod convert;
 pub(crate) mod deadletter;
 pub mod finalize;
 pub(crate) mod holders;
+pub(crate) mod manifest;
 pub mod output;
 pub mod plan;
 pub(crate) mod progress;

@@ -20,11 +20,8 @@ use std::collections::HashSet;
 
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
-use rsembed_schemas::job::{
-    Difference, JobSpec, Manifest, ManifestFailedTask, ManifestFailure, ManifestFile, JOB_FILE,
-    MANIFEST_FILE,
-};
-use rsembed_schemas::SOFTWARE_VERSION;
+use rsembed_schemas::job::{Difference, JobSpec, JOB_FILE, MANIFEST_FILE};
+use rsembed_schemas::manifest::{FAILURES_LIST, FILES_LIST};
 use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
@@ -34,9 +31,6 @@ pub(crate) const TASKS_FILE: &str = "tasks.txt";
 
 /// Folders of the output that hold a job's rows, one file per task.
 const TASK_DIRS: [&str; 2] = ["chips/", "errors/"];
-
-/// How many failures a manifest lists by name; its counts are always exact.
-pub(crate) const MANIFEST_FAILURES_LISTED: usize = 1000;
 
 /// What a command found at the output, once it may go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,13 +207,19 @@ impl JobOutput {
         put_json(&self.loc, JOB_FILE, spec).await
     }
 
-    /// Deletes `manifest.json` and `stac/collection.json`: the job is open
-    /// again, and neither may claim it is complete.
+    /// Deletes `manifest.json`, its lists and `stac/collection.json`: the
+    /// job is open again, and none may claim it is complete.
     pub(crate) async fn delete_manifest(&self) -> Result<()> {
         // The collection is written after the manifest and describes the
-        // same finished job: it goes first.
+        // same finished job: it goes first. Then `manifest.json`, which is
+        // what says the job is complete, so that no reader sees it over
+        // lists that are gone.
         delete_if_present(&self.loc, crate::stac::out::COLLECTION_FILE).await?;
-        delete_if_present(&self.loc, MANIFEST_FILE).await
+        delete_if_present(&self.loc, MANIFEST_FILE).await?;
+        for list in [FILES_LIST, FAILURES_LIST] {
+            delete_if_present(&self.loc, list).await?;
+        }
+        Ok(())
     }
 
     /// Deletes everything a job wrote: the manifest first (so a reader never
@@ -315,11 +315,6 @@ impl JobOutput {
         );
         Ok(Some(lines))
     }
-
-    /// Writes `manifest.json`.
-    pub(crate) async fn write_manifest(&self, m: &Manifest) -> Result<()> {
-        put_json(&self.loc, MANIFEST_FILE, m).await
-    }
 }
 
 /// How far an unfinished job got: its output has `job.json` and no
@@ -383,42 +378,42 @@ impl JobOutput {
 /// Bytes of one line of `tasks.txt`: a task id (32 hex digits) and `\n`.
 const TASK_LINE: u64 = 33;
 
-/// Builds a job's manifest from its tasks' files, sorted by path so the
-/// manifest does not depend on the order tasks finished in.
+/// A format 1 manifest, its lists in it, as rsembed wrote before the
+/// Parquet lists (sorted by path): what tests of the readers of older
+/// outputs build.
+#[cfg(test)]
 pub(crate) fn manifest(
     spec: &JobSpec,
     tasks: u64,
-    mut files: Vec<ManifestFile>,
-    mut error_files: Vec<ManifestFile>,
-    failures: Vec<ManifestFailure>,
-    mut failed_tasks: Vec<ManifestFailedTask>,
+    mut files: Vec<rsembed_schemas::job::ManifestFile>,
+    mut error_files: Vec<rsembed_schemas::job::ManifestFile>,
+    failures: Vec<rsembed_schemas::job::ManifestFailure>,
+    mut failed_tasks: Vec<rsembed_schemas::job::ManifestFailedTask>,
     mut without_chips: Vec<String>,
-) -> Manifest {
+) -> rsembed_schemas::job::Manifest {
     without_chips.sort();
     files.sort_by(|a, b| a.path.cmp(&b.path));
     error_files.sort_by(|a, b| a.path.cmp(&b.path));
     failed_tasks.sort_by(|a, b| a.task_id.cmp(&b.task_id));
-    Manifest {
+    rsembed_schemas::job::Manifest {
         format: 1,
         job_id: spec.job_id.clone(),
         fingerprint: spec.fingerprint.clone(),
         tasks,
         rows: files.iter().map(|f| f.rows).sum(),
         failed_inputs: error_files.iter().map(|f| f.rows).sum(),
+        chip_file_count: files.len() as u64,
+        error_file_count: error_files.len() as u64,
+        failed_task_count: failed_tasks.len() as u64,
+        inputs_without_chips: without_chips.len() as u64,
+        lists: None,
         files,
         error_files,
-        failures: failures
-            .into_iter()
-            .take(MANIFEST_FAILURES_LISTED)
-            .collect(),
+        failures,
         failed_tasks,
-        inputs_without_chips: without_chips.len() as u64,
-        without_chips: without_chips
-            .into_iter()
-            .take(MANIFEST_FAILURES_LISTED)
-            .collect(),
+        without_chips,
         finalized_at: rsembed_worker::now_rfc3339(),
-        software_version: SOFTWARE_VERSION.to_owned(),
+        software_version: rsembed_schemas::SOFTWARE_VERSION.to_owned(),
     }
 }
 
@@ -494,6 +489,34 @@ pub(crate) async fn delete_if_present(out: &Location, rel: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn deleting_the_manifest_deletes_its_lists_and_the_collection() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = [
+            MANIFEST_FILE,
+            FILES_LIST,
+            FAILURES_LIST,
+            crate::stac::out::COLLECTION_FILE,
+        ];
+        for f in files {
+            let p = dir.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, b"x").unwrap();
+        }
+        std::fs::create_dir_all(dir.path().join("chips")).unwrap();
+        std::fs::write(dir.path().join("chips/a.parquet"), b"x").unwrap();
+        let loc = rsembed_worker::store::StoreCache::default()
+            .location(dir.path().to_str().unwrap())
+            .unwrap();
+        JobOutput::new(loc.clone()).delete_manifest().await.unwrap();
+        for f in files {
+            assert!(!dir.path().join(f).exists(), "{f} is deleted");
+        }
+        assert!(dir.path().join("chips/a.parquet").exists(), "the job stays");
+        JobOutput::new(loc).wipe().await.unwrap();
+        assert!(!dir.path().join("chips/a.parquet").exists());
+    }
 
     #[test]
     fn the_unfinished_warning_gives_the_progress_it_knows() {

@@ -25,7 +25,8 @@ use rsembed_worker::task::{JobContext, Mode, TaskReport, TaskRunner};
 
 use crate::cli::{RunArgs, TilingArgs};
 use crate::error::{Error, Result};
-use crate::job::output::{self, Claim, JobOutput, Replace, MANIFEST_FAILURES_LISTED};
+use crate::job::manifest::ManifestBuilder;
+use crate::job::output::{self, Claim, JobOutput, Replace};
 use crate::job::plan::{self, ListStats};
 use crate::job::progress::{Progress, TaskCounts};
 use crate::job::summary::Summary;
@@ -425,7 +426,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         })
         .buffer_unordered(args.pipeline.tasks_in_flight.max(1));
 
-    let mut reports = Vec::new();
+    let mut reports: Vec<TaskReport> = Vec::new();
     while let Some(r) = results.next().await {
         match r {
             Ok(rep) => reports.push(rep),
@@ -450,34 +451,36 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     // changed) would hold some chips twice: they go before the manifest.
     let plan_ids = reports.iter().map(|r| r.task_id.as_str()).collect();
     let superseded = out.remove_stale(&plan_ids).await?;
-    let failures: Vec<ManifestFailure> = reports
-        .iter()
-        .flat_map(|r| r.failures.iter())
-        .take(MANIFEST_FAILURES_LISTED)
-        .map(|f| ManifestFailure {
-            source_uri: f.source_uri.clone(),
-            stage: f.stage.as_str().to_owned(),
-            error: f.error.clone(),
-        })
-        .collect();
-    let empty_inputs: Vec<String> = reports
-        .iter()
-        .flat_map(|r| r.empty_inputs.iter().cloned())
-        .collect();
-    let manifest = output::manifest(
-        &spec,
-        reports.len() as u64,
-        reports.iter().map(|r| r.chips_file.clone()).collect(),
-        reports
-            .iter()
-            .filter_map(|r| r.errors_file.clone())
-            .collect(),
-        failures,
-        vec![],
-        empty_inputs,
-    );
-    out.write_manifest(&manifest).await?;
-    let stac = crate::stac::out::write(&output, &spec, &manifest).await?;
+    // By task id, as the lists of earlier versions were sorted: a rerun
+    // writes the same lists whatever order its tasks finished in.
+    reports.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+    let mut builder = ManifestBuilder::new(&out, &spec)?;
+    let mut resumed_errors = Vec::new();
+    for r in &reports {
+        builder.chips_file(&r.task_id, &r.chips_file).await?;
+        if let Some(e) = &r.errors_file {
+            builder.errors_file(&r.task_id, e).await?;
+            // A task found finished reports no failures: its error file has them.
+            if r.failures.is_empty() {
+                resumed_errors.push((r.task_id.clone(), e.path.clone()));
+            }
+        }
+        for f in &r.failures {
+            let f = ManifestFailure {
+                source_uri: f.source_uri.clone(),
+                stage: f.stage.as_str().to_owned(),
+                error: f.error.clone(),
+            };
+            builder.failure(Some(&r.task_id), &f).await?;
+        }
+        builder
+            .without_chips(Some(&r.task_id), &r.empty_inputs)
+            .await?;
+    }
+    builder.failures_of_error_files(resumed_errors).await?;
+    let built = builder.finish(reports.len() as u64).await?;
+    let manifest = &built.manifest;
+    let stac = crate::stac::out::write(&output, &spec, manifest).await?;
     tracing::info!(
         collection = %stac.collection, items = stac.items, removed = stac.removed,
         "wrote the job's STAC collection"
@@ -498,7 +501,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         cloudy_chips_dropped: reports.iter().map(|r| r.cloudy_chips_dropped).sum(),
         failed_inputs: manifest.failed_inputs,
         inputs_without_chips: manifest.inputs_without_chips,
-        empty_inputs: manifest.without_chips.clone(),
+        empty_inputs: built.without_chips.clone(),
         superseded_files: superseded,
         replaced_job: match claim {
             Claim::Replace(id) => Some(id),

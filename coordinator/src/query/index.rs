@@ -26,7 +26,8 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use rsembed_schemas::chip::{col, embedding_type_from};
 use rsembed_schemas::embedding::{dequantize_int8, EmbeddingType, SCALE_COLUMN};
-use rsembed_schemas::job::{Manifest, MANIFEST_FILE};
+use rsembed_schemas::job::Manifest;
+use rsembed_schemas::manifest::FileKind;
 use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
 use rsembed_worker::store::{Location, StoreCache};
 
@@ -573,27 +574,20 @@ async fn list_parts(
     Ok((loc.clone(), files, None))
 }
 
-/// The files `manifest.json` of a dataset root lists, and the manifest;
-/// `None` when there is none.
+/// The chip files the manifest of a dataset root lists (its Parquet list,
+/// or the JSON one of a format 1 manifest), and the manifest; `None` when
+/// there is none.
 async fn read_manifest(loc: &Location) -> Result<Option<(Vec<(Path, u64)>, Manifest)>> {
-    match loc.store.get(&loc.child(MANIFEST_FILE)).await {
-        Ok(r) => {
-            let bytes = r.bytes().await?;
-            let m: Manifest =
-                serde_json::from_slice(&bytes).map_err(|source| QueryError::Manifest {
-                    uri: format!("{}/{MANIFEST_FILE}", loc.url),
-                    source,
-                })?;
-            let files = m
-                .files
-                .iter()
-                .map(|f| (loc.child(&f.path), f.bytes))
-                .collect();
-            Ok(Some((files, m)))
-        }
-        Err(object_store::Error::NotFound { .. }) => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    let Some((m, _)) = crate::job::manifest::read(loc).await? else {
+        return Ok(None);
+    };
+    let files = crate::job::manifest::files(loc, &m)
+        .try_filter_map(|f| async move {
+            Ok((f.kind == FileKind::Chips).then(|| (loc.child(&f.file.path), f.file.bytes)))
+        })
+        .try_collect()
+        .await?;
+    Ok(Some((files, m)))
 }
 
 /// The `.parquet` files under `prefix`, sorted by path: all of them with

@@ -184,6 +184,8 @@ pub fn write_job(root: &Path, files: &[FileSpec]) {
             let rel = format!("chips/{}.parquet", s.name);
             manifest_files.push(put(&out, &rel, bytes, rows.len() as u64).await.unwrap());
         }
+        // A format 1 manifest (its lists in it), as older rsembed wrote:
+        // readers still read it.
         let manifest = Manifest {
             format: 1,
             job_id: spec.job_id.clone(),
@@ -191,6 +193,10 @@ pub fn write_job(root: &Path, files: &[FileSpec]) {
             tasks: files.len() as u64,
             rows: manifest_files.iter().map(|f| f.rows).sum(),
             failed_inputs: 0,
+            chip_file_count: 0,
+            error_file_count: 0,
+            failed_task_count: 0,
+            lists: None,
             files: manifest_files,
             error_files: Vec::new(),
             failures: Vec::new(),

@@ -76,28 +76,31 @@
 //!
 //! **Output.** `chips/part-NNNNN.parquet` (the chip schema, as above), the
 //! source's `job.json` byte for byte (it records the job that made the rows),
-//! its `errors/` files copied (checked against their manifest sha256, so the
-//! output's `error_files` are valid paths under it), and `manifest.json`, last:
-//! the source manifest's job id, fingerprint, tasks, rows, failures and failed
-//! tasks, `files` = the new parts with sha256, bytes and rows, a new
-//! `finalized_at`, and a `compacted_from` key (source URL and the sha256 of its
-//! manifest; readers of [`Manifest`] ignore it).
+//! its `errors/` files copied (checked against the sha256 its files list
+//! records, so the output's error files are valid paths under it), the
+//! manifest's lists (format 2, whatever the source's): `files.parquet` =
+//! the new parts with sha256, bytes and rows, then the error files;
+//! `failures.parquet` = the failed inputs the copied error files hold, then
+//! the source's failed tasks and inputs without chips. Then `manifest.json`,
+//! last: the source manifest's job id, fingerprint, tasks and counts, a new
+//! `finalized_at`, and a `compacted_from` key (source URL and the sha256 of
+//! its manifest; readers of [`Manifest`] ignore it).
 //!
 //! Refused: a source without `manifest.json` (a job not finished), an output
 //! equal to the source, and an output already holding a dataset unless
-//! `--overwrite` (which deletes its manifest first, then its chips/, errors/
-//! and job.json).
+//! `--overwrite` (which deletes its manifest first, then its lists, chips/,
+//! errors/ and job.json).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use arrow_schema::SchemaRef;
-use futures::StreamExt;
-use object_store::ObjectStoreExt;
+use futures::{StreamExt, TryStreamExt};
 use rsembed_schemas::chip::col;
 use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::job::{IvfLayout, Manifest, ManifestFile, MANIFEST_FILE};
+use rsembed_schemas::manifest::{task_id_of, FailureKind, FileKind, ListedFile};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::SOFTWARE_VERSION;
 use rsembed_worker::sink::parquet::{chip_file_metadata, chip_writer_properties_for};
@@ -106,6 +109,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cli::CompactArgs;
 use crate::error::{Error, Result};
+use crate::job::manifest::ManifestBuilder;
 use crate::job::output::put_json;
 use crate::job::summary::human_bytes;
 use crate::query::footer::FOOTER_BUDGET_GROUPS;
@@ -273,26 +277,29 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         sample = ?args.sample, seed = ?args.seed, "compact"
     );
     check_paths(&src, &out)?;
-    let manifest_bytes = match src.store.get(&src.child(MANIFEST_FILE)).await {
-        Ok(g) => g.bytes().await?,
-        Err(object_store::Error::NotFound { .. }) => {
-            return Err(QueryError::Dataset {
-                uri: src.url.to_string(),
-                problem: format!(
-                    "has no {MANIFEST_FILE}: compact reads finished jobs only \
-                     (run `rsembed finalize` first, or let `rsembed run` finish)"
-                ),
-            }
-            .into())
+    let Some((_, manifest_bytes)) = crate::job::manifest::read(&src).await? else {
+        return Err(QueryError::Dataset {
+            uri: src.url.to_string(),
+            problem: format!(
+                "has no {MANIFEST_FILE}: compact reads finished jobs only \
+                 (run `rsembed finalize` first, or let `rsembed run` finish)"
+            ),
         }
-        Err(e) => return Err(e.into()),
+        .into());
     };
     let index = Arc::new(Index::open(&stores, &args.index, FOOTER_BUDGET_GROUPS).await?);
     let manifest = index
         .manifest
         .clone()
         .expect("an index read from a folder with manifest.json has it: this is a bug");
-    let (file_meta, schema_version, source_type) = check_source(&index, &manifest)?;
+    let (chips, errors): (Vec<ListedFile>, Vec<ListedFile>) =
+        crate::job::manifest::files(&index.root, &manifest)
+            .try_collect::<Vec<_>>()
+            .await?
+            .into_iter()
+            .partition(|f| f.kind == FileKind::Chips);
+    let chips: Vec<ManifestFile> = chips.into_iter().map(|f| f.file).collect();
+    let (file_meta, schema_version, source_type) = check_source(&index, &manifest, &chips)?;
     let embedding_type = args.embedding_type.unwrap_or(source_type);
     let file_meta = file_meta.with_embedding_type(embedding_type);
     let schema = chip_schema_of(index.embed_dim, schema_version, embedding_type);
@@ -414,18 +421,32 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         .into());
     }
 
-    copy_rest(&src, &out, &manifest).await?;
+    let mut builder = ManifestBuilder::for_job(&out, &manifest.job_id, &manifest.fingerprint)?;
+    for p in &parts {
+        builder.chips_file(task_id_of(&p.path), p).await?;
+    }
+    copy_rest(&src, &out, &errors, &mut builder).await?;
+    // Failed inputs came with the error files; failed tasks and inputs
+    // without chips are the source's, as its list has them.
+    let mut kept = crate::job::manifest::failures(&index.root, &manifest);
+    while let Some(row) = kept.try_next().await? {
+        if row.kind != FailureKind::FailedInput {
+            builder.failure_row(row).await?;
+        }
+    }
     let ivf = match &lists {
         Some(l) => Some(l.write(&out).await?),
         None => None,
     };
     let bytes_out = parts.iter().map(|f| f.bytes).sum();
     let files = parts.len();
+    let built = builder.finish_lists(manifest.tasks).await?;
     let new = Manifest {
-        files: parts,
-        finalized_at: rsembed_worker::now_rfc3339(),
-        software_version: SOFTWARE_VERSION.to_owned(),
-        ..manifest
+        // Counted by the source (a format 1 source listed only the first
+        // thousand inputs without chips).
+        failed_task_count: manifest.failed_task_count,
+        inputs_without_chips: manifest.inputs_without_chips,
+        ..built.manifest
     };
     let doc = CompactedManifest {
         manifest: &new,

@@ -10,13 +10,16 @@ use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_schemas::chip::{chip_schema, col, embedding_type_from, with_embedding_type};
 use rsembed_schemas::embedding::{EmbeddingType, SCALE_COLUMN};
-use rsembed_schemas::job::{Manifest, CENTROIDS_FILE, JOB_FILE, MANIFEST_FILE};
+use rsembed_schemas::job::{Manifest, ManifestFile, CENTROIDS_FILE, JOB_FILE, MANIFEST_FILE};
+use rsembed_schemas::manifest::{ListedFile, FAILURES_LIST, FILES_LIST};
 use rsembed_schemas::meta::FileMeta;
+use rsembed_worker::sink::parquet::read_error_rows;
 use rsembed_worker::sink::rows::EmbeddingBuilder;
 use rsembed_worker::store::Location;
 use sha2::{Digest, Sha256};
 
 use crate::error::Result;
+use crate::job::manifest::ManifestBuilder;
 use crate::query::index::{embeddings, Index};
 use crate::query::Error as QueryError;
 
@@ -48,7 +51,13 @@ pub(super) fn check_paths(src: &Location, out: &Location) -> Result<()> {
 /// the manifest first, so no reader ever sees its old file list with new files.
 pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()> {
     let mut found = Vec::new();
-    for f in [MANIFEST_FILE, JOB_FILE, CENTROIDS_FILE] {
+    for f in [
+        MANIFEST_FILE,
+        FILES_LIST,
+        FAILURES_LIST,
+        JOB_FILE,
+        CENTROIDS_FILE,
+    ] {
         match out.store.head(&out.child(f)).await {
             Ok(_) => found.push(f.to_owned()),
             Err(object_store::Error::NotFound { .. }) => {}
@@ -79,6 +88,8 @@ pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()
     tracing::warn!(output = %out.url, "--overwrite: deleting the dataset there");
     for p in [
         out.child(MANIFEST_FILE),
+        out.child(FILES_LIST),
+        out.child(FAILURES_LIST),
         out.child(JOB_FILE),
         out.child(CENTROIDS_FILE),
     ]
@@ -177,7 +188,8 @@ pub(super) fn convert_embeddings(
     })
 }
 
-/// The source's files agree with its manifest and each other; returns the
+/// The source's files agree with its manifest (`chips`: its chip files, as
+/// its list gives them, in the index's order) and each other; returns the
 /// metadata of a file of the newest schema version among them, and that
 /// version: what the compacted files are written as (a source of version 1
 /// files stays version 1; one that holds a version 2 file is version 2,
@@ -185,9 +197,10 @@ pub(super) fn convert_embeddings(
 pub(super) fn check_source(
     index: &Index,
     manifest: &Manifest,
+    chips: &[ManifestFile],
 ) -> Result<(FileMeta, u32, EmbeddingType)> {
     let mut meta: Option<(&FileMeta, u32, EmbeddingType)> = None;
-    for (part, entry) in index.parts.iter().zip(&manifest.files) {
+    for (part, entry) in index.parts.iter().zip(chips) {
         if part.rows() != entry.rows {
             return Err(QueryError::dataset(
                 &part.uri,
@@ -308,9 +321,15 @@ pub(super) fn duplicate(src: &Location, id: u128) -> QueryError {
     )
 }
 
-/// Copies `job.json` and the error files of the source, checking the latter
-/// against the manifest.
-pub(super) async fn copy_rest(src: &Location, out: &Location, manifest: &Manifest) -> Result<()> {
+/// Copies `job.json` and the error files of the source (`errors`, from its
+/// list), checking the latter against the list, and gives `builder` each
+/// error file and the failed inputs it holds.
+pub(super) async fn copy_rest(
+    src: &Location,
+    out: &Location,
+    errors: &[ListedFile],
+    builder: &mut ManifestBuilder,
+) -> Result<()> {
     match src.store.get(&src.child(JOB_FILE)).await {
         Ok(g) => {
             let bytes = g.bytes().await?;
@@ -323,7 +342,8 @@ pub(super) async fn copy_rest(src: &Location, out: &Location, manifest: &Manifes
         }
         Err(e) => return Err(e.into()),
     }
-    for f in &manifest.error_files {
+    for e in errors {
+        let f = &e.file;
         let bytes = src.store.get(&src.child(&f.path)).await?.bytes().await?;
         let sha = hex::encode(Sha256::digest(&bytes));
         if sha != f.sha256 {
@@ -336,9 +356,14 @@ pub(super) async fn copy_rest(src: &Location, out: &Location, manifest: &Manifes
             )
             .into());
         }
+        let failed = read_error_rows(bytes.clone(), usize::MAX)?;
         out.store
             .put(&out.child(&f.path), PutPayload::from(bytes))
             .await?;
+        builder.errors_file(&e.task_id, f).await?;
+        for row in &failed {
+            builder.failure(Some(&e.task_id), row).await?;
+        }
     }
     Ok(())
 }

@@ -114,11 +114,12 @@ pub(crate) async fn write(
 ) -> Result<StacWritten> {
     let ctx = Arc::new(Context::new(spec)?);
     let mut totals = Totals::default();
-    let mut ids = Vec::with_capacity(manifest.files.len());
+    let files = crate::job::manifest::chip_files(output, manifest).await?;
+    let mut ids = Vec::with_capacity(files.len());
     let mut files_read = 0;
     let job_type = data_type_name(spec.tiling.embedding_type);
     let mut data_type: Option<(String, String)> = None;
-    let mut items = futures::stream::iter(manifest.files.iter().cloned())
+    let mut items = futures::stream::iter(files)
         .map(|file| {
             let (output, ctx) = (output.clone(), ctx.clone());
             async move {

@@ -1,0 +1,315 @@
+//! A job's manifest, built as its tasks' files come: the lists
+//! (`manifest/files.parquet`, `manifest/failures.parquet`) stream to the
+//! output as rows are given, and `manifest.json`, a few KiB of totals and
+//! the lists' digests, is written last. Memory stays bounded whatever the
+//! job's size: the lists' writers hold a batch and a row group, and the
+//! builder keeps the first [`SAMPLE`] inputs without chips for the
+//! summary that names them.
+//!
+//! Also here: reading a dataset's manifest and lists through the one reader
+//! of `rsembed_schemas::manifest` (format 1 and 2 alike), for the query side.
+
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use object_store::buffered::BufWriter;
+use object_store::ObjectStoreExt;
+use rsembed_schemas::job::{
+    JobSpec, Manifest, ManifestFailedTask, ManifestFailure, ManifestFile, ManifestLists,
+    MANIFEST_FILE, MANIFEST_FORMAT,
+};
+use rsembed_schemas::manifest::{
+    self as lists, FailureRow, FailuresWriter, FileKind, FilesWriter, ListError, ListedFile,
+};
+use rsembed_schemas::SOFTWARE_VERSION;
+use rsembed_worker::sink::parquet::read_error_rows;
+use rsembed_worker::store::Location;
+
+use crate::error::{Error, Result};
+use crate::job::output::{delete_if_present, put_json, JobOutput};
+use crate::query::index::StoreReader;
+
+/// Inputs without chips the builder keeps by name for the summary; the
+/// failures list holds them all.
+pub(crate) const SAMPLE: usize = 1000;
+
+/// Error files read at once for their failed inputs.
+const ERROR_FILES_AT_ONCE: usize = 16;
+
+/// The error of a list of the output at `loc`.
+pub(crate) fn list_error(loc: &Location, rel: &str, source: ListError) -> Error {
+    Error::ManifestList {
+        url: format!("{}/{rel}", loc.url.as_str().trim_end_matches('/')),
+        source,
+    }
+}
+
+/// Builds a job's manifest; see the module's documentation.
+pub(crate) struct ManifestBuilder {
+    loc: Location,
+    job_id: String,
+    fingerprint: String,
+    files: FilesWriter<BufWriter>,
+    failures: FailuresWriter<BufWriter>,
+    rows: u64,
+    chip_files: u64,
+    error_files: u64,
+    failed_inputs: u64,
+    failed_tasks: u64,
+    without_chips: u64,
+    sample_without_chips: Vec<String>,
+}
+
+/// What [`ManifestBuilder::finish`] wrote.
+#[derive(Debug, Clone)]
+pub(crate) struct Built {
+    /// `manifest.json` (format 2).
+    pub(crate) manifest: Manifest,
+    /// The first [`SAMPLE`] inputs without chips.
+    pub(crate) without_chips: Vec<String>,
+}
+
+impl ManifestBuilder {
+    /// A builder of the manifest of `spec`'s job at `out`.
+    pub(crate) fn new(out: &JobOutput, spec: &JobSpec) -> Result<ManifestBuilder> {
+        Self::for_job(&out.loc, &spec.job_id, &spec.fingerprint)
+    }
+
+    /// A builder of the manifest of job `job_id` at `loc` (a compaction's
+    /// output, whose source may have no `job.json`).
+    pub(crate) fn for_job(loc: &Location, job_id: &str, fingerprint: &str) -> Result<Self> {
+        // A put on completion, or a multipart upload past 10 MiB: either
+        // way the list appears whole or not at all.
+        let sink = |rel: &str| BufWriter::new(loc.store.clone(), loc.child(rel));
+        let files = FilesWriter::new(sink(lists::FILES_LIST))
+            .map_err(|e| list_error(loc, lists::FILES_LIST, e))?;
+        let failures = FailuresWriter::new(sink(lists::FAILURES_LIST))
+            .map_err(|e| list_error(loc, lists::FAILURES_LIST, e))?;
+        Ok(ManifestBuilder {
+            loc: loc.clone(),
+            job_id: job_id.to_owned(),
+            fingerprint: fingerprint.to_owned(),
+            files,
+            failures,
+            rows: 0,
+            chip_files: 0,
+            error_files: 0,
+            failed_inputs: 0,
+            failed_tasks: 0,
+            without_chips: 0,
+            sample_without_chips: Vec::new(),
+        })
+    }
+
+    async fn file(&mut self, kind: FileKind, task_id: &str, f: &ManifestFile) -> Result<()> {
+        let mut row = ListedFile {
+            kind,
+            task_id: task_id.to_owned(),
+            file: f.clone(),
+        };
+        // A record the list cannot hold is left out, as a record of an
+        // older version is: the STAC output then reads the chip file.
+        if let Some(Err(why)) = row.file.extent.as_ref().map(lists::extent_fits) {
+            tracing::warn!(path = %f.path, %why, "the recorded extent does not fit the file list: left out");
+            row.file.extent = None;
+        }
+        self.files
+            .push(row)
+            .await
+            .map_err(|e| list_error(&self.loc, lists::FILES_LIST, e))
+    }
+
+    /// The chip file of task `task_id`.
+    pub(crate) async fn chips_file(&mut self, task_id: &str, f: &ManifestFile) -> Result<()> {
+        self.file(FileKind::Chips, task_id, f).await?;
+        self.chip_files += 1;
+        self.rows += f.rows;
+        Ok(())
+    }
+
+    /// The error file of task `task_id`: its rows are failed inputs.
+    pub(crate) async fn errors_file(&mut self, task_id: &str, f: &ManifestFile) -> Result<()> {
+        self.file(FileKind::Errors, task_id, f).await?;
+        self.error_files += 1;
+        self.failed_inputs += f.rows;
+        Ok(())
+    }
+
+    /// A row of the failures list, as it is (a compaction copies its
+    /// source's).
+    pub(crate) async fn failure_row(&mut self, row: FailureRow) -> Result<()> {
+        self.failures
+            .push(row)
+            .await
+            .map_err(|e| list_error(&self.loc, lists::FAILURES_LIST, e))
+    }
+
+    /// A failed input of task `task_id` (`None`: not recorded, in a format
+    /// 1 manifest), as its error file records it.
+    pub(crate) async fn failure(
+        &mut self,
+        task_id: Option<&str>,
+        f: &ManifestFailure,
+    ) -> Result<()> {
+        self.failure_row(FailureRow::input(task_id, f)).await
+    }
+
+    /// The failed inputs of the error files `files` (task id, path), read
+    /// from the output a few at a time, in the order given.
+    pub(crate) async fn failures_of_error_files(
+        &mut self,
+        files: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<()> {
+        let loc = self.loc.clone();
+        let mut read = futures::stream::iter(files)
+            .map(|(task, path)| {
+                let loc = loc.clone();
+                async move {
+                    let bytes = loc.store.get(&loc.child(&path)).await?.bytes().await?;
+                    let rows = read_error_rows(bytes, usize::MAX)?;
+                    Ok::<_, Error>((task, rows))
+                }
+            })
+            .buffered(ERROR_FILES_AT_ONCE);
+        while let Some((task, rows)) = read.try_next().await? {
+            for f in &rows {
+                self.failure(Some(&task), f).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A task given up on: a row per input.
+    pub(crate) async fn failed_task(&mut self, t: &ManifestFailedTask) -> Result<()> {
+        self.failed_tasks += 1;
+        for row in FailureRow::failed_task(t) {
+            self.failure_row(row).await?;
+        }
+        Ok(())
+    }
+
+    /// Inputs of task `task_id` that gave neither a chip nor an error row.
+    pub(crate) async fn without_chips(
+        &mut self,
+        task_id: Option<&str>,
+        inputs: &[String],
+    ) -> Result<()> {
+        for uri in inputs {
+            self.without_chips += 1;
+            if self.sample_without_chips.len() < SAMPLE {
+                self.sample_without_chips.push(uri.clone());
+            }
+            self.failure_row(FailureRow::without_chips(task_id, uri))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Completes both lists and returns the manifest that names them,
+    /// unwritten (a compaction writes its own, with more in it). A
+    /// `manifest.json` already at the output goes first: it names the
+    /// lists being replaced.
+    pub(crate) async fn finish_lists(self, tasks: u64) -> Result<Built> {
+        delete_if_present(&self.loc, MANIFEST_FILE).await?;
+        let loc = self.loc;
+        let files = self
+            .files
+            .finish()
+            .await
+            .map_err(|e| list_error(&loc, lists::FILES_LIST, e))?
+            .file;
+        let failures = self
+            .failures
+            .finish()
+            .await
+            .map_err(|e| list_error(&loc, lists::FAILURES_LIST, e))?
+            .file;
+        Ok(Built {
+            manifest: Manifest {
+                format: MANIFEST_FORMAT,
+                job_id: self.job_id,
+                fingerprint: self.fingerprint,
+                tasks,
+                rows: self.rows,
+                failed_inputs: self.failed_inputs,
+                chip_file_count: self.chip_files,
+                error_file_count: self.error_files,
+                failed_task_count: self.failed_tasks,
+                inputs_without_chips: self.without_chips,
+                lists: Some(ManifestLists { files, failures }),
+                files: Vec::new(),
+                error_files: Vec::new(),
+                failures: Vec::new(),
+                failed_tasks: Vec::new(),
+                without_chips: Vec::new(),
+                finalized_at: rsembed_worker::now_rfc3339(),
+                software_version: SOFTWARE_VERSION.to_owned(),
+            },
+            without_chips: self.sample_without_chips,
+        })
+    }
+
+    /// Completes both lists, then writes `manifest.json`: a reader never
+    /// sees a manifest over lists that are not whole.
+    pub(crate) async fn finish(self, tasks: u64) -> Result<Built> {
+        let loc = self.loc.clone();
+        let built = self.finish_lists(tasks).await?;
+        put_json(&loc, MANIFEST_FILE, &built.manifest).await?;
+        Ok(built)
+    }
+}
+
+/// `manifest.json` of the dataset at `loc`, in either format, and its
+/// bytes; `None` when there is none.
+pub(crate) async fn read(loc: &Location) -> Result<Option<(Manifest, bytes::Bytes)>> {
+    let bytes = match loc.store.get(&loc.child(MANIFEST_FILE)).await {
+        Ok(g) => g.bytes().await?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let m = lists::parse_manifest(&bytes).map_err(|e| list_error(loc, MANIFEST_FILE, e))?;
+    Ok(Some((m, bytes)))
+}
+
+fn reader(loc: &Location, entry: &ManifestFile) -> StoreReader {
+    StoreReader::new(
+        loc.store.clone(),
+        loc.child(&entry.path),
+        entry.bytes,
+        Default::default(),
+    )
+}
+
+/// The files of the dataset at `loc` whose manifest is `m`, chip and error
+/// files, as its list gives them.
+pub(crate) fn files(loc: &Location, m: &Manifest) -> BoxStream<'static, Result<ListedFile>> {
+    let l = loc.clone();
+    let rel = list_path(m, |l| &l.files);
+    lists::files(m, |e| reader(loc, e))
+        .map_err(move |e| list_error(&l, &rel, e))
+        .boxed()
+}
+
+/// The failures list of the dataset at `loc` whose manifest is `m`.
+pub(crate) fn failures(loc: &Location, m: &Manifest) -> BoxStream<'static, Result<FailureRow>> {
+    let l = loc.clone();
+    let rel = list_path(m, |l| &l.failures);
+    lists::failures(m, |e| reader(loc, e))
+        .map_err(move |e| list_error(&l, &rel, e))
+        .boxed()
+}
+
+/// Where a list is, for messages: its path, or `manifest.json` for format 1.
+fn list_path(m: &Manifest, which: impl Fn(&ManifestLists) -> &ManifestFile) -> String {
+    m.lists
+        .as_ref()
+        .map_or_else(|| MANIFEST_FILE.to_owned(), |l| which(l).path.clone())
+}
+
+/// The chip files of the dataset at `loc`, all in memory: for the STAC
+/// output until it reads them as a stream.
+pub(crate) async fn chip_files(loc: &Location, m: &Manifest) -> Result<Vec<ManifestFile>> {
+    files(loc, m)
+        .try_filter_map(|f| async move { Ok((f.kind == FileKind::Chips).then_some(f.file)) })
+        .try_collect()
+        .await
+}
