@@ -238,6 +238,20 @@ impl JobOutput {
         delete_if_present(&self.loc, JOB_FILE).await
     }
 
+    /// How many chip files and error files the output holds (one listing).
+    pub(crate) async fn task_file_counts(&self) -> Result<(u64, u64)> {
+        let mut counts = [0u64; 2];
+        for (n, dir) in counts.iter_mut().zip(TASK_DIRS) {
+            let mut list = self.loc.store.list(Some(&self.loc.child(dir)));
+            while let Some(meta) = list.next().await {
+                if meta?.location.as_ref().ends_with(".parquet") {
+                    *n += 1;
+                }
+            }
+        }
+        Ok((counts[0], counts[1]))
+    }
+
     /// Deletes the chip and error files of tasks not in `plan`: left by an
     /// earlier plan of an input that changed since, they hold chips the
     /// plan's own files hold too, or chips of inputs that are gone. Returns

@@ -426,15 +426,47 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         })
         .buffer_unordered(args.pipeline.tasks_in_flight.max(1));
 
-    let mut reports: Vec<TaskReport> = Vec::new();
-    while let Some(r) = results.next().await {
-        match r {
-            Ok(rep) => reports.push(rep),
-            Err(e) => {
-                progress.finish();
-                return Err(e);
+    // Reports go to the manifest's lists as they come, in the order tasks
+    // finish: the run holds none of them. The plan's ids go to a local
+    // spool, read back only when the output holds files of no planned task.
+    let mut builder = ManifestBuilder::new(&out, &spec)?;
+    let mut plan_ids = PlanSpool::new()?;
+    let (mut tasks_total, mut with_errors, mut cloudy) = (0u64, 0u64, 0u64);
+    let collected: Result<()> = async {
+        while let Some(r) = results.next().await {
+            let r = r?;
+            tasks_total += 1;
+            cloudy += r.cloudy_chips_dropped;
+            plan_ids.push(&r.task_id)?;
+            builder.chips_file(&r.task_id, &r.chips_file).await?;
+            if let Some(e) = &r.errors_file {
+                with_errors += 1;
+                builder.errors_file(&r.task_id, e).await?;
+                // A task found finished reports no failures: its error file has them.
+                if r.failures.is_empty() {
+                    builder
+                        .failures_of_error_files([(r.task_id.clone(), e.path.clone())])
+                        .await?;
+                }
             }
+            for f in &r.failures {
+                let f = ManifestFailure {
+                    source_uri: f.source_uri.clone(),
+                    stage: f.stage.as_str().to_owned(),
+                    error: f.error.clone(),
+                };
+                builder.failure(Some(&r.task_id), &f).await?;
+            }
+            builder
+                .without_chips(Some(&r.task_id), &r.empty_inputs)
+                .await?;
         }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = collected {
+        progress.finish();
+        return Err(e);
     }
     drop(results);
     planner.done.await.map_err(|source| Error::Panicked {
@@ -449,36 +481,16 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     runner.engine.shutdown().await;
     // Files of tasks an earlier plan had and this one has not (the input
     // changed) would hold some chips twice: they go before the manifest.
-    let plan_ids = reports.iter().map(|r| r.task_id.as_str()).collect();
-    let superseded = out.remove_stale(&plan_ids).await?;
-    // By task id, as the lists of earlier versions were sorted: a rerun
-    // writes the same lists whatever order its tasks finished in.
-    reports.sort_by(|a, b| a.task_id.cmp(&b.task_id));
-    let mut builder = ManifestBuilder::new(&out, &spec)?;
-    let mut resumed_errors = Vec::new();
-    for r in &reports {
-        builder.chips_file(&r.task_id, &r.chips_file).await?;
-        if let Some(e) = &r.errors_file {
-            builder.errors_file(&r.task_id, e).await?;
-            // A task found finished reports no failures: its error file has them.
-            if r.failures.is_empty() {
-                resumed_errors.push((r.task_id.clone(), e.path.clone()));
-            }
-        }
-        for f in &r.failures {
-            let f = ManifestFailure {
-                source_uri: f.source_uri.clone(),
-                stage: f.stage.as_str().to_owned(),
-                error: f.error.clone(),
-            };
-            builder.failure(Some(&r.task_id), &f).await?;
-        }
-        builder
-            .without_chips(Some(&r.task_id), &r.empty_inputs)
-            .await?;
-    }
-    builder.failures_of_error_files(resumed_errors).await?;
-    let built = builder.finish(reports.len() as u64).await?;
+    // Each planned task has its chip file, so as many files as tasks means
+    // none is stale, and only then is the plan read back.
+    let superseded = if out.task_file_counts().await? == (tasks_total, with_errors) {
+        0
+    } else {
+        let ids = plan_ids.read_back()?;
+        out.remove_stale(&ids.iter().map(String::as_str).collect())
+            .await?
+    };
+    let built = builder.finish(tasks_total).await?;
     let manifest = &built.manifest;
     let stac = crate::stac::out::write(&output, &spec, manifest).await?;
     tracing::info!(
@@ -498,7 +510,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         skipped: stats.skipped.load(Ordering::Relaxed),
         chips: manifest.rows,
         chips_embedded: counters.chips.load(Ordering::Relaxed),
-        cloudy_chips_dropped: reports.iter().map(|r| r.cloudy_chips_dropped).sum(),
+        cloudy_chips_dropped: cloudy,
         failed_inputs: manifest.failed_inputs,
         inputs_without_chips: manifest.inputs_without_chips,
         empty_inputs: built.without_chips.clone(),
@@ -517,6 +529,37 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         },
         embed_dim: model_ref.embed_dim,
     })
+}
+
+/// The task ids of a run's plan, spooled to a local temporary file (33 bytes
+/// a task) rather than held: they are needed again only when the output
+/// holds task files of no planned task.
+struct PlanSpool {
+    file: std::io::BufWriter<tempfile::NamedTempFile>,
+}
+
+impl PlanSpool {
+    fn new() -> Result<PlanSpool> {
+        let file = tempfile::NamedTempFile::new()
+            .map_err(|e| Error::Output(format!("a temporary file for the plan's task ids: {e}")))?;
+        Ok(PlanSpool {
+            file: std::io::BufWriter::new(file),
+        })
+    }
+
+    fn push(&mut self, id: &str) -> Result<()> {
+        use std::io::Write;
+        writeln!(self.file, "{id}")
+            .map_err(|e| Error::Output(format!("spooling the plan's task ids: {e}")))
+    }
+
+    fn read_back(self) -> Result<Vec<String>> {
+        let fail =
+            |e: std::io::Error| Error::Output(format!("reading the plan's task ids back: {e}"));
+        let file = self.file.into_inner().map_err(|e| fail(e.into_error()))?;
+        let text = std::fs::read_to_string(file.path()).map_err(fail)?;
+        Ok(text.lines().map(str::to_owned).collect())
+    }
 }
 
 /// The error of a plan that found nothing to embed.
