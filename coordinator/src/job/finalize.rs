@@ -278,9 +278,14 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     );
     out.write_manifest(&manifest).await?;
     report.stac = Some(
-        crate::stac::out::write(&output, &spec, &manifest)
-            .await?
-            .collection,
+        crate::stac::out::write(
+            &output,
+            &spec,
+            futures::stream::iter(manifest.files.iter().cloned().map(Ok)),
+            Some(manifest.files.len() as u64),
+        )
+        .await?
+        .collection,
     );
     report.manifest = Some(format!(
         "{}/{MANIFEST_FILE}",

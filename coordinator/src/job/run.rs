@@ -473,7 +473,13 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         empty_inputs,
     );
     out.write_manifest(&manifest).await?;
-    let stac = crate::stac::out::write(&output, &spec, &manifest).await?;
+    let stac = crate::stac::out::write(
+        &output,
+        &spec,
+        futures::stream::iter(manifest.files.iter().cloned().map(Ok)),
+        Some(manifest.files.len() as u64),
+    )
+    .await?;
     tracing::info!(
         collection = %stac.collection, items = stac.items, removed = stac.removed,
         "wrote the job's STAC collection"
