@@ -28,7 +28,8 @@ use parquet::arrow::arrow_writer::ArrowWriterOptions;
 use parquet::arrow::AsyncArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 use rsembed_schemas::chip::{bbox_fields, timestamp_type};
 use rsembed_schemas::meta::{geo_metadata, GEO_KEY};
 use rsembed_worker::store::Location;
@@ -288,6 +289,15 @@ impl ItemsParquet {
                 ZstdLevel::try_new(3).expect("a valid level"),
             ))
             .set_max_row_group_row_count(Some(items_per_group))
+            // One value per item: a dictionary only costs memory until it
+            // gives up, and min/max of WKB say nothing.
+            .set_column_dictionary_enabled(ColumnPath::from("id"), false)
+            .set_column_dictionary_enabled(ColumnPath::from("geometry"), false)
+            .set_column_statistics_enabled(ColumnPath::from("geometry"), EnabledStatistics::None)
+            .set_column_dictionary_enabled(
+                ColumnPath::from(vec!["assets".into(), "embeddings".into(), "href".into()]),
+                false,
+            )
             .build();
         let options = ArrowWriterOptions::new()
             .with_properties(props)

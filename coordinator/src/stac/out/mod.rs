@@ -108,9 +108,10 @@ impl Totals {
 /// `stac/items.parquet` (docs/decisions.md, "STAC out at scale").
 pub(crate) const JSON_ITEMS_MAX: u64 = 10_000;
 
-/// Items per row group of `stac/items.parquet`: the writer holds one group's
-/// encoded rows (a few MiB), and the footer one entry per group.
-const ITEMS_PER_GROUP: usize = 65_536;
+/// Items per row group of `stac/items.parquet`: the writer holds one group
+/// being encoded (about 20 MiB at this size), and the footer an entry per
+/// group (about 5 KiB).
+const ITEMS_PER_GROUP: usize = 32_768;
 
 /// The two sizes [`write()`] works with; tests lower them.
 #[derive(Debug, Clone, Copy)]

@@ -335,7 +335,8 @@ async fn a_job_without_chip_files_has_an_empty_parquet() {
 }
 
 /// Peak memory and time of `write` over `RSEMBED_STAC_ITEMS` synthetic files
-/// (default 1,000,000) into a local folder. A measurement, not a check: run
+/// (default 1,000,000) into a local folder, in row groups of
+/// `RSEMBED_STAC_GROUP` items (default [`ITEMS_PER_GROUP`]). A measurement, not a check: run
 /// it alone, as VmHWM is the whole process's.
 ///
 /// ```text
@@ -362,19 +363,27 @@ async fn measure() {
     };
     println!("before: {}", hwm());
     let t = std::time::Instant::now();
-    let w = write(&out, &spec(None), stream_of(n), Some(n))
+    let limits = Limits {
+        items_per_group: std::env::var("RSEMBED_STAC_GROUP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(ITEMS_PER_GROUP),
+        ..LIMITS
+    };
+    let w = write_with(&out, &spec(None), stream_of(n), Some(n), limits)
         .await
         .unwrap();
     let secs = t.elapsed().as_secs_f64();
-    let size = std::fs::metadata(dir.path().join(ITEMS_PARQUET))
-        .unwrap()
-        .len();
+    let bytes = std::fs::read(dir.path().join(ITEMS_PARQUET)).unwrap();
+    let footer = u32::from_le_bytes(bytes[bytes.len() - 8..bytes.len() - 4].try_into().unwrap());
     println!(
-        "{n} items: {secs:.1} s ({:.0} items/s), items.parquet {size} bytes ({:.0} B/item), after: {}",
+        "{n} items in groups of {}: {secs:.1} s ({:.0} items/s), items.parquet {} bytes \
+         ({:.0} B/item, footer {footer}), after: {}",
+        limits.items_per_group,
         n as f64 / secs,
-        size as f64 / n as f64,
+        bytes.len(),
+        bytes.len() as f64 / n as f64,
         hwm()
     );
     assert_eq!(w.items, n);
-    println!("KEPT {}", dir.keep().display());
 }
