@@ -3,7 +3,7 @@
 //! chip file, each with an `embeddings` asset that points at its
 //! `chips/<task>.parquet` by a relative href. Every item is a row of
 //! `stac/items.parquet` (stac-geoparquet, an asset of the collection); up to
-//! [`JSON_ITEMS_MAX`] chip files each is also a JSON document under
+//! `JSON_ITEMS_MAX` (10 000) chip files each is also a JSON document under
 //! `stac/items/`, linked from the collection.
 //!
 //! - `mod.rs` writes the documents from a stream of chip files: items first
@@ -11,7 +11,7 @@
 //!   collection, then removes what else `stac/` holds, so a reader never sees
 //!   a collection that links an item not yet there. It holds a few items at
 //!   a time, a row group of the Parquet file, and the JSON items' ids (at
-//!   most [`JSON_ITEMS_MAX`]), whatever the number of files;
+//!   most `JSON_ITEMS_MAX`), whatever the number of files;
 //! - `item.rs` builds the item of one chip file and the collection;
 //! - `geoparquet.rs` writes the items as stac-geoparquet;
 //! - `link.rs` builds the collection's `emb:source-data` link: the search as
