@@ -33,8 +33,9 @@ use parquet::schema::types::ColumnPath;
 use rsembed_schemas::chip::{bbox_fields, timestamp_type};
 use rsembed_schemas::meta::{geo_metadata, GEO_KEY};
 use rsembed_worker::store::Location;
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value};
-use stac::{Collection, Item};
+use stac::{Bbox, Collection, FlatItem, Item};
 
 use super::Context;
 use crate::error::{Error, Result};
@@ -205,35 +206,102 @@ fn wkb(geometry: &Value) -> Result<Wkb> {
 /// 0.2 on one beside both polygon types. The row's bbox stays null.
 const EMPTY_POLYGON: [u8; 9] = [1, 3, 0, 0, 0, 0, 0, 0, 0];
 
-/// `item` as a stac-geoparquet row: properties at the top, the bbox array as
-/// a struct, the geometry apart (as WKB).
-fn flatten(item: Item) -> Result<(Value, Wkb)> {
-    let flat = item
-        .into_flat_item(false)
-        .map_err(|e| Error::Output(format!("an item as a stac-geoparquet row: {e}")))?;
-    let mut row = serde_json::to_value(flat)?;
-    let o = row
-        .as_object_mut()
-        .expect("a flat item serializes to an object");
-    let geometry = match o.remove("geometry") {
-        None | Some(Value::Null) => (EMPTY_POLYGON.to_vec(), "Polygon"),
-        Some(g) => wkb(&g)?,
-    };
-    if let Some(Value::Array(b)) = o.get("bbox") {
-        let b: Option<Vec<f64>> = b.iter().map(Value::as_f64).collect();
-        let [x0, y0, x1, y1] = b.as_deref().unwrap_or_default() else {
-            return Err(Error::Output(format!(
-                "an item's bbox is not 2D: {:?}",
-                o["bbox"]
-            )));
+/// An item ready to be a stac-geoparquet row: flat (its properties at the
+/// top), its geometry apart as WKB. Made where the item is built, so the
+/// work spreads over the runtime's threads.
+pub(super) struct Row {
+    flat: FlatItem,
+    geometry: Wkb,
+}
+
+impl Row {
+    pub(super) fn new(mut item: Item) -> Result<Row> {
+        let geometry = match item.geometry.take() {
+            None => (EMPTY_POLYGON.to_vec(), "Polygon"),
+            Some(g) => wkb(&serde_json::to_value(g)?)?,
         };
-        let s = json!({"xmin": x0, "ymin": y0, "xmax": x1, "ymax": y1});
-        o.insert("bbox".into(), s);
+        let flat = item
+            .into_flat_item(false)
+            .map_err(|e| Error::Output(format!("an item as a stac-geoparquet row: {e}")))?;
+        if let Some(b) = &flat.bbox {
+            if !matches!(b, Bbox::TwoDimensional(_)) {
+                return Err(Error::Output(format!("an item's bbox is not 2D: {b:?}")));
+            }
+        }
+        Ok(Row { flat, geometry })
     }
-    if let Some(p) = o.get_mut("emb:runtime_parameters") {
-        strip_empty(p);
+
+    /// The item's id.
+    pub(super) fn id(&self) -> &str {
+        &self.flat.id
     }
-    Ok((row, geometry))
+}
+
+/// A row as the decoder reads it: the item's fields in the schema's order,
+/// the bbox as a struct, no geometry, and `emb:runtime_parameters` without
+/// its empty members (as [`params_type`] typed it). Serialized straight
+/// into arrow-json's tape: no JSON value of the whole item is built.
+struct Cells<'a>(&'a FlatItem);
+
+impl Serialize for Cells<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let f = self.0;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("type", "Feature")?;
+        m.serialize_entry("stac_version", &stac::STAC_VERSION)?;
+        m.serialize_entry("stac_extensions", &f.extensions)?;
+        m.serialize_entry("id", &f.id)?;
+        if let Some(Bbox::TwoDimensional([x0, y0, x1, y1])) = f.bbox {
+            m.serialize_entry(
+                "bbox",
+                &BboxCells {
+                    xmin: x0,
+                    ymin: y0,
+                    xmax: x1,
+                    ymax: y1,
+                },
+            )?;
+        }
+        m.serialize_entry("links", &f.links)?;
+        m.serialize_entry("assets", &f.assets)?;
+        m.serialize_entry("collection", &f.collection)?;
+        for (k, v) in &f.properties {
+            if k == "emb:runtime_parameters" {
+                m.serialize_entry(k, &NoEmpty(v))?;
+            } else {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        m.end()
+    }
+}
+
+#[derive(serde::Serialize)]
+struct BboxCells {
+    xmin: f64,
+    ymin: f64,
+    xmax: f64,
+    ymax: f64,
+}
+
+/// A JSON value serialized without nulls, empty lists and empty objects (see
+/// [`strip_empty`]).
+struct NoEmpty<'a>(&'a Value);
+
+impl Serialize for NoEmpty<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Object(o) => {
+                let mut m = s.serialize_map(None)?;
+                for (k, v) in o.iter().filter(|(_, v)| !is_empty(v)) {
+                    m.serialize_entry(k, &NoEmpty(v))?;
+                }
+                m.end()
+            }
+            Value::Array(a) => s.collect_seq(a.iter().map(NoEmpty)),
+            v => v.serialize(s),
+        }
+    }
 }
 
 /// The items of a job as they go into `stac/items.parquet`.
@@ -242,8 +310,8 @@ pub(super) struct ItemsParquet {
     decoder: Decoder,
     /// The written schema: times in UTC, the geometry column in.
     schema: SchemaRef,
-    /// Rows decoded but not yet given to the writer, and their geometries.
-    rows: Vec<Value>,
+    /// Rows not yet decoded.
+    rows: Vec<Row>,
     geometries: BinaryBuilder,
     geometry_types: BTreeSet<&'static str>,
     written: u64,
@@ -321,11 +389,8 @@ impl ItemsParquet {
         })
     }
 
-    /// Adds `item` as the next row.
-    pub(super) async fn add(&mut self, item: Item) -> Result<()> {
-        let (row, (wkb, kind)) = flatten(item)?;
-        self.geometries.append_value(wkb);
-        self.geometry_types.insert(kind);
+    /// Adds `row` as the next row.
+    pub(super) async fn add(&mut self, row: Row) -> Result<()> {
         self.rows.push(row);
         if self.rows.len() == BATCH_ITEMS {
             self.write_rows().await?;
@@ -341,9 +406,14 @@ impl ItemsParquet {
         }
         let path = self.path.clone();
         let wrap = |e: arrow_schema::ArrowError| Error::Output(format!("{path}: {e}"));
-        self.decoder.serialize(&self.rows).map_err(wrap)?;
+        let cells: Vec<Cells<'_>> = self.rows.iter().map(|r| Cells(&r.flat)).collect();
+        self.decoder.serialize(&cells).map_err(wrap)?;
+        drop(cells);
         let n = self.rows.len();
-        self.rows.clear();
+        for Row { geometry, .. } in self.rows.drain(..) {
+            self.geometries.append_value(geometry.0);
+            self.geometry_types.insert(geometry.1);
+        }
         let decoded = self
             .decoder
             .flush()

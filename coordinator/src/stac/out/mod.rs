@@ -9,9 +9,10 @@
 //! - `mod.rs` writes the documents from a stream of chip files: items first
 //!   (JSON as they come, the Parquet file completed after the last), then the
 //!   collection, then removes what else `stac/` holds, so a reader never sees
-//!   a collection that links an item not yet there. It holds a few items at
-//!   a time, a row group of the Parquet file, and the JSON items' ids (at
-//!   most `JSON_ITEMS_MAX`), whatever the number of files;
+//!   a collection that links an item not yet there. It holds about a
+//!   thousand items at a time (built on the runtime's threads), a row group
+//!   of the Parquet file, and the JSON items' ids (at most
+//!   `JSON_ITEMS_MAX`), whatever the number of files;
 //! - `item.rs` builds the item of one chip file and the collection;
 //! - `geoparquet.rs` writes the items as stac-geoparquet;
 //! - `link.rs` builds the collection's `emb:source-data` link: the search as
@@ -47,8 +48,8 @@ use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
 
-use geoparquet::ItemsParquet;
 pub(crate) use geoparquet::ITEMS_PARQUET;
+use geoparquet::{ItemsParquet, Row};
 use item::{collection, item, link_items_parquet, runtime_params};
 
 /// The folder of the output that holds the STAC documents.
@@ -70,6 +71,12 @@ const JSON: &str = "application/json";
 /// recorded extent holds only its read batch, so this bounds memory and
 /// keeps a remote store's round trips overlapping.
 const FILES_AT_ONCE: usize = 8;
+
+/// Files whose items one spawned task builds, one after another (a task
+/// per file spent a fifth of the time switching), and such tasks at once:
+/// about a thousand items in flight.
+const FILES_PER_TASK: usize = 256;
+const TASKS_AT_ONCE: usize = 4;
 
 /// What the collection covers: the union of its items'.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -248,62 +255,51 @@ where
     let (mut n, mut files_read) = (0u64, 0u64);
     let job_type = data_type_name(ctx.spec.tiling.embedding_type);
     let mut data_type: Option<(String, String)> = None;
-    let mut items = files
+    let mut built = files
+        .chunks(FILES_PER_TASK)
         .enumerate()
-        .map(|(i, file)| {
+        .map(|(c, chunk)| {
             let (output, ctx) = (output.clone(), ctx.clone());
-            async move {
-                let file = file?;
-                let recorded = file.extent.clone().filter(|e| match e.check() {
-                    Ok(()) => true,
-                    Err(why) => {
-                        tracing::warn!(path = %file.path, %why, "the recorded extent is not usable: reading the chip file");
-                        false
-                    }
-                });
-                let (extent, dtype, read) = match recorded {
-                    Some(e) => (e, None, false),
-                    None => {
-                        let (e, t) = read::read_extent(&output, &file).await?;
-                        (e, t, true)
-                    }
-                };
-                let item = item(&ctx, &file, &extent)?;
-                if (i as u64) < json_max {
-                    put(&output, &format!("{ITEMS_DIR}{}.json", item.id), &item).await?;
-                }
-                Ok::<_, Error>((item, file.path, file.rows, extent, dtype, read))
-            }
+            let first = (c * FILES_PER_TASK) as u64;
+            // On the runtime's threads, a chunk of files to a task: building
+            // and flattening items is most of the work per file.
+            Spawned(tokio::spawn(async move {
+                futures::stream::iter(chunk.into_iter().zip(first..))
+                    .map(|(file, i)| build(&output, &ctx, file, i < json_max))
+                    .buffered(FILES_AT_ONCE / TASKS_AT_ONCE)
+                    .try_collect::<Vec<Built>>()
+                    .await
+            }))
         })
-        .buffered(FILES_AT_ONCE);
-    while let Some((item, path, rows, extent, dtype, read)) = items.try_next().await? {
-        n += 1;
-        files_read += u64::from(read);
-        // Files whose extent was recorded hold the job's type; only files
-        // read say theirs.
-        let t = dtype.unwrap_or_else(|| job_type.clone());
-        match &data_type {
-            None => data_type = Some((t, path)),
-            Some((first, first_path)) if *first != t => {
-                return Err(Error::Output(format!(
-                    "{path} holds {t} embeddings and {first_path} {first}: \
-                     one collection describes one embedding type"
-                )))
+        .buffered(TASKS_AT_ONCE);
+    while let Some(chunk) = built.try_next().await? {
+        for b in chunk {
+            n += 1;
+            files_read += u64::from(b.read);
+            // Files whose extent was recorded hold the job's type; only
+            // files read say theirs.
+            let t = b.data_type.unwrap_or_else(|| job_type.clone());
+            match &data_type {
+                None => data_type = Some((t, b.path)),
+                Some((first, first_path)) if *first != t => {
+                    return Err(Error::Output(format!(
+                        "{} holds {t} embeddings and {first_path} {first}: \
+                         one collection describes one embedding type",
+                        b.path
+                    )))
+                }
+                Some(_) => {}
             }
-            Some(_) => {}
+            totals.add(b.rows, b.bbox, b.times);
+            if n > json_max {
+                ids = None;
+            } else if let Some(ids) = ids.as_mut() {
+                ids.push(b.row.id().to_owned());
+            }
+            parquet.add(b.row).await?;
         }
-        // The collection covers what its items say, the processing time of
-        // those without an acquisition time included.
-        let (start, end, _) = times_of(ctx, &extent);
-        totals.add(rows, extent.bbox(), (start, end));
-        if n > json_max {
-            ids = None;
-        } else if let Some(ids) = ids.as_mut() {
-            ids.push(item.id.clone());
-        }
-        parquet.add(item).await?;
     }
-    drop(items);
+    drop(built);
     if files_read > 0 {
         tracing::info!(
             files_read,
@@ -322,6 +318,86 @@ where
         totals,
         data_type: data_type.map_or(job_type, |(t, _)| t),
     })
+}
+
+/// One chip file's item, built, and what the collection takes from it.
+struct Built {
+    row: Row,
+    path: String,
+    rows: u64,
+    bbox: Option<[f64; 4]>,
+    /// The item's time range, the processing time for an item without an
+    /// acquisition time: the collection covers what its items say.
+    times: (i64, i64),
+    /// The embedding type a chip file that had to be read holds.
+    data_type: Option<String>,
+    read: bool,
+}
+
+/// Builds the item of `file` (reading the chip file when its record holds no
+/// usable extent), puts it as JSON if `json`, and flattens it into a row.
+async fn build(
+    output: &Location,
+    ctx: &Context,
+    file: Result<ManifestFile>,
+    json: bool,
+) -> Result<Built> {
+    let file = file?;
+    let recorded = file.extent.clone().filter(|e| match e.check() {
+        Ok(()) => true,
+        Err(why) => {
+            tracing::warn!(path = %file.path, %why, "the recorded extent is not usable: reading the chip file");
+            false
+        }
+    });
+    let (extent, data_type, read) = match recorded {
+        Some(e) => (e, None, false),
+        None => {
+            let (e, t) = read::read_extent(output, &file).await?;
+            (e, t, true)
+        }
+    };
+    let item = item(ctx, &file, &extent)?;
+    if json {
+        put(output, &format!("{ITEMS_DIR}{}.json", item.id), &item).await?;
+    }
+    let (start, end, _) = times_of(ctx, &extent);
+    Ok(Built {
+        row: Row::new(item)?,
+        path: file.path,
+        rows: file.rows,
+        bbox: extent.bbox(),
+        times: (start, end),
+        data_type,
+        read,
+    })
+}
+
+/// A spawned task, aborted when dropped (a write that fails leaves none
+/// running); a panic in it goes on in the caller.
+struct Spawned<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Spawned<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for Spawned<T> {
+    type Output = T;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|done| match done {
+                Ok(v) => v,
+                // Only a dropped `Spawned` is aborted, and it is not polled then.
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            })
+    }
 }
 
 /// What every document of a job shares.
