@@ -224,8 +224,13 @@ fn an_s3_output_gets_its_collection_in_the_bucket() {
         .map(|(k, _)| k)
         .collect();
     keys.sort();
-    assert_eq!(keys.len(), 4, "the collection and three items: {keys:?}");
+    assert_eq!(
+        keys.len(),
+        5,
+        "the collection, items.parquet and three items: {keys:?}"
+    );
     assert!(keys.contains(&"collection.json".to_owned()), "{keys:?}");
+    assert!(keys.contains(&"items.parquet".to_owned()), "{keys:?}");
 
     // Downloaded as it is, the folder is a valid, self-contained catalog.
     let dl = dir.path().join("dl");

@@ -245,9 +245,14 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     report.inputs_without_chips = without;
     let manifest = builder.finish(tasks).await?.manifest;
     report.stac = Some(
-        crate::stac::out::write(&output, &spec, &manifest)
-            .await?
-            .collection,
+        crate::stac::out::write(
+            &output,
+            &spec,
+            crate::job::manifest::chip_file_stream(&output, &manifest),
+            Some(manifest.chip_file_count),
+        )
+        .await?
+        .collection,
     );
     report.manifest = Some(format!(
         "{}/{MANIFEST_FILE}",

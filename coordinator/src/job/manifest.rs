@@ -305,11 +305,13 @@ fn list_path(m: &Manifest, which: impl Fn(&ManifestLists) -> &ManifestFile) -> S
         .map_or_else(|| MANIFEST_FILE.to_owned(), |l| which(l).path.clone())
 }
 
-/// The chip files of the dataset at `loc`, all in memory: for the STAC
-/// output until it reads them as a stream.
-pub(crate) async fn chip_files(loc: &Location, m: &Manifest) -> Result<Vec<ManifestFile>> {
+/// The chip files of the dataset at `loc`, as a stream (the STAC output
+/// reads them so).
+pub(crate) fn chip_file_stream(
+    loc: &Location,
+    m: &Manifest,
+) -> BoxStream<'static, Result<ManifestFile>> {
     files(loc, m)
         .try_filter_map(|f| async move { Ok((f.kind == FileKind::Chips).then_some(f.file)) })
-        .try_collect()
-        .await
+        .boxed()
 }

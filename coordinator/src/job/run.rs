@@ -492,7 +492,13 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     };
     let built = builder.finish(tasks_total).await?;
     let manifest = &built.manifest;
-    let stac = crate::stac::out::write(&output, &spec, manifest).await?;
+    let stac = crate::stac::out::write(
+        &output,
+        &spec,
+        crate::job::manifest::chip_file_stream(&output, manifest),
+        Some(manifest.chip_file_count),
+    )
+    .await?;
     tracing::info!(
         collection = %stac.collection, items = stac.items, removed = stac.removed,
         "wrote the job's STAC collection"

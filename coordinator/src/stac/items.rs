@@ -191,7 +191,7 @@ const TOP_LEVEL: [&str; 9] = [
 ];
 
 /// The items of one stac-geoparquet batch, or why each row is not one.
-fn rows_of(batch: &RecordBatch) -> Result<Vec<Result<Value, String>>, String> {
+pub(crate) fn rows_of(batch: &RecordBatch) -> Result<Vec<Result<Value, String>>, String> {
     let schema = batch.schema();
     let geometry_col = schema.index_of("geometry").ok();
     // WKB is decoded here; arrow-json would write the bytes as a string.

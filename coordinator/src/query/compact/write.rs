@@ -134,6 +134,16 @@ impl AtomicUpload {
         }
     }
 
+    /// Bytes written so far.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Hex SHA-256 of the bytes written so far.
+    pub(crate) fn sha256(&self) -> String {
+        hex::encode(self.sha.clone().finalize())
+    }
+
     /// Gives up the upload, leaving no object; errors are of no use then.
     pub(crate) async fn abort(&mut self) {
         if !self.closing {

@@ -3,10 +3,11 @@
 
 use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::extent::FileExtent;
-use rsembed_schemas::job::ManifestFile;
+use rsembed_schemas::job::{JobSpec, ManifestFile};
 use serde_json::{json, Map, Value};
 use stac::{Asset, Bbox, Collection, Item, ItemAsset, Link};
 
+use super::geoparquet::ParquetWritten;
 use super::link::{client_filter, source_link};
 use super::{chrono_of, times_of, Context, Totals, EMBEDDINGS_EXTENSION, GEOJSON, JSON, PARQUET};
 use crate::error::{Error, Result};
@@ -16,6 +17,8 @@ const PROCESSING_EXTENSION: &str =
     "https://stac-extensions.github.io/processing/v1.2.0/schema.json";
 /// `file:size` and `file:checksum` of the embeddings asset, from the manifest.
 const FILE_EXTENSION: &str = "https://stac-extensions.github.io/file/v2.1.0/schema.json";
+/// The collection's asset that is `stac/items.parquet`.
+pub(crate) const ITEMS_PARQUET_ASSET: &str = "geoparquet-items";
 
 /// The GeoJSON geometry of a footprint: a Polygon for one ring, else a
 /// MultiPolygon; rings closed, as GeoJSON has them. `None` when empty.
@@ -95,14 +98,7 @@ pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> R
         "processing:datetime".into(),
         serde_json::to_value(chrono_of(ctx.created_us)?)?,
     );
-    let mut params = serde_json::to_value(&ctx.spec.tiling)?;
-    if let (Some(cf), Some(o)) = (
-        client_filter(&ctx.spec.input, ctx.spec.search.as_ref()),
-        params.as_object_mut(),
-    ) {
-        o.insert("client_filter".into(), cf.into());
-    }
-    f.insert("emb:runtime_parameters".into(), params);
+    f.insert("emb:runtime_parameters".into(), ctx.runtime_params.clone());
 
     let up = "../collection.json";
     for rel in ["root", "parent", "collection"] {
@@ -132,6 +128,48 @@ pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> R
     );
     item.assets.insert("embeddings".into(), asset);
     Ok(item)
+}
+
+/// `emb:runtime_parameters` of every item of a job: its tiling as `job.json`
+/// has it, and the filter rsembed applied to a STAC search itself.
+pub(crate) fn runtime_params(spec: &JobSpec) -> Result<Value> {
+    let mut params = serde_json::to_value(&spec.tiling)?;
+    if let (Some(cf), Some(o)) = (
+        client_filter(&spec.input, spec.search.as_ref()),
+        params.as_object_mut(),
+    ) {
+        o.insert("client_filter".into(), cf.into());
+    }
+    Ok(params)
+}
+
+/// Points the collection at `stac/items.parquet`, as the stac-geoparquet
+/// spec says a collection refers to its mirror: an asset of type
+/// `application/vnd.apache.parquet` and role `collection-mirror`. The key
+/// and the `stac-items` role are the Planetary Computer's, which clients of
+/// its collections look for.
+pub(crate) fn link_items_parquet(c: &mut Collection, written: &ParquetWritten) {
+    let mut a = Asset::new("./items.parquet")
+        .role("collection-mirror")
+        .role("stac-items");
+    a.r#type = Some(PARQUET.to_owned());
+    a.title = Some("The items as stac-geoparquet".into());
+    a.description = Some(format!(
+        "Every item of this collection ({} items), one row each in the order of the \
+         job's chip files; not spatially partitioned: the bbox columns (the GeoParquet \
+         covering) select.",
+        written.rows
+    ));
+    a.additional_fields
+        .insert("file:size".into(), written.bytes.into());
+    a.additional_fields.insert(
+        "file:checksum".into(),
+        format!("1220{}", written.sha256).into(),
+    );
+    c.assets.insert(ITEMS_PARQUET_ASSET.into(), a);
+    if !c.extensions.iter().any(|e| e == FILE_EXTENSION) {
+        c.extensions.push(FILE_EXTENSION.to_owned());
+    }
 }
 
 /// The collection over the items `ids` whose chips `totals` covers.

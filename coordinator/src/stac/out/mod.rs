@@ -1,12 +1,20 @@
 //! A finished job as STAC: `<output>/stac/collection.json`, a STAC 1.1.0
-//! Collection with the embeddings extension (proposal), and one Item per chip
-//! file under `stac/items/`, each with an `embeddings` asset that points at
-//! its `chips/<task>.parquet` by a relative href.
+//! Collection with the embeddings extension (proposal), over one Item per
+//! chip file, each with an `embeddings` asset that points at its
+//! `chips/<task>.parquet` by a relative href. Every item is a row of
+//! `stac/items.parquet` (stac-geoparquet, an asset of the collection); up to
+//! `JSON_ITEMS_MAX` (10 000) chip files each is also a JSON document under
+//! `stac/items/`, linked from the collection.
 //!
-//! - `mod.rs` writes the documents: items first, then the collection, then
-//!   removes items of tasks no longer in the manifest, so a reader never sees
-//!   a collection that links an item not yet there;
+//! - `mod.rs` writes the documents from a stream of chip files: items first
+//!   (JSON as they come, the Parquet file completed after the last), then the
+//!   collection, then removes what else `stac/` holds, so a reader never sees
+//!   a collection that links an item not yet there. It holds about a
+//!   thousand items at a time (built on the runtime's threads), a row group
+//!   of the Parquet file, and the JSON items' ids (at most
+//!   `JSON_ITEMS_MAX`), whatever the number of files;
 //! - `item.rs` builds the item of one chip file and the collection;
+//! - `geoparquet.rs` writes the items as stac-geoparquet;
 //! - `link.rs` builds the collection's `emb:source-data` link: the search as
 //!   it was sent, and what rsembed filtered itself;
 //! - `read.rs` reads what a chip file of an older version did not record.
@@ -14,7 +22,7 @@
 //! Each item is built from its file's [`FileExtent`] (the outline of its
 //! chips, their time range and source items), which the worker recorded on
 //! the file's manifest entry, so no chip file is opened: the cost is the
-//! manifest's, whatever the chips. A file without one (written by an older
+//! file list's, whatever the chips. A file without one (written by an older
 //! version) is read instead, one at a time and only in its `bbox`,
 //! `datetime`, `end_datetime`, `item_id` and `source_uri` columns.
 //!
@@ -23,6 +31,7 @@
 //! the job's `created_at` instead, and the item says so in
 //! `rsembed:datetime_source` = `processing` (docs/decisions.md, "STAC out").
 
+mod geoparquet;
 mod item;
 mod link;
 mod read;
@@ -30,16 +39,18 @@ mod read;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::extent::FileExtent;
-use rsembed_schemas::job::{JobSpec, Manifest};
+use rsembed_schemas::job::{JobSpec, ManifestFile};
 use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
 
-use item::{collection, item};
+pub(crate) use geoparquet::ITEMS_PARQUET;
+use geoparquet::{ItemsParquet, Row};
+use item::{collection, item, link_items_parquet, runtime_params};
 
 /// The folder of the output that holds the STAC documents.
 pub(crate) const STAC_DIR: &str = "stac/";
@@ -60,6 +71,12 @@ const JSON: &str = "application/json";
 /// recorded extent holds only its read batch, so this bounds memory and
 /// keeps a remote store's round trips overlapping.
 const FILES_AT_ONCE: usize = 8;
+
+/// Files whose items one spawned task builds, one after another (a task
+/// per file spent a fifth of the time switching), and such tasks at once:
+/// about a thousand items in flight.
+const FILES_PER_TASK: usize = 256;
+const TASKS_AT_ONCE: usize = 4;
 
 /// What the collection covers: the union of its items'.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -93,101 +110,294 @@ impl Totals {
     }
 }
 
+/// Chip files up to which each item is also a JSON document under
+/// `stac/items/`, linked from the collection; past it the items are only in
+/// `stac/items.parquet` (docs/decisions.md, "STAC out at scale").
+pub(crate) const JSON_ITEMS_MAX: u64 = 10_000;
+
+/// Items per row group of `stac/items.parquet`: the writer holds one group
+/// being encoded (about 20 MiB at this size), and the footer an entry per
+/// group (about 5 KiB).
+const ITEMS_PER_GROUP: usize = 32_768;
+
+/// The two sizes [`write()`] works with; tests lower them.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    json_items: u64,
+    items_per_group: usize,
+}
+
+const LIMITS: Limits = Limits {
+    json_items: JSON_ITEMS_MAX,
+    items_per_group: ITEMS_PER_GROUP,
+};
+
 /// What [`write()`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct StacWritten {
     /// URL of `collection.json`.
     pub(crate) collection: String,
-    /// Items written, one per chip file.
+    /// Items written, one per chip file, all in `stac/items.parquet`.
     pub(crate) items: u64,
-    /// Items of tasks no longer in the manifest, removed.
+    /// Whether each item is also a JSON document under `stac/items/`.
+    pub(crate) json_items: bool,
+    /// Objects of `stac/` the job no longer has (items of tasks an earlier
+    /// run had, or every JSON item once the job is past
+    /// [`JSON_ITEMS_MAX`]), removed.
     pub(crate) removed: u64,
 }
 
-/// Writes `<output>/stac/` for a finished job: an item per chip file of
-/// `manifest`, then the collection, then removes items of other tasks.
-/// Rerunning it writes the same documents.
-pub(crate) async fn write(
+/// Writes `<output>/stac/` for a finished job from its chip files, given as
+/// a stream (`count` of them, when known): every item into
+/// `stac/items.parquet`, and up to [`JSON_ITEMS_MAX`] files each item as
+/// JSON too; then the collection; then removes what else `stac/` holds.
+/// Memory does not grow with the number of files. Rerunning it writes the
+/// same documents.
+pub(crate) async fn write<S>(
     output: &Location,
     spec: &JobSpec,
-    manifest: &Manifest,
-) -> Result<StacWritten> {
+    files: S,
+    count: Option<u64>,
+) -> Result<StacWritten>
+where
+    S: Stream<Item = Result<ManifestFile>> + Send + Unpin,
+{
+    write_with(output, spec, files, count, LIMITS).await
+}
+
+async fn write_with<S>(
+    output: &Location,
+    spec: &JobSpec,
+    files: S,
+    count: Option<u64>,
+    limits: Limits,
+) -> Result<StacWritten>
+where
+    S: Stream<Item = Result<ManifestFile>> + Send + Unpin,
+{
     let ctx = Arc::new(Context::new(spec)?);
-    let mut totals = Totals::default();
-    let files = crate::job::manifest::chip_files(output, manifest).await?;
-    let mut ids = Vec::with_capacity(files.len());
-    let mut files_read = 0;
-    let job_type = data_type_name(spec.tiling.embedding_type);
-    let mut data_type: Option<(String, String)> = None;
-    let mut items = futures::stream::iter(files)
-        .map(|file| {
-            let (output, ctx) = (output.clone(), ctx.clone());
-            async move {
-                let recorded = file.extent.clone().filter(|e| match e.check() {
-                    Ok(()) => true,
-                    Err(why) => {
-                        tracing::warn!(path = %file.path, %why, "the recorded extent is not usable: reading the chip file");
-                        false
-                    }
-                });
-                let (extent, dtype, read) = match recorded {
-                    Some(e) => (e, None, false),
-                    None => {
-                        let (e, t) = read::read_extent(&output, &file).await?;
-                        (e, t, true)
-                    }
-                };
-                let item = item(&ctx, &file, &extent)?;
-                put(&output, &format!("{ITEMS_DIR}{}.json", item.id), &item).await?;
-                Ok::<_, Error>((item.id, file.path, file.rows, extent, dtype, read))
-            }
-        })
-        .buffered(FILES_AT_ONCE);
-    while let Some((id, path, rows, extent, dtype, read)) = items.try_next().await? {
-        files_read += u64::from(read);
-        // Files whose extent was recorded hold the job's type; only files
-        // read say theirs.
-        let t = dtype.unwrap_or_else(|| job_type.clone());
-        match &data_type {
-            None => data_type = Some((t, path)),
-            Some((first, first_path)) if *first != t => {
-                return Err(Error::Output(format!(
-                    "{path} holds {t} embeddings and {first_path} {first}: \
-                     one collection describes one embedding type"
-                )))
-            }
-            Some(_) => {}
+    let mut parquet = ItemsParquet::create(output, &ctx, limits.items_per_group)?;
+    let described = match describe(output, &ctx, files, count, limits, &mut parquet).await {
+        Ok(d) => d,
+        Err(e) => {
+            parquet.abort().await;
+            return Err(e);
         }
-        // The collection covers what its items say, the processing time of
-        // those without an acquisition time included.
-        let (start, end, _) = times_of(&ctx, &extent);
-        totals.add(rows, extent.bbox(), (start, end));
-        ids.push(id);
+    };
+    let mut collection = match collection(
+        &ctx,
+        described.ids.as_deref().unwrap_or_default(),
+        &described.totals,
+        &described.data_type,
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            parquet.abort().await;
+            return Err(e);
+        }
+    };
+    // The file's own copy of the collection does not point at the file.
+    let written = parquet.finish(&collection, described.totals.bbox).await?;
+    link_items_parquet(&mut collection, &written);
+    put(output, COLLECTION_FILE, &collection).await?;
+    let mut keep: HashSet<String> = [COLLECTION_FILE, ITEMS_PARQUET].map(str::to_owned).into();
+    let json_items = described.ids.is_some();
+    keep.extend(
+        described
+            .ids
+            .into_iter()
+            .flatten()
+            .map(|id| format!("{ITEMS_DIR}{id}.json")),
+    );
+    let removed = remove_others(output, keep).await?;
+    Ok(StacWritten {
+        collection: format!(
+            "{}/{COLLECTION_FILE}",
+            output.url.as_str().trim_end_matches('/')
+        ),
+        items: written.rows,
+        json_items,
+        removed,
+    })
+}
+
+/// What the items say about the collection.
+struct Described {
+    /// The JSON items' ids, in order; `None` past the limit.
+    ids: Option<Vec<String>>,
+    totals: Totals,
+    data_type: String,
+}
+
+/// Builds each file's item (8 at once), puts it as JSON while the job is
+/// within `limits.json_items`, adds it to `parquet` in stream order, and
+/// folds what the collection needs.
+async fn describe<S>(
+    output: &Location,
+    ctx: &Arc<Context>,
+    files: S,
+    count: Option<u64>,
+    limits: Limits,
+    parquet: &mut ItemsParquet,
+) -> Result<Described>
+where
+    S: Stream<Item = Result<ManifestFile>> + Send + Unpin,
+{
+    // A count known to be past the limit writes no JSON item at all; an
+    // unknown one writes them until the stream passes the limit, and those
+    // written are removed with the other stale items.
+    let json_max = match count {
+        Some(n) if n > limits.json_items => 0,
+        _ => limits.json_items,
+    };
+    let mut ids = (json_max > 0).then(Vec::new);
+    let mut totals = Totals::default();
+    let (mut n, mut files_read) = (0u64, 0u64);
+    let job_type = data_type_name(ctx.spec.tiling.embedding_type);
+    let mut data_type: Option<(String, String)> = None;
+    let mut built = files
+        .chunks(FILES_PER_TASK)
+        .enumerate()
+        .map(|(c, chunk)| {
+            let (output, ctx) = (output.clone(), ctx.clone());
+            let first = (c * FILES_PER_TASK) as u64;
+            // On the runtime's threads, a chunk of files to a task: building
+            // and flattening items is most of the work per file.
+            Spawned(tokio::spawn(async move {
+                futures::stream::iter(chunk.into_iter().zip(first..))
+                    .map(|(file, i)| build(&output, &ctx, file, i < json_max))
+                    .buffered(FILES_AT_ONCE / TASKS_AT_ONCE)
+                    .try_collect::<Vec<Built>>()
+                    .await
+            }))
+        })
+        .buffered(TASKS_AT_ONCE);
+    while let Some(chunk) = built.try_next().await? {
+        for b in chunk {
+            n += 1;
+            files_read += u64::from(b.read);
+            // Files whose extent was recorded hold the job's type; only
+            // files read say theirs.
+            let t = b.data_type.unwrap_or_else(|| job_type.clone());
+            match &data_type {
+                None => data_type = Some((t, b.path)),
+                Some((first, first_path)) if *first != t => {
+                    return Err(Error::Output(format!(
+                        "{} holds {t} embeddings and {first_path} {first}: \
+                         one collection describes one embedding type",
+                        b.path
+                    )))
+                }
+                Some(_) => {}
+            }
+            totals.add(b.rows, b.bbox, b.times);
+            if n > json_max {
+                ids = None;
+            } else if let Some(ids) = ids.as_mut() {
+                ids.push(b.row.id().to_owned());
+            }
+            parquet.add(b.row).await?;
+        }
     }
-    drop(items);
+    drop(built);
     if files_read > 0 {
         tracing::info!(
             files_read,
             "chip files of an older rsembed read for their STAC items (their records hold no extent)"
         );
     }
-    let dtype = data_type.map_or(job_type, |(t, _)| t);
-    let collection = collection(&ctx, &ids, &totals, &dtype)?;
-    put(output, COLLECTION_FILE, &collection).await?;
-    let keep: HashSet<String> = ids
-        .iter()
-        .map(|id| format!("{ITEMS_DIR}{id}.json"))
-        .chain([COLLECTION_FILE.to_owned()])
-        .collect();
-    let removed = remove_others(output, &keep).await?;
-    Ok(StacWritten {
-        collection: format!(
-            "{}/{COLLECTION_FILE}",
-            output.url.as_str().trim_end_matches('/')
-        ),
-        items: ids.len() as u64,
-        removed,
+    if let Some(c) = count.filter(|&c| c != n) {
+        tracing::warn!(
+            expected = c,
+            files = n,
+            "the job's file list gave another number of chip files than it said"
+        );
+    }
+    Ok(Described {
+        ids,
+        totals,
+        data_type: data_type.map_or(job_type, |(t, _)| t),
     })
+}
+
+/// One chip file's item, built, and what the collection takes from it.
+struct Built {
+    row: Row,
+    path: String,
+    rows: u64,
+    bbox: Option<[f64; 4]>,
+    /// The item's time range, the processing time for an item without an
+    /// acquisition time: the collection covers what its items say.
+    times: (i64, i64),
+    /// The embedding type a chip file that had to be read holds.
+    data_type: Option<String>,
+    read: bool,
+}
+
+/// Builds the item of `file` (reading the chip file when its record holds no
+/// usable extent), puts it as JSON if `json`, and flattens it into a row.
+async fn build(
+    output: &Location,
+    ctx: &Context,
+    file: Result<ManifestFile>,
+    json: bool,
+) -> Result<Built> {
+    let file = file?;
+    let recorded = file.extent.clone().filter(|e| match e.check() {
+        Ok(()) => true,
+        Err(why) => {
+            tracing::warn!(path = %file.path, %why, "the recorded extent is not usable: reading the chip file");
+            false
+        }
+    });
+    let (extent, data_type, read) = match recorded {
+        Some(e) => (e, None, false),
+        None => {
+            let (e, t) = read::read_extent(output, &file).await?;
+            (e, t, true)
+        }
+    };
+    let item = item(ctx, &file, &extent)?;
+    if json {
+        put(output, &format!("{ITEMS_DIR}{}.json", item.id), &item).await?;
+    }
+    let (start, end, _) = times_of(ctx, &extent);
+    Ok(Built {
+        row: Row::new(item)?,
+        path: file.path,
+        rows: file.rows,
+        bbox: extent.bbox(),
+        times: (start, end),
+        data_type,
+        read,
+    })
+}
+
+/// A spawned task, aborted when dropped (a write that fails leaves none
+/// running); a panic in it goes on in the caller.
+struct Spawned<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Spawned<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for Spawned<T> {
+    type Output = T;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<T> {
+        std::pin::Pin::new(&mut self.0)
+            .poll(cx)
+            .map(|done| match done {
+                Ok(v) => v,
+                // Only a dropped `Spawned` is aborted, and it is not polled then.
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            })
+    }
 }
 
 /// What every document of a job shares.
@@ -198,6 +408,8 @@ pub(crate) struct Context {
     id: String,
     /// `created_at` in microseconds: the processing time.
     created_us: i64,
+    /// Every item's `emb:runtime_parameters`.
+    runtime_params: serde_json::Value,
 }
 
 impl Context {
@@ -212,6 +424,7 @@ impl Context {
             spec: spec.clone(),
             id: format!("rsembed-{}", spec.job_id),
             created_us,
+            runtime_params: runtime_params(spec)?,
         })
     }
 }
@@ -257,31 +470,42 @@ async fn put<T: serde::Serialize>(output: &Location, rel: &str, v: &T) -> Result
     Ok(())
 }
 
-/// Deletes what `stac/` holds besides `keep`: items of tasks an earlier run
-/// had. Returns how many went.
-async fn remove_others(output: &Location, keep: &HashSet<String>) -> Result<u64> {
+/// Deletes what `stac/` holds besides `keep` as the listing goes (so an
+/// earlier run's items, however many, are never held at once). Returns how
+/// many went.
+async fn remove_others(output: &Location, keep: HashSet<String>) -> Result<u64> {
     let root = output.prefix.as_ref().to_owned();
-    let mut stale = Vec::new();
-    let mut list = output.store.list(Some(&output.child(STAC_DIR)));
-    while let Some(meta) = list.next().await {
-        let meta = meta?;
-        let full = meta.location.as_ref();
-        let rel = full
-            .strip_prefix(&root)
-            .unwrap_or(full)
-            .trim_start_matches('/');
-        if !keep.contains(rel) {
-            stale.push(meta.location);
-        }
+    let stale = output
+        .store
+        .list(Some(&output.child(STAC_DIR)))
+        .try_filter(move |meta| {
+            let full = meta.location.as_ref();
+            let rel = full
+                .strip_prefix(&root)
+                .unwrap_or(full)
+                .trim_start_matches('/');
+            futures::future::ready(!keep.contains(rel))
+        })
+        .map_ok(|meta| {
+            tracing::debug!(file = %meta.location, "removing a STAC document of no chip file of the job");
+            meta.location
+        })
+        .boxed();
+    let mut deleted = output.store.delete_stream(stale);
+    let mut n = 0;
+    while deleted.try_next().await?.is_some() {
+        n += 1;
     }
-    drop(list);
-    let n = stale.len() as u64;
-    for p in stale {
-        tracing::info!(file = %p, "removing a STAC item of no chip file of the job");
-        output.store.delete(&p).await?;
+    if n > 0 {
+        tracing::info!(
+            removed = n,
+            "removed STAC documents of no chip file of the job"
+        );
     }
     Ok(n)
 }
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_geoparquet;

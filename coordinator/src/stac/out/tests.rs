@@ -12,18 +12,18 @@ use rsembed_raster::geo::Footprint;
 use rsembed_schemas::chip::{bbox_fields, col, timestamp_type};
 use rsembed_schemas::ids::Window;
 use rsembed_schemas::job::{
-    CloudCoverBy, GroupingSpec, ManifestFile, ModelRef, StacSearch, TilingSpec,
+    CloudCoverBy, GroupingSpec, Manifest, ManifestFile, ModelRef, StacSearch, TilingSpec,
 };
 use rsembed_worker::sink::extent::ExtentBuilder;
 use rsembed_worker::sink::parquet::encode_chips;
 use rsembed_worker::sink::rows::{chip_batch, ChipRow, StacColumns};
 use serde_json::{json, Value};
 
-const DAY_US: i64 = 86_400_000_000;
+pub(super) const DAY_US: i64 = 86_400_000_000;
 /// 2024-06-01T00:00:00Z.
-const JUNE_1: i64 = 1_717_200_000_000_000;
+pub(super) const JUNE_1: i64 = 1_717_200_000_000_000;
 
-fn spec(search: Option<StacSearch>) -> JobSpec {
+pub(super) fn spec(search: Option<StacSearch>) -> JobSpec {
     JobSpec::new(
         "https://stac.example/v1".into(),
         "s3://bucket/out/".into(),
@@ -59,7 +59,7 @@ fn spec(search: Option<StacSearch>) -> JobSpec {
     .with_search(search)
 }
 
-fn file(task: &str) -> ManifestFile {
+pub(super) fn file(task: &str) -> ManifestFile {
     ManifestFile {
         path: format!("chips/{task}.parquet"),
         rows: 3,
@@ -155,7 +155,7 @@ fn schema_1_batches_have_no_datetime_and_bad_bboxes_are_errors() {
 }
 
 /// An extent of one square footprint.
-fn square(b: [f64; 4], start: Option<i64>, end: Option<i64>) -> FileExtent {
+pub(super) fn square(b: [f64; 4], start: Option<i64>, end: Option<i64>) -> FileExtent {
     FileExtent {
         footprint: vec![vec![[b[0], b[1]], [b[2], b[1]], [b[2], b[3]], [b[0], b[3]]]],
         start,
@@ -505,7 +505,13 @@ async fn put_chips(out: &Location, task: &str, batch: &RecordBatch) -> ManifestF
     f
 }
 
-async fn get_json(out: &Location, rel: &str) -> Value {
+/// `write` over the manifest's files, streamed.
+pub(super) async fn write_all(out: &Location, spec: &JobSpec, m: &Manifest) -> Result<StacWritten> {
+    let files = futures::stream::iter(m.files.clone().into_iter().map(Ok));
+    write(out, spec, files, Some(m.files.len() as u64)).await
+}
+
+pub(super) async fn get_json(out: &Location, rel: &str) -> Value {
     let b = out.store.get(&out.child(rel)).await.unwrap();
     serde_json::from_slice(&b.bytes().await.unwrap()).unwrap()
 }
@@ -550,7 +556,7 @@ async fn write_reads_both_schema_versions_through_the_store_and_drops_stale_item
     put(&out, "stac/items/gone.json", &json!({})).await.unwrap();
     let m = crate::job::output::manifest(&spec, 3, files, vec![], vec![], vec![], vec![]);
 
-    let w = write(&out, &spec, &m).await.unwrap();
+    let w = write_all(&out, &spec, &m).await.unwrap();
     assert_eq!((w.items, w.removed), (3, 1));
     assert_eq!(w.collection, "memory:///job/stac/collection.json");
 
@@ -597,7 +603,7 @@ async fn write_reads_both_schema_versions_through_the_store_and_drops_stale_item
     // Again: the same bytes.
     let before = out.store.get(&out.child(COLLECTION_FILE)).await.unwrap();
     let before = before.bytes().await.unwrap();
-    write(&out, &spec, &m).await.unwrap();
+    write_all(&out, &spec, &m).await.unwrap();
     let after = out.store.get(&out.child(COLLECTION_FILE)).await.unwrap();
     assert_eq!(after.bytes().await.unwrap(), before);
 }
@@ -612,7 +618,7 @@ async fn a_missing_chip_file_is_a_store_error_and_a_broken_one_a_task_file_error
     let spec = spec(None);
     let m =
         crate::job::output::manifest(&spec, 1, vec![file("gone")], vec![], vec![], vec![], vec![]);
-    let e = write(&out, &spec, &m).await.unwrap_err();
+    let e = write_all(&out, &spec, &m).await.unwrap_err();
     assert!(matches!(e, Error::ReadOutput { .. }), "{e:?}");
     assert!(
         e.to_string().contains("memory:///job/chips/gone.parquet"),
@@ -626,7 +632,7 @@ async fn a_missing_chip_file_is_a_store_error_and_a_broken_one_a_task_file_error
         .await
         .unwrap();
     let m = crate::job::output::manifest(&spec, 1, vec![f], vec![], vec![], vec![], vec![]);
-    let e = write(&out, &spec, &m).await.unwrap_err();
+    let e = write_all(&out, &spec, &m).await.unwrap_err();
     assert!(matches!(e, Error::TaskFile { .. }), "{e:?}");
     // Nothing claims the job is described.
     let c = out.store.get(&out.child(COLLECTION_FILE)).await;
@@ -659,7 +665,7 @@ async fn write_builds_items_from_recorded_extents_without_any_chip_file() {
         ..FileExtent::default()
     });
     let m = crate::job::output::manifest(&spec, 2, vec![a, b], vec![], vec![], vec![], vec![]);
-    let w = write(&out, &spec, &m).await.unwrap();
+    let w = write_all(&out, &spec, &m).await.unwrap();
     assert_eq!(w.items, 2);
 
     let ia = get_json(&out, "stac/items/a.json").await;
@@ -693,6 +699,6 @@ async fn write_builds_items_from_recorded_extents_without_any_chip_file() {
         ..FileExtent::default()
     });
     let m = crate::job::output::manifest(&spec, 1, vec![bad], vec![], vec![], vec![], vec![]);
-    let e = write(&out, &spec, &m).await.unwrap_err();
+    let e = write_all(&out, &spec, &m).await.unwrap_err();
     assert!(matches!(e, Error::ReadOutput { .. }), "{e:?}");
 }

@@ -1,0 +1,517 @@
+//! `stac/items.parquet`: the job's items as one stac-geoparquet file
+//! (<https://github.com/radiantearth/stac-geoparquet-spec>), written as the
+//! items stream by, a row group at a time, through an upload that appears
+//! whole on completion.
+//!
+//! The rows are the items [`item()`](super::item::item) builds, flattened as
+//! the spec and rustac have it: `type`, `stac_version`, `stac_extensions`,
+//! `id`, `geometry` (WKB, with GeoParquet 1.1 `geo` metadata), `bbox` (a
+//! struct, the `geo` covering), `links`, `assets`, `collection`, then every
+//! property as a top-level column, times as timestamps (µs, UTC). The schema
+//! is fixed here, before the first row, so a property `item()` starts to
+//! write without a column here is an error, not a silently missing field.
+//! The footer holds `geo` (with the items' bbox) and `stac-geoparquet`
+//! (version and the collection), both known only at the end; no
+//! `ARROW:schema` is written, so Arrow C++ (PyArrow, GeoPandas) reads them
+//! from the Parquet key-value list.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use arrow_array::builder::BinaryBuilder;
+use arrow_array::cast::AsArray;
+use arrow_array::types::TimestampMicrosecondType;
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_json::reader::{infer_json_schema_from_iterator, Decoder, ReaderBuilder};
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
+use parquet::arrow::arrow_writer::ArrowWriterOptions;
+use parquet::arrow::AsyncArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+use rsembed_schemas::chip::{bbox_fields, timestamp_type};
+use rsembed_schemas::meta::{geo_metadata, GEO_KEY};
+use rsembed_worker::store::Location;
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde_json::{json, Map, Value};
+use stac::{Bbox, Collection, FlatItem, Item};
+
+use super::Context;
+use crate::error::{Error, Result};
+use crate::query::compact::AtomicUpload;
+
+/// The file, relative to the output.
+pub(crate) const ITEMS_PARQUET: &str = "stac/items.parquet";
+
+/// The stac-geoparquet metadata key and the spec version written (the one
+/// its JSON schema accepts, and rustac writes).
+const METADATA_KEY: &str = "stac-geoparquet";
+const VERSION: &str = "1.0.0";
+
+/// Items decoded into one Arrow batch: a few hundred KiB of JSON.
+const BATCH_ITEMS: usize = 1024;
+
+/// Upload parts (10 MiB each) in flight.
+const UPLOAD_CONCURRENCY: usize = 2;
+
+/// The Arrow schema of the rows, in the order the spec lists the fields;
+/// `params` is the type of `emb:runtime_parameters`, which depends on the job.
+/// Times are without a zone here: arrow-json parses zone names only with
+/// chrono-tz, so they are labelled UTC after decoding.
+fn decode_schema(params: DataType) -> Schema {
+    let utf8 = |name: &str, null: bool| Field::new(name, DataType::Utf8, null);
+    let list = |t: DataType| DataType::List(Arc::new(Field::new("item", t, true)));
+    let time = |name: &str, null: bool| {
+        Field::new(name, DataType::Timestamp(TimeUnit::Microsecond, None), null)
+    };
+    let link = Fields::from(vec![
+        utf8("href", false),
+        utf8("rel", false),
+        utf8("type", true),
+        utf8("title", true),
+    ]);
+    let embeddings = Fields::from(vec![
+        utf8("href", false),
+        utf8("title", true),
+        utf8("type", true),
+        Field::new("roles", list(DataType::Utf8), true),
+        Field::new("file:size", DataType::Int64, true),
+        utf8("file:checksum", true),
+    ]);
+    Schema::new(vec![
+        utf8("type", false),
+        utf8("stac_version", false),
+        Field::new("stac_extensions", list(DataType::Utf8), false),
+        utf8("id", false),
+        Field::new("bbox", DataType::Struct(bbox_fields()), true),
+        Field::new("links", list(DataType::Struct(link)), false),
+        Field::new(
+            "assets",
+            DataType::Struct(Fields::from(vec![Field::new(
+                "embeddings",
+                DataType::Struct(embeddings),
+                false,
+            )])),
+            false,
+        ),
+        utf8("collection", true),
+        time("datetime", true),
+        time("start_datetime", true),
+        time("end_datetime", true),
+        utf8("rsembed:datetime_source", false),
+        Field::new("rsembed:chips_without_datetime", DataType::Int64, true),
+        Field::new("rsembed:chips", DataType::Int64, false),
+        Field::new("rsembed:more_sources", DataType::Boolean, true),
+        Field::new("rsembed:wide_footprint", DataType::Boolean, true),
+        time("processing:datetime", false),
+        Field::new("emb:runtime_parameters", params, false),
+    ])
+}
+
+/// Where the geometry column goes: after `id`, as in the spec's table.
+const GEOMETRY_AT: usize = 4;
+
+/// `v` without nulls, empty lists and empty objects, at any depth: a Parquet
+/// column of nulls has no type readers agree on, and an absent property
+/// reads back the same as a null one.
+fn strip_empty(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            o.values_mut().for_each(strip_empty);
+            o.retain(|_, v| !is_empty(v));
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_empty),
+        _ => {}
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        _ => false,
+    }
+}
+
+/// The type of the job's `emb:runtime_parameters`, the same on every item.
+fn params_type(ctx: &Context) -> Result<DataType> {
+    let mut v = ctx.runtime_params.clone();
+    strip_empty(&mut v);
+    let schema =
+        infer_json_schema_from_iterator(std::iter::once(Ok::<_, arrow_schema::ArrowError>(v)))
+            .map_err(|e| {
+                Error::Output(format!("emb:runtime_parameters as a Parquet column: {e}"))
+            })?;
+    Ok(DataType::Struct(schema.fields().clone()))
+}
+
+/// A geometry as WKB, and its type name for the `geo` metadata.
+type Wkb = (Vec<u8>, &'static str);
+
+/// Little-endian WKB of a GeoJSON Polygon or MultiPolygon (what `item()`
+/// writes).
+fn wkb(geometry: &Value) -> Result<Wkb> {
+    fn rings(out: &mut Vec<u8>, polygon: &Value) -> Option<()> {
+        let rings = polygon.as_array()?;
+        out.extend_from_slice(&u32::try_from(rings.len()).ok()?.to_le_bytes());
+        for ring in rings {
+            let points = ring.as_array()?;
+            out.extend_from_slice(&u32::try_from(points.len()).ok()?.to_le_bytes());
+            for p in points {
+                let (x, y) = (p.get(0)?.as_f64()?, p.get(1)?.as_f64()?);
+                out.extend_from_slice(&x.to_le_bytes());
+                out.extend_from_slice(&y.to_le_bytes());
+            }
+        }
+        Some(())
+    }
+    let header = |out: &mut Vec<u8>, code: u32| {
+        out.push(1);
+        out.extend_from_slice(&code.to_le_bytes());
+    };
+    let coords = &geometry["coordinates"];
+    let mut out = Vec::new();
+    let name = match geometry["type"].as_str() {
+        Some("Polygon") => {
+            header(&mut out, 3);
+            rings(&mut out, coords).map(|()| "Polygon")
+        }
+        Some("MultiPolygon") => {
+            header(&mut out, 6);
+            coords.as_array().and_then(|polygons| {
+                out.extend_from_slice(&u32::try_from(polygons.len()).ok()?.to_le_bytes());
+                for p in polygons {
+                    header(&mut out, 3);
+                    rings(&mut out, p)?;
+                }
+                Some("MultiPolygon")
+            })
+        }
+        _ => None,
+    };
+    let name = name.ok_or_else(|| {
+        Error::Output(format!(
+            "an item's geometry is not a polygon stac-geoparquet can hold: {}",
+            geometry["type"]
+        ))
+    })?;
+    Ok((out, name))
+}
+
+/// `POLYGON EMPTY`: the geometry of an item without a footprint. GeoJSON
+/// readers may take an empty geometry for null (RFC 7946, 3.1), and a null
+/// in the column breaks readers: stac-geoparquet 0.8 fails on any, rustac
+/// 0.2 on one beside both polygon types. The row's bbox stays null.
+const EMPTY_POLYGON: [u8; 9] = [1, 3, 0, 0, 0, 0, 0, 0, 0];
+
+/// An item ready to be a stac-geoparquet row: flat (its properties at the
+/// top), its geometry apart as WKB. Made where the item is built, so the
+/// work spreads over the runtime's threads.
+pub(super) struct Row {
+    flat: FlatItem,
+    geometry: Wkb,
+}
+
+impl Row {
+    pub(super) fn new(mut item: Item) -> Result<Row> {
+        let geometry = match item.geometry.take() {
+            None => (EMPTY_POLYGON.to_vec(), "Polygon"),
+            Some(g) => wkb(&serde_json::to_value(g)?)?,
+        };
+        let flat = item
+            .into_flat_item(false)
+            .map_err(|e| Error::Output(format!("an item as a stac-geoparquet row: {e}")))?;
+        if let Some(b) = &flat.bbox {
+            if !matches!(b, Bbox::TwoDimensional(_)) {
+                return Err(Error::Output(format!("an item's bbox is not 2D: {b:?}")));
+            }
+        }
+        Ok(Row { flat, geometry })
+    }
+
+    /// The item's id.
+    pub(super) fn id(&self) -> &str {
+        &self.flat.id
+    }
+}
+
+/// A row as the decoder reads it: the item's fields in the schema's order,
+/// the bbox as a struct, no geometry, and `emb:runtime_parameters` without
+/// its empty members (as [`params_type`] typed it). Serialized straight
+/// into arrow-json's tape: no JSON value of the whole item is built.
+struct Cells<'a>(&'a FlatItem);
+
+impl Serialize for Cells<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        let f = self.0;
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("type", "Feature")?;
+        m.serialize_entry("stac_version", &stac::STAC_VERSION)?;
+        m.serialize_entry("stac_extensions", &f.extensions)?;
+        m.serialize_entry("id", &f.id)?;
+        if let Some(Bbox::TwoDimensional([x0, y0, x1, y1])) = f.bbox {
+            m.serialize_entry(
+                "bbox",
+                &BboxCells {
+                    xmin: x0,
+                    ymin: y0,
+                    xmax: x1,
+                    ymax: y1,
+                },
+            )?;
+        }
+        m.serialize_entry("links", &f.links)?;
+        m.serialize_entry("assets", &f.assets)?;
+        m.serialize_entry("collection", &f.collection)?;
+        for (k, v) in &f.properties {
+            if k == "emb:runtime_parameters" {
+                m.serialize_entry(k, &NoEmpty(v))?;
+            } else {
+                m.serialize_entry(k, v)?;
+            }
+        }
+        m.end()
+    }
+}
+
+#[derive(serde::Serialize)]
+struct BboxCells {
+    xmin: f64,
+    ymin: f64,
+    xmax: f64,
+    ymax: f64,
+}
+
+/// A JSON value serialized without nulls, empty lists and empty objects (see
+/// [`strip_empty`]).
+struct NoEmpty<'a>(&'a Value);
+
+impl Serialize for NoEmpty<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Object(o) => {
+                let mut m = s.serialize_map(None)?;
+                for (k, v) in o.iter().filter(|(_, v)| !is_empty(v)) {
+                    m.serialize_entry(k, &NoEmpty(v))?;
+                }
+                m.end()
+            }
+            Value::Array(a) => s.collect_seq(a.iter().map(NoEmpty)),
+            v => v.serialize(s),
+        }
+    }
+}
+
+/// The items of a job as they go into `stac/items.parquet`.
+pub(super) struct ItemsParquet {
+    writer: AsyncArrowWriter<AtomicUpload>,
+    decoder: Decoder,
+    /// The written schema: times in UTC, the geometry column in.
+    schema: SchemaRef,
+    /// Rows not yet decoded.
+    rows: Vec<Row>,
+    geometries: BinaryBuilder,
+    geometry_types: BTreeSet<&'static str>,
+    written: u64,
+    path: String,
+}
+
+/// What [`ItemsParquet::finish`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ParquetWritten {
+    pub(super) rows: u64,
+    pub(super) bytes: u64,
+    pub(super) sha256: String,
+}
+
+impl ItemsParquet {
+    /// Starts the upload of `stac/items.parquet`; row groups of
+    /// `items_per_group` items.
+    pub(super) fn create(
+        output: &Location,
+        ctx: &Context,
+        items_per_group: usize,
+    ) -> Result<ItemsParquet> {
+        let path = output.uri_of(&output.child(ITEMS_PARQUET));
+        let wrap = |e: arrow_schema::ArrowError| Error::Output(format!("{path}: {e}"));
+        let decode = Arc::new(decode_schema(params_type(ctx)?));
+        let decoder = ReaderBuilder::new(decode.clone())
+            .with_batch_size(BATCH_ITEMS)
+            .with_strict_mode(true)
+            .build_decoder()
+            .map_err(wrap)?;
+        let mut fields: Vec<Field> = decode
+            .fields()
+            .iter()
+            .map(|f| match f.data_type() {
+                DataType::Timestamp(..) => f.as_ref().clone().with_data_type(timestamp_type()),
+                _ => f.as_ref().clone(),
+            })
+            .collect();
+        fields.insert(GEOMETRY_AT, Field::new("geometry", DataType::Binary, false));
+        let schema = Arc::new(Schema::new(fields));
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(
+                ZstdLevel::try_new(3).expect("a valid level"),
+            ))
+            .set_max_row_group_row_count(Some(items_per_group))
+            // One value per item: a dictionary only costs memory until it
+            // gives up, and min/max of WKB say nothing.
+            .set_column_dictionary_enabled(ColumnPath::from("id"), false)
+            .set_column_dictionary_enabled(ColumnPath::from("geometry"), false)
+            .set_column_statistics_enabled(ColumnPath::from("geometry"), EnabledStatistics::None)
+            .set_column_dictionary_enabled(
+                ColumnPath::from(vec!["assets".into(), "embeddings".into(), "href".into()]),
+                false,
+            )
+            .build();
+        let options = ArrowWriterOptions::new()
+            .with_properties(props)
+            .with_skip_arrow_metadata(true);
+        let upload = AtomicUpload::new(
+            &output.store,
+            output.child(ITEMS_PARQUET),
+            UPLOAD_CONCURRENCY,
+        );
+        let writer = AsyncArrowWriter::try_new_with_options(upload, schema.clone(), options)
+            .map_err(|e| write_error(&path, e))?;
+        Ok(ItemsParquet {
+            writer,
+            decoder,
+            schema,
+            rows: Vec::with_capacity(BATCH_ITEMS),
+            geometries: BinaryBuilder::new(),
+            geometry_types: BTreeSet::new(),
+            written: 0,
+            path,
+        })
+    }
+
+    /// Adds `row` as the next row.
+    pub(super) async fn add(&mut self, row: Row) -> Result<()> {
+        self.rows.push(row);
+        if self.rows.len() == BATCH_ITEMS {
+            self.write_rows().await?;
+        }
+        Ok(())
+    }
+
+    /// Decodes the pending rows and hands them to the writer, which flushes
+    /// a row group to the upload whenever one fills.
+    async fn write_rows(&mut self) -> Result<()> {
+        if self.rows.is_empty() {
+            return Ok(());
+        }
+        let path = self.path.clone();
+        let wrap = |e: arrow_schema::ArrowError| Error::Output(format!("{path}: {e}"));
+        let cells: Vec<Cells<'_>> = self.rows.iter().map(|r| Cells(&r.flat)).collect();
+        self.decoder.serialize(&cells).map_err(wrap)?;
+        drop(cells);
+        let n = self.rows.len();
+        for Row { geometry, .. } in self.rows.drain(..) {
+            self.geometries.append_value(geometry.0);
+            self.geometry_types.insert(geometry.1);
+        }
+        let decoded = self
+            .decoder
+            .flush()
+            .map_err(wrap)?
+            .expect("rows were serialized");
+        let mut columns: Vec<ArrayRef> = decoded
+            .columns()
+            .iter()
+            .map(|c| match c.data_type() {
+                DataType::Timestamp(TimeUnit::Microsecond, None) => Arc::new(
+                    c.as_primitive::<TimestampMicrosecondType>()
+                        .clone()
+                        .with_timezone("UTC"),
+                ) as ArrayRef,
+                _ => c.clone(),
+            })
+            .collect();
+        columns.insert(GEOMETRY_AT, Arc::new(self.geometries.finish()));
+        let batch = RecordBatch::try_new(self.schema.clone(), columns).map_err(wrap)?;
+        self.writer
+            .write(&batch)
+            .await
+            .map_err(|e| write_error(&self.path, e))?;
+        self.written += n as u64;
+        Ok(())
+    }
+
+    /// Writes the last rows and the footer, with `collection` and the items'
+    /// `bbox` in it, and completes the upload.
+    pub(super) async fn finish(
+        mut self,
+        collection: &Collection,
+        bbox: Option<[f64; 4]>,
+    ) -> Result<ParquetWritten> {
+        let done = async {
+            self.write_rows().await?;
+            let mut geo = geo_metadata(bbox);
+            // An empty list (no row) says the types are not known.
+            geo["columns"]["geometry"]["geometry_types"] = json!(self.geometry_types);
+            self.writer
+                .append_key_value_metadata(KeyValue::new(GEO_KEY.to_owned(), geo.to_string()));
+            // The collection without its item links: the rows are the items,
+            // and a footer is read whole.
+            let mut c = serde_json::to_value(collection)?;
+            if let Some(Value::Array(links)) = c.get_mut("links") {
+                links.retain(|l| l["rel"] != "item");
+            }
+            let mut collections = Map::new();
+            collections.insert(collection.id.clone(), c);
+            let meta = json!({"version": VERSION, "collections": collections});
+            self.writer.append_key_value_metadata(KeyValue::new(
+                METADATA_KEY.to_owned(),
+                meta.to_string(),
+            ));
+            self.writer
+                .finish()
+                .await
+                .map_err(|e| write_error(&self.path, e))
+        }
+        .await;
+        let md = match done {
+            Ok(md) => md,
+            Err(e) => {
+                self.abort().await;
+                return Err(e);
+            }
+        };
+        let rows = u64::try_from(md.file_metadata().num_rows()).unwrap_or(0);
+        if rows != self.written {
+            return Err(Error::Output(format!(
+                "{}: its footer says {rows} rows, {} were written",
+                self.path, self.written
+            )));
+        }
+        let upload = self.writer.into_inner();
+        Ok(ParquetWritten {
+            rows,
+            bytes: upload.bytes(),
+            sha256: upload.sha256(),
+        })
+    }
+
+    /// Gives the upload up: no object is left.
+    pub(super) async fn abort(self) {
+        let mut upload = self.writer.into_inner();
+        upload.abort().await;
+    }
+
+    /// Bytes the writer holds: encoded rows of the row group being filled.
+    #[cfg(test)]
+    pub(super) fn buffered(&self) -> usize {
+        self.writer.memory_size()
+    }
+}
+
+fn write_error(path: &str, e: parquet::errors::ParquetError) -> Error {
+    Error::WriteOutput {
+        path: path.to_owned(),
+        source: std::io::Error::other(e),
+    }
+}
