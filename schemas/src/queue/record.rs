@@ -244,7 +244,7 @@ pub struct JobTotals {
     pub failed_inputs: u64,
     /// Inputs that gave neither a chip nor an error row.
     pub inputs_without_chips: u64,
-    /// Chips finished per [`BUCKET_MS`], over the last [`RATE_WINDOW_MS`] of
+    /// Chips finished per 10 s, over the last five minutes of
     /// finishing: the rate, in bounded space.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent: Vec<RateBucket>,
