@@ -255,7 +255,7 @@ fn rerun_on_s3_redoes_only_the_missing_task() {
     assert!(tasks >= 3, "several tasks: {tasks}");
     let before = tmp.path().join("before");
     s3.download("s3://output/job", &before);
-    let files = manifest_list(&before, "files", "true");
+    let files = manifest_list(&before, "files", "true ORDER BY path");
 
     let victim = &files[1];
     s3.delete(&format!(
@@ -278,7 +278,7 @@ fn rerun_on_s3_redoes_only_the_missing_task() {
     s3.download("s3://output/job", &after);
     assert_eq!(
         files,
-        manifest_list(&after, "files", "true"),
+        manifest_list(&after, "files", "true ORDER BY path"),
         "the redone task wrote the same bytes"
     );
     assert_eq!(

@@ -170,7 +170,8 @@ fn status_names_a_killed_holder_and_when_its_task_returns() {
     assert_eq!(st["ack_wait_s"], 3.0, "{st}");
     let h = &st["silent_holders"][0];
     assert_eq!(h["worker"], "slow", "{st}");
-    assert!(h["silent_s"].as_f64().unwrap() > 2.0, "{st}");
+    // Silent past two heartbeats; reported to a tenth of a second.
+    assert!(h["silent_s"].as_f64().unwrap() >= 2.0, "{st}");
     let back_in = h["redelivery_in_s"].as_f64().unwrap();
     assert!((0.0..=3.0).contains(&back_in), "{st}");
     let silent = st["silent"].as_u64().unwrap() + st["redelivery_due"].as_u64().unwrap();

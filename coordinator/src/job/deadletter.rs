@@ -53,6 +53,16 @@ pub(crate) async fn reconcile(q: &Queue) -> Result<u64> {
         )
         .await
         .map_err(|e| Error::nats("dead-letter consumer", e))?;
+    // Nothing to read, most of the time: a fetch would wait out its expiry
+    // (300 ms on every status poll) to say so.
+    let mut c = c;
+    let info = c
+        .info()
+        .await
+        .map_err(|e| Error::nats("dead-letter consumer", e))?;
+    if info.num_pending == 0 && info.num_ack_pending == 0 {
+        return Ok(0);
+    }
     let mut recorded = 0;
     loop {
         let mut batch = c
