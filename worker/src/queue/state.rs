@@ -120,12 +120,7 @@ impl JobState {
     }
 
     /// Records a task as finished.
-    pub(crate) async fn put_done(
-        &self,
-        job: &str,
-        task: &str,
-        v: &TaskDone,
-    ) -> Result<(), QueueError> {
+    pub async fn put_done(&self, job: &str, task: &str, v: &TaskDone) -> Result<(), QueueError> {
         self.put(Self::key(job, DONE, task), v).await.map(drop)
     }
 
