@@ -302,7 +302,8 @@ def stage_work(s, bins, nats):
 
 def stage_records(s, bins, nats):
     rc, out, wall, rss = timed(
-        [bins["scale-records"], "--nats", nats.url, "--output", s.out, "--tasks", str(s.n)],
+        [bins["scale-records"], "--nats", nats.url, "--output", s.out, "--tasks", str(s.n),
+         "--placeholders", s.a.placeholders],
         s.logs, "records", s.a.work_timeout)
     must(rc, out, s.logs, "records")
     return {"seconds": wall, "peak_rss": rss, "records_per_s": s.n / wall, **(last_json(out) or {})}
@@ -502,6 +503,9 @@ def main():
     ap.add_argument("--polls", type=int, default=11, help="status polls per size")
     ap.add_argument("--generate-above", type=int, default=1_000_000,
                     help="sizes above this load generated done records instead of running tasks")
+    ap.add_argument("--placeholders", choices=["sparse", "none"], default="sparse",
+                    help="generated tasks' chip files: sparse files (an inode each), or none "
+                    "for a finalize that does not list chips/")
     ap.add_argument("--resume-max", type=int, default=1_000_000,
                     help="largest size whose embedded-run resume is timed")
     ap.add_argument("--timeout", type=float, default=1800, help="per status poll and submit")

@@ -49,6 +49,20 @@ struct Args {
     /// Tasks per step; `tasks.txt` grows after each step's records are written.
     #[arg(long, default_value_t = 50_000)]
     chunk: u64,
+    /// The generated tasks' files: `sparse` (the template's size, no data;
+    /// an inode each) or `none` (for a `finalize` that does not list the
+    /// chip files).
+    #[arg(long, value_enum, default_value_t = Placeholders::Sparse)]
+    placeholders: Placeholders,
+}
+
+/// What stands in for a generated task's files.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Placeholders {
+    /// Sparse files of the template's sizes.
+    Sparse,
+    /// No files.
+    None,
 }
 
 const TASKS_FILE: &str = "tasks.txt";
@@ -160,8 +174,9 @@ async fn load(args: Args) -> anyhow::Result<()> {
         let dir = out.clone();
         let (ids_for_files, files_for) = (ids.clone(), files.clone());
         let template_id = template.clone();
+        let sparse = args.placeholders == Placeholders::Sparse;
         let placeholders = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            for id in &ids_for_files {
+            for id in ids_for_files.iter().filter(|_| sparse) {
                 for (path, len) in &files_for {
                     let f = std::fs::File::create(dir.join(path.replace(&template_id, id)))?;
                     f.set_len(*len)?;
