@@ -75,15 +75,21 @@ def write_images(folder, n):
     """n inputs, all hard links of one PNG: a file of its own would take a
     4 KiB block each (4 GB at 10^6), and the planner and the worker see
     distinct paths, which is all that tells inputs apart."""
-    first = os.path.join(folder, "tiny.png")
-    with open(first, "wb") as f:
-        f.write(tiny_png())
+    # ext4 allows 65,000 links to one inode: a new source every 60,000.
+    first = None
     for i in range(n):
+        if i % 60_000 == 0:
+            if first:
+                os.remove(first)
+            first = os.path.join(folder, f"tiny{i // 60_000}.png")
+            with open(first, "wb") as f:
+                f.write(tiny_png())
         d = os.path.join(folder, f"d{i // PER_DIR:05d}")
         if i % PER_DIR == 0:
             os.makedirs(d, exist_ok=True)
         os.link(first, os.path.join(d, f"i{i:08d}.png"))
-    os.remove(first)
+    if first:
+        os.remove(first)
 
 
 def free_port():

@@ -329,9 +329,10 @@ impl JobState {
         for _ in 0..FOLD_TRIES {
             let (revision, mut t) = self.stored_totals(job).await?;
             let from = t.seq;
-            let filters = [DONE, DONE_JSON, FAILED]
-                .map(|k| self.subject(&format!("{prefix}{k}.>")))
-                .to_vec();
+            // One filter over the whole job: nats-server (2.15) delivers a
+            // consumer of several filters a few ms a message once a job has
+            // many keys; other kinds are passed over here.
+            let filters = vec![self.subject(&format!("{prefix}>"))];
             let policy = consumer::DeliverPolicy::ByStartSequence {
                 start_sequence: from + 1,
             };
@@ -345,11 +346,12 @@ impl JobState {
                 };
                 match kind {
                     FAILED => t.add_failed(1),
-                    _ => {
+                    DONE | DONE_JSON => {
                         if let Some(d) = done_of(kind, task, &r.payload) {
                             t.add_done(&DoneRecord::of(&d), 1);
                         }
                     }
+                    _ => {}
                 }
             })
             .await?;
@@ -587,12 +589,23 @@ impl JobState {
         impl futures::Stream<Item = Result<(String, TaskDone), QueueError>> + use<>,
         QueueError,
     > {
-        let filters = [DONE, DONE_JSON]
-            .map(|k| self.subject(&Self::key(job, k, ">")))
-            .to_vec();
-        let records = self
-            .records(filters, consumer::DeliverPolicy::LastPerSubject)
+        // Done records of older workers (`done.`) first, then this
+        // version's (`d.`): one filter a read, as nats-server (2.15)
+        // delivers a consumer of several filters a few ms a message once a
+        // job has many keys. Every key holds one message (history 1).
+        let legacy = self
+            .records(
+                vec![self.subject(&Self::key(job, DONE_JSON, ">"))],
+                consumer::DeliverPolicy::All,
+            )
             .await?;
+        let current = self
+            .records(
+                vec![self.subject(&Self::key(job, DONE, ">"))],
+                consumer::DeliverPolicy::All,
+            )
+            .await?;
+        let records = legacy.chain(current);
         Ok(records.filter_map(|r| async move {
             match r {
                 Err(e) => Some(Err(e)),
