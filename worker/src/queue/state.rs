@@ -97,6 +97,28 @@ fn done_of(kind: &str, task: &str, payload: &[u8]) -> Option<TaskDone> {
     }
 }
 
+/// Counts a done or failed record into `t` (`sign` -1 takes it out);
+/// records of other kinds count nothing.
+fn count(t: &mut JobTotals, kind: &str, task: &str, payload: &[u8], sign: i64) {
+    match kind {
+        FAILED => t.add_failed(sign),
+        DONE | DONE_JSON => {
+            if let Some(d) = done_of(kind, task, payload) {
+                t.add_done(&DoneRecord::of(&d), sign);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Adds a JSON record to `map`; a value that does not parse (another
+/// version's) is left out rather than failing the whole read.
+fn insert_json<T: DeserializeOwned>(map: &mut HashMap<String, T>, task: &str, v: &[u8]) {
+    if let Ok(v) = serde_json::from_slice(v) {
+        map.insert(task.to_owned(), v);
+    }
+}
+
 /// The job-state bucket.
 #[derive(Clone)]
 pub struct JobState {
@@ -344,15 +366,7 @@ impl JobState {
                 let Some((kind, task)) = r.key.split_once('.') else {
                     return;
                 };
-                match kind {
-                    FAILED => t.add_failed(1),
-                    DONE | DONE_JSON => {
-                        if let Some(d) = done_of(kind, task, &r.payload) {
-                            t.add_done(&DoneRecord::of(&d), 1);
-                        }
-                    }
-                    _ => {}
-                }
+                count(&mut t, kind, task, &r.payload, 1);
             })
             .await?;
             if t.seq == from && revision > 0 {
@@ -385,14 +399,7 @@ impl JobState {
         for _ in 0..FOLD_TRIES {
             let (revision, mut t) = self.stored_totals(job).await?;
             if entry.revision <= t.seq {
-                match kind {
-                    FAILED => t.add_failed(-1),
-                    _ => {
-                        if let Some(d) = done_of(kind, task, &entry.value) {
-                            t.add_done(&DoneRecord::of(&d), -1);
-                        }
-                    }
-                }
+                count(&mut t, kind, task, &entry.value, -1);
             }
             if self.store_totals(job, revision, &t).await? {
                 return Ok(());
@@ -406,39 +413,34 @@ impl JobState {
 
     /// The running marks of a job: costs the tasks held now, not the job.
     pub async fn running(&self, job: &str) -> Result<HashMap<String, TaskRunning>, QueueError> {
-        let mut running = HashMap::new();
-        let filter = self.subject(&Self::key(job, RUN, ">"));
-        self.read(vec![filter], consumer::DeliverPolicy::LastPerSubject, |r| {
-            if r.deleted {
-                return;
-            }
-            if let Some(task) = r.key.strip_prefix("run.") {
-                if let Ok(v) = serde_json::from_slice(&r.payload) {
-                    running.insert(task.to_owned(), v);
-                }
-            }
-        })
-        .await?;
-        Ok(running)
+        self.records_of(job, RUN).await
     }
 
     /// The failed records of the job (few: a task is given up on only
     /// after its deliveries ran out).
     pub async fn failed(&self, job: &str) -> Result<HashMap<String, TaskFailed>, QueueError> {
-        let mut failed = HashMap::new();
-        let filter = self.subject(&Self::key(job, FAILED, ">"));
+        self.records_of(job, FAILED).await
+    }
+
+    /// The JSON records of one kind of the job, by task; a value that does
+    /// not parse (another version's) is left out.
+    async fn records_of<T: DeserializeOwned>(
+        &self,
+        job: &str,
+        kind: &str,
+    ) -> Result<HashMap<String, T>, QueueError> {
+        let mut out = HashMap::new();
+        let filter = self.subject(&Self::key(job, kind, ">"));
         self.read(vec![filter], consumer::DeliverPolicy::LastPerSubject, |r| {
             if r.deleted {
                 return;
             }
-            if let Some(task) = r.key.strip_prefix("failed.") {
-                if let Ok(v) = serde_json::from_slice(&r.payload) {
-                    failed.insert(task.to_owned(), v);
-                }
+            if let Some((_, task)) = r.key.split_once('.') {
+                insert_json(&mut out, task, &r.payload);
             }
         })
         .await?;
-        Ok(failed)
+        Ok(out)
     }
 
     /// Every record of one job: the last value of each of its keys.
@@ -456,20 +458,15 @@ impl JobState {
             let Some((kind, task)) = r.key.split_once('.') else {
                 return;
             };
-            fn insert<T: DeserializeOwned>(map: &mut HashMap<String, T>, task: &str, v: &[u8]) {
-                if let Ok(v) = serde_json::from_slice(v) {
-                    map.insert(task.to_owned(), v);
-                }
-            }
             match kind {
                 DONE | DONE_JSON => {
                     if let Some(d) = done_of(kind, task, &r.payload) {
                         snap.done.insert(task.to_owned(), d);
                     }
                 }
-                RUN => insert(&mut snap.running, task, &r.payload),
-                LASTERR => insert(&mut snap.last_errors, task, &r.payload),
-                FAILED => insert(&mut snap.failed, task, &r.payload),
+                RUN => insert_json(&mut snap.running, task, &r.payload),
+                LASTERR => insert_json(&mut snap.last_errors, task, &r.payload),
+                FAILED => insert_json(&mut snap.failed, task, &r.payload),
                 _ => {}
             }
         })
