@@ -13,18 +13,17 @@
 //! extent when it wrote it), and neither the plan nor the list is held.
 
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 use rsembed_schemas::job::{ManifestFailedTask, MANIFEST_FILE};
 use rsembed_schemas::queue::TaskMessage;
 use rsembed_worker::sink::parquet::empty_inputs_at;
-use rsembed_worker::store::{Location, StoreCache};
+use rsembed_worker::store::StoreCache;
 use serde::Serialize;
 
 use crate::cli::FinalizeArgs;
 use crate::error::Result;
 use crate::job::deadletter;
 use crate::job::manifest::ManifestBuilder;
-use crate::job::output::{JobOutput, TASKS_FILE};
+use crate::job::output::{self, JobOutput, TASKS_FILE};
 use crate::job::status::{job_of, open, queued};
 use rsembed_worker::queue::Queue;
 
@@ -153,7 +152,7 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
             "{in_stream} tasks are still queued or held by workers (see `rsembed status`)"
         ));
     }
-    if !exists(&output, TASKS_FILE).await? {
+    if output::size_of(&output, TASKS_FILE).await?.is_none() {
         gaps.push(format!("{TASKS_FILE} is missing from the output"));
     }
     let tasks = planned.map_or(0, |r| r.tasks);
@@ -259,13 +258,4 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         output.url.as_str().trim_end_matches('/')
     ));
     Ok(report)
-}
-
-/// Whether the output holds `rel`.
-async fn exists(out: &Location, rel: &str) -> Result<bool> {
-    match out.store.head(&out.child(rel)).await {
-        Ok(_) => Ok(true),
-        Err(object_store::Error::NotFound { .. }) => Ok(false),
-        Err(e) => Err(e.into()),
-    }
 }

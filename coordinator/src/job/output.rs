@@ -364,13 +364,7 @@ impl JobOutput {
     /// HEADs and the listing of `chips/`; the plan's size comes from the
     /// size of `tasks.txt` (fixed-width lines), not its contents.
     pub(crate) async fn unfinished(&self) -> Result<Option<Unfinished>> {
-        let head = |rel: &'static str| async move {
-            match self.loc.store.head(&self.loc.child(rel)).await {
-                Ok(m) => Ok(Some(m.size)),
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
-                Err(e) => Err(Error::from(e)),
-            }
-        };
+        let head = |rel: &'static str| size_of(&self.loc, rel);
         if head(JOB_FILE).await?.is_none() || head(MANIFEST_FILE).await?.is_some() {
             return Ok(None);
         }
@@ -491,6 +485,15 @@ pub(crate) async fn put_json<T: serde::Serialize>(out: &Location, rel: &str, v: 
         .put(&out.child(rel), PutPayload::from(bytes))
         .await?;
     Ok(())
+}
+
+/// The size of `rel` in the output; `None` when it is not there.
+pub(crate) async fn size_of(out: &Location, rel: &str) -> Result<Option<u64>> {
+    match out.store.head(&out.child(rel)).await {
+        Ok(m) => Ok(Some(m.size)),
+        Err(object_store::Error::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 pub(crate) async fn delete_if_present(out: &Location, rel: &str) -> Result<()> {
