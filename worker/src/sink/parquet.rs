@@ -175,18 +175,7 @@ pub async fn empty_inputs_at(root: &crate::store::Location, rel: &str) -> Result
             Err(e) => return Err(e.into()),
         }
     };
-    let names = meta
-        .file_metadata()
-        .key_value_metadata()
-        .and_then(|kv| kv.iter().find(|e| e.key == EMPTY_INPUTS_KEY))
-        .and_then(|e| e.value.as_deref())
-        .and_then(|v| serde_json::from_str::<Vec<String>>(v).ok())
-        .map(|mut v| {
-            v.truncate(EMPTY_INPUTS_KEPT);
-            v
-        })
-        .unwrap_or_default();
-    Ok(names)
+    Ok(empty_inputs_in(meta.file_metadata()))
 }
 
 /// The empty inputs a chip file lists (see [`EMPTY_INPUTS_KEY`]); none when
@@ -196,9 +185,12 @@ pub fn empty_inputs_of(bytes: &bytes::Bytes) -> Vec<String> {
     else {
         return Vec::new();
     };
-    parquet::file::reader::FileReader::metadata(&reader)
-        .file_metadata()
-        .key_value_metadata()
+    empty_inputs_in(parquet::file::reader::FileReader::metadata(&reader).file_metadata())
+}
+
+/// The empty inputs a footer's [`EMPTY_INPUTS_KEY`] entry lists.
+fn empty_inputs_in(meta: &parquet::file::metadata::FileMetaData) -> Vec<String> {
+    meta.key_value_metadata()
         .and_then(|kv| kv.iter().find(|e| e.key == EMPTY_INPUTS_KEY))
         .and_then(|e| e.value.as_deref())
         .and_then(|v| serde_json::from_str::<Vec<String>>(v).ok())
