@@ -39,6 +39,7 @@ use std::sync::Arc;
 
 use rsembed_schemas::job::ManifestFile;
 use rsembed_schemas::meta::FileMeta;
+use rsembed_schemas::queue::TaskDone;
 use rsembed_schemas::task::Task;
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -228,6 +229,23 @@ pub struct TaskReport {
     /// Chips left out because their cloud fraction exceeds `--max-cloud`
     /// (0 for a task found finished, whose count was not kept).
     pub cloudy_chips_dropped: u64,
+}
+
+impl TaskReport {
+    /// What the job state records of the finished task: its files and how
+    /// many inputs gave no chip (their names stay in the chip file's footer).
+    pub fn done(&self, worker: &str, seconds: f64) -> TaskDone {
+        TaskDone {
+            output: None,
+            empty_inputs: vec![],
+            inputs_without_chips: self.empty_inputs.len() as u64,
+            chips_file: self.chips_file.clone(),
+            errors_file: self.errors_file.clone(),
+            worker: worker.to_owned(),
+            finished_at: crate::now_rfc3339(),
+            seconds,
+        }
+    }
 }
 
 /// The whole inputs of `task` that no row and no failure came from.

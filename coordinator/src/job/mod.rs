@@ -17,6 +17,7 @@ pub(crate) mod manifest;
 pub mod output;
 pub mod plan;
 pub(crate) mod progress;
+pub(crate) mod resume;
 pub mod run;
 pub mod status;
 pub mod submit;

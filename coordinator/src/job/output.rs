@@ -29,8 +29,9 @@ use crate::error::{Error, Result};
 /// The plan's task ids, one per line, in plan order (distributed mode).
 pub(crate) const TASKS_FILE: &str = "tasks.txt";
 
-/// Folders of the output that hold a job's rows, one file per task.
-const TASK_DIRS: [&str; 2] = ["chips/", "errors/"];
+/// Folders of the output that hold one file per task: its rows, its failed
+/// inputs, and the done records of an embedded run (see `job::resume`).
+const TASK_DIRS: [&str; 3] = ["chips/", "errors/", crate::job::resume::STATE_DIR];
 
 /// What a command found at the output, once it may go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,7 +253,7 @@ impl JobOutput {
         Ok((counts[0], counts[1]))
     }
 
-    /// Deletes the chip and error files of tasks not in `plan`: left by an
+    /// Deletes the chip and error files (and done records) of tasks not in `plan`: left by an
     /// earlier plan of an input that changed since, they hold chips the
     /// plan's own files hold too, or chips of inputs that are gone. Returns
     /// how many chip files went.
@@ -265,7 +266,10 @@ impl JobOutput {
             while let Some(meta) = list.next().await {
                 let meta = meta?;
                 let name = meta.location.filename().unwrap_or_default();
-                let id = name.strip_suffix(".parquet").unwrap_or(name);
+                let id = name
+                    .strip_suffix(".parquet")
+                    .or_else(|| name.strip_suffix(crate::job::resume::RECORD_SUFFIX))
+                    .unwrap_or(name);
                 if !plan.contains(id) {
                     stale.push(meta.location);
                 }

@@ -9,8 +9,7 @@ use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_raster::scale::ScaleSpec;
 use rsembed_schemas::job::{
-    check_footprint_tolerance, JobSpec, ManifestFailure, ManifestFile, TilingSpec,
-    DEFAULT_FOOTPRINT_TOLERANCE,
+    check_footprint_tolerance, JobSpec, ManifestFailure, TilingSpec, DEFAULT_FOOTPRINT_TOLERANCE,
 };
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::task::Task;
@@ -18,8 +17,6 @@ use rsembed_worker::engine::start::start_engine;
 use rsembed_worker::input::InputKind;
 use rsembed_worker::metrics;
 use rsembed_worker::model::ModelDir;
-use rsembed_worker::sink::commit::describe_bytes;
-use rsembed_worker::sink::parquet::empty_inputs_of;
 use rsembed_worker::store::{Location, StoreCache};
 use rsembed_worker::task::{JobContext, Mode, TaskReport, TaskRunner};
 
@@ -29,6 +26,7 @@ use crate::job::manifest::ManifestBuilder;
 use crate::job::output::{self, Claim, JobOutput, Replace};
 use crate::job::plan::{self, ListStats};
 use crate::job::progress::{Progress, TaskCounts};
+use crate::job::resume::{self, finished, Found};
 use crate::job::summary::Summary;
 
 /// The tiling a job records, with defaults filled from the model.
@@ -189,35 +187,6 @@ fn not_writable(out: &Location, e: impl Into<crate::error::BoxError>) -> Error {
     }
 }
 
-/// What resuming finds of a task at the output.
-enum Found {
-    /// Its chip file (and errors file, if any): the task is not run again.
-    Done(Box<TaskReport>),
-    /// Finished with failed inputs, and `--retry-failed` asks to run it again.
-    Retry,
-    /// No chip file: the task runs.
-    Missing,
-}
-
-/// Looks for a finished task's files, for resume.
-async fn finished(out: &Location, task: &Task, retry_failed: bool) -> Result<Found> {
-    let Some((chips_file, empty_inputs)) = describe(out, &task.chips_path()).await? else {
-        return Ok(Found::Missing);
-    };
-    let errors_file = describe(out, &task.errors_path()).await?.map(|(f, _)| f);
-    if retry_failed && errors_file.is_some() {
-        return Ok(Found::Retry);
-    }
-    Ok(Found::Done(Box::new(TaskReport {
-        task_id: task.task_id.clone(),
-        chips_file,
-        errors_file,
-        failures: vec![],
-        empty_inputs,
-        cloudy_chips_dropped: 0,
-    })))
-}
-
 /// Runs `task` and, when none of its inputs failed, removes the errors file
 /// an earlier try left (a retry whose inputs now all succeed, or a run cut
 /// off between its two files): the runner only writes one when there are
@@ -225,10 +194,13 @@ async fn finished(out: &Location, task: &Task, retry_failed: bool) -> Result<Fou
 /// leaves the old failures listed and the task still to retry, never a task
 /// that looks clean without its chips.
 async fn run_task(runner: &TaskRunner, job: &JobContext, task: &Task) -> Result<TaskReport> {
+    let started = Instant::now();
+    resume::forget(&job.output, task).await?;
     let report = runner.run(job, task).await?;
     if report.errors_file.is_none() {
         output::delete_if_present(&job.output, &task.errors_path()).await?;
     }
+    resume::write_record(&job.output, &report, started.elapsed().as_secs_f64()).await?;
     Ok(report)
 }
 
@@ -273,23 +245,6 @@ pub(crate) async fn check_input_exists(stores: &StoreCache, input: &str) -> Resu
             source,
         }),
     }
-}
-
-/// Digest and row count of an existing Parquet file, and the empty inputs
-/// it lists; `None` when it is absent.
-async fn describe(out: &Location, rel: &str) -> Result<Option<(ManifestFile, Vec<String>)>> {
-    let bytes = match out.store.get(&out.child(rel)).await {
-        Ok(g) => g.bytes().await?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let empty = empty_inputs_of(&bytes);
-    describe_bytes(rel, bytes)
-        .map(|f| Some((f, empty)))
-        .map_err(|source| Error::TaskFile {
-            path: rel.to_owned(),
-            source,
-        })
 }
 
 pub(crate) use rsembed_worker::now_rfc3339;

@@ -31,7 +31,7 @@ use futures::StreamExt;
 use rsembed_raster::scale::ScaleSpec;
 use rsembed_schemas::job::ModelRef;
 use rsembed_schemas::meta::FileMeta;
-use rsembed_schemas::queue::{TaskDone, TaskMessage, TaskRunning, MESSAGE_FORMAT};
+use rsembed_schemas::queue::{TaskMessage, TaskRunning, MESSAGE_FORMAT};
 use rsembed_schemas::SOFTWARE_VERSION;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -411,18 +411,7 @@ impl Worker {
                     tracing::error!(task_id = %task, "aborting after the task's files (fault injection)");
                     std::process::abort();
                 }
-                // The names of inputs without chips stay in the chip file's
-                // footer: a record at rest holds only their count.
-                let done = TaskDone {
-                    output: None,
-                    empty_inputs: vec![],
-                    inputs_without_chips: report.empty_inputs.len() as u64,
-                    chips_file: report.chips_file,
-                    errors_file: report.errors_file,
-                    worker: self.cfg.name.clone(),
-                    finished_at: now_rfc3339(),
-                    seconds: started.elapsed().as_secs_f64(),
-                };
+                let done = report.done(&self.cfg.name, started.elapsed().as_secs_f64());
                 let recorded = self.record_done(&job, &task, &done, &abandon).await;
                 drop(ticker);
                 if let Err(e) = recorded {

@@ -55,6 +55,16 @@ const SNAPSHOT_STALL: std::time::Duration = std::time::Duration::from_secs(30);
 /// How often a fold tries again when another one wrote the totals first.
 const FOLD_TRIES: usize = 8;
 
+/// The most messages (of every job) a fold fetches one by one.
+const FOLD_GETS_MAX: u64 = 1 << 14;
+
+/// Fetches a fold keeps in flight.
+const FOLD_GETS_IN_FLIGHT: usize = 32;
+
+/// How far the stream moves on before a fold that counted nothing stores
+/// its sequence anyway.
+const FOLD_STORE_AFTER: u64 = 1 << 12;
+
 /// One job's state, as the bucket holds it now. Reading it costs the whole
 /// job: only `submit` (which holds its plan anyway) reads it whole;
 /// `status` reads [`JobState::totals`] and [`JobState::running`].
@@ -74,6 +84,8 @@ pub struct Snapshot {
 
 /// One record read from the bucket.
 struct Record {
+    /// The job the record belongs to.
+    job: String,
     /// `<kind>.<task>`, or `job` / `totals`.
     key: String,
     /// Its stream sequence.
@@ -81,6 +93,29 @@ struct Record {
     payload: bytes::Bytes,
     /// A delete or purge marker (older versions deleted with markers).
     deleted: bool,
+}
+
+/// A message of the bucket whose subjects start with `bucket_prefix`
+/// (`$KV.<bucket>.`) as a [`Record`]; `None` for a subject outside it.
+fn record_of(
+    bucket_prefix: &str,
+    subject: &str,
+    seq: u64,
+    headers: Option<&async_nats::HeaderMap>,
+    payload: bytes::Bytes,
+) -> Option<Record> {
+    // `<job>.<rest>`: job ids hold no dot.
+    let (job, key) = subject.strip_prefix(bucket_prefix)?.split_once('.')?;
+    let deleted = headers
+        .and_then(|h| h.get("KV-Operation"))
+        .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
+    Some(Record {
+        job: job.to_owned(),
+        key: key.to_owned(),
+        seq,
+        payload,
+        deleted,
+    })
 }
 
 /// A done record of either form, as a [`TaskDone`].
@@ -346,30 +381,15 @@ impl JobState {
     /// record written after them, which are then stored as the new totals.
     /// Costs what finished since the last fold, whatever the job's size.
     pub async fn totals(&self, job: &str) -> Result<JobTotals, QueueError> {
-        let prefix = format!("{job}.");
         let mut last = JobTotals::default();
         for _ in 0..FOLD_TRIES {
             let (revision, mut t) = self.stored_totals(job).await?;
             let from = t.seq;
-            // One filter over the whole job: nats-server (2.15) delivers a
-            // consumer of several filters a few ms a message once a job has
-            // many keys; other kinds are passed over here.
-            let filters = vec![self.subject(&format!("{prefix}>"))];
-            let policy = consumer::DeliverPolicy::ByStartSequence {
-                start_sequence: from + 1,
-            };
-            self.read(filters, policy, |r| {
-                t.seq = t.seq.max(r.seq);
-                if r.deleted {
-                    return;
-                }
-                let Some((kind, task)) = r.key.split_once('.') else {
-                    return;
-                };
-                count(&mut t, kind, task, &r.payload, 1);
-            })
-            .await?;
-            if t.seq == from && revision > 0 {
+            let counted = self.fold(job, &mut t).await?;
+            // Storing totals that count nothing new would only add a message
+            // for the next fold to read; they are stored once the stream has
+            // moved on far enough that reading it again would cost.
+            if revision > 0 && !counted && t.seq - from < FOLD_STORE_AFTER {
                 return Ok(t);
             }
             if self.store_totals(job, revision, &t).await? {
@@ -379,6 +399,100 @@ impl JobState {
         }
         // Writers keep coming first; what this fold read is still right.
         Ok(last)
+    }
+
+    /// Counts into `t` the job's records written after `t.seq`, moving
+    /// `t.seq` to the stream's last sequence; whether any record was counted.
+    ///
+    /// The messages after `t.seq` are fetched by sequence from the stream's
+    /// leader, whatever their job (the other jobs' are passed over here),
+    /// without a consumer: nats-server counts a new consumer's pending
+    /// messages from every subject of the bucket once the stream has one
+    /// interior delete, and a bucket whose running marks are purged always
+    /// has some (80 ms at 10⁶ keys, at every poll). Only a fold that finds
+    /// more than [`FOLD_GETS_MAX`] messages to read (a job polled again after
+    /// others ran) reads them through a consumer filtered on the job.
+    async fn fold(&self, job: &str, t: &mut JobTotals) -> Result<bool, QueueError> {
+        let last = self
+            .stream
+            .get_info()
+            .await
+            .map_err(|e| self.error("state stream info", &e))?
+            .state
+            .last_sequence;
+        if last <= t.seq {
+            return Ok(false);
+        }
+        let records = if last - t.seq > FOLD_GETS_MAX {
+            let policy = consumer::DeliverPolicy::ByStartSequence {
+                start_sequence: t.seq + 1,
+            };
+            let filter = self.subject(&format!("{job}.>"));
+            self.records(vec![filter], policy).await?.1.left_stream()
+        } else {
+            self.by_sequence(t.seq + 1..=last).right_stream()
+        };
+        let mut records = std::pin::pin!(records);
+        let mut counted = false;
+        while let Some(r) = records.next().await {
+            let r = r?;
+            t.seq = t.seq.max(r.seq);
+            if r.deleted || r.job != job {
+                continue;
+            }
+            let Some((kind, task)) = r.key.split_once('.') else {
+                continue;
+            };
+            if matches!(kind, DONE | DONE_JSON | FAILED) {
+                count(t, kind, task, &r.payload, 1);
+                counted = true;
+            }
+        }
+        // What was read ends at `last`, wherever the job's last record is.
+        t.seq = t.seq.max(last);
+        Ok(counted)
+    }
+
+    /// The bucket's messages of sequences `seqs`, in order, fetched from the
+    /// stream's leader (a direct get may be answered by a replica that has
+    /// not caught up, which would pass over a record as deleted); sequences
+    /// deleted or purged are left out.
+    fn by_sequence(
+        &self,
+        seqs: std::ops::RangeInclusive<u64>,
+    ) -> impl futures::Stream<Item = Result<Record, QueueError>> + '_ {
+        futures::stream::iter(seqs)
+            .map(move |seq| async move {
+                match self.stream.get_raw_message(seq).await {
+                    Ok(m) => {
+                        Ok(self.record_of(m.subject.as_str(), seq, Some(&m.headers), m.payload))
+                    }
+                    Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => {
+                        Ok(None)
+                    }
+                    Err(e) => Err(self.error("reading job state", &e)),
+                }
+            })
+            .buffered(FOLD_GETS_IN_FLIGHT)
+            .filter_map(|r| async move { r.transpose() })
+    }
+
+    /// A message of the bucket as a [`Record`]; `None` for a subject outside
+    /// it.
+    fn record_of(
+        &self,
+        subject: &str,
+        seq: u64,
+        headers: Option<&async_nats::HeaderMap>,
+        payload: bytes::Bytes,
+    ) -> Option<Record> {
+        record_of(
+            &format!("$KV.{}.", self.bucket),
+            subject,
+            seq,
+            headers,
+            payload,
+        )
     }
 
     /// Takes one counted record out: purges it, then rewrites the totals
@@ -484,7 +598,7 @@ impl JobState {
         deliver_policy: consumer::DeliverPolicy,
         mut each: impl FnMut(Record),
     ) -> Result<(), QueueError> {
-        let records = self.records(filters, deliver_policy).await?;
+        let (_, records) = self.records(filters, deliver_policy).await?;
         let mut records = std::pin::pin!(records);
         while let Some(r) = records.next().await {
             each(r?);
@@ -492,13 +606,19 @@ impl JobState {
         Ok(())
     }
 
-    /// The messages of `filters` that the stream holds when the read starts,
-    /// as a stream.
+    /// The messages of `filters` (none: every message) that the stream holds
+    /// when the read starts, as a stream, with their count.
     async fn records(
         &self,
         filters: Vec<String>,
         deliver_policy: consumer::DeliverPolicy,
-    ) -> Result<impl futures::Stream<Item = Result<Record, QueueError>> + use<>, QueueError> {
+    ) -> Result<
+        (
+            u64,
+            impl futures::Stream<Item = Result<Record, QueueError>> + use<>,
+        ),
+        QueueError,
+    > {
         let what = "reading job state";
         let c = self
             .stream
@@ -521,60 +641,47 @@ impl JobState {
             bucket: bucket.clone(),
             message: format!("{what}: {message}"),
         };
-        Ok(futures::stream::unfold(
-            (msgs, 0u64),
-            move |(msgs, read)| {
-                let (bucket_prefix, fail) = (bucket_prefix.clone(), fail.clone());
-                async move {
-                    let mut msgs = msgs?;
-                    loop {
-                        if read >= pending {
-                            return None;
-                        }
-                        let next = tokio::time::timeout(SNAPSHOT_STALL, msgs.next()).await;
-                        let m = match next {
-                            Err(_) => {
-                                let e = fail(format!(
-                                    "no record for {} s with {} still to read (is NATS reachable?)",
-                                    SNAPSHOT_STALL.as_secs(),
-                                    pending - read
-                                ));
-                                return Some((Err(e), (None, pending)));
-                            }
-                            Ok(None) => return None,
-                            Ok(Some(Err(e))) => {
-                                let e = fail(crate::error::chain(&e));
-                                return Some((Err(e), (None, pending)));
-                            }
-                            Ok(Some(Ok(m))) => m,
-                        };
-                        let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
-                        let deleted = m
-                            .headers
-                            .as_ref()
-                            .and_then(|h| h.get("KV-Operation"))
-                            .is_some_and(|op| op.as_str() == "DEL" || op.as_str() == "PURGE");
-                        // `<job>.<rest>`: job ids hold no dot.
-                        let key = m
-                            .subject
-                            .as_str()
-                            .strip_prefix(&bucket_prefix)
-                            .and_then(|k| k.split_once('.'))
-                            .map(|(_, k)| k.to_owned());
-                        let Some(key) = key else {
-                            continue;
-                        };
-                        let r = Record {
-                            key,
-                            seq,
-                            payload: m.payload.clone(),
-                            deleted,
-                        };
-                        return Some((Ok(r), (Some(msgs), read + 1)));
+        let records = futures::stream::unfold((msgs, 0u64), move |(msgs, mut read)| {
+            let (bucket_prefix, fail) = (bucket_prefix.clone(), fail.clone());
+            async move {
+                let mut msgs = msgs?;
+                loop {
+                    if read >= pending {
+                        return None;
                     }
+                    let next = tokio::time::timeout(SNAPSHOT_STALL, msgs.next()).await;
+                    let m = match next {
+                        Err(_) => {
+                            let e = fail(format!(
+                                "no record for {} s with {} still to read (is NATS reachable?)",
+                                SNAPSHOT_STALL.as_secs(),
+                                pending - read
+                            ));
+                            return Some((Err(e), (None, pending)));
+                        }
+                        Ok(None) => return None,
+                        Ok(Some(Err(e))) => {
+                            let e = fail(crate::error::chain(&e));
+                            return Some((Err(e), (None, pending)));
+                        }
+                        Ok(Some(Ok(m))) => m,
+                    };
+                    let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
+                    let Some(r) = record_of(
+                        &bucket_prefix,
+                        m.subject.as_str(),
+                        seq,
+                        m.headers.as_ref(),
+                        m.payload.clone(),
+                    ) else {
+                        read += 1;
+                        continue;
+                    };
+                    return Some((Ok(r), (Some(msgs), read + 1)));
                 }
-            },
-        ))
+            }
+        });
+        Ok((pending, records))
     }
 
     /// Every done record of the job, as a stream in no particular order:
@@ -590,13 +697,13 @@ impl JobState {
         // version's (`d.`): one filter a read, as nats-server (2.15)
         // delivers a consumer of several filters a few ms a message once a
         // job has many keys. Every key holds one message (history 1).
-        let legacy = self
+        let (_, legacy) = self
             .records(
                 vec![self.subject(&Self::key(job, DONE_JSON, ">"))],
                 consumer::DeliverPolicy::All,
             )
             .await?;
-        let current = self
+        let (_, current) = self
             .records(
                 vec![self.subject(&Self::key(job, DONE, ">"))],
                 consumer::DeliverPolicy::All,
