@@ -13,8 +13,10 @@
 //! extent when it wrote it), and neither the plan nor the list is held.
 
 use futures::{StreamExt, TryStreamExt};
-use rsembed_schemas::job::{ManifestFailedTask, MANIFEST_FILE};
-use rsembed_schemas::queue::TaskMessage;
+use std::collections::HashMap;
+
+use rsembed_schemas::job::{JobSpec, ManifestFailedTask, MANIFEST_FILE};
+use rsembed_schemas::queue::{TaskFailed, TaskMessage};
 use rsembed_worker::sink::parquet::empty_inputs_at;
 use rsembed_worker::store::StoreCache;
 use serde::Serialize;
@@ -25,6 +27,7 @@ use crate::job::deadletter;
 use crate::job::manifest::ManifestBuilder;
 use crate::job::output::{self, JobOutput, TASKS_FILE};
 use crate::job::status::{job_of, open, queued};
+use crate::stac::out::StacFeed;
 use rsembed_worker::queue::Queue;
 
 /// How many names of missing tasks a gap message lists.
@@ -127,6 +130,80 @@ async fn missing_tasks(q: &Queue, out: &JobOutput, job: &str) -> Result<Vec<Stri
     probes.try_collect().await
 }
 
+/// What the file list counted.
+struct Listed {
+    done: u64,
+    rows: u64,
+    failed_inputs: u64,
+    without_chips: u64,
+}
+
+/// Writes the manifest from the done records, read as a stream, and the
+/// failed tasks, giving each chip file to `stac` too. Only the error files'
+/// names are kept: a task's failed inputs are read from its error file once
+/// the list of chip files is complete.
+async fn list(
+    q: &Queue,
+    out: &JobOutput,
+    spec: &JobSpec,
+    failed: HashMap<String, TaskFailed>,
+    tasks: u64,
+    stac: &StacFeed,
+) -> Result<Listed> {
+    let mut builder = ManifestBuilder::new(out, spec)?;
+    let mut error_files: Vec<(String, String)> = Vec::new();
+    let mut l = Listed {
+        done: 0,
+        rows: 0,
+        failed_inputs: 0,
+        without_chips: 0,
+    };
+    let done = q.state.done_records(&spec.job_id).await?;
+    let mut done = std::pin::pin!(done);
+    while let Some(r) = done.next().await {
+        let (task, d) = r?;
+        if d.output.as_deref().is_some_and(|o| o != spec.output) {
+            // An older worker's record of another output: not this job's work.
+            continue;
+        }
+        builder.chips_file(&task, &d.chips_file).await?;
+        stac.file(&d.chips_file).await;
+        l.done += 1;
+        l.rows += d.chips_file.rows;
+        if let Some(e) = &d.errors_file {
+            builder.errors_file(&task, e).await?;
+            l.failed_inputs += e.rows;
+            error_files.push((task.clone(), e.path.clone()));
+        }
+        if d.without_chips() > 0 {
+            // Records carry the count; the names are in the chip file's
+            // footer (older records carried them).
+            let names = if d.empty_inputs.is_empty() {
+                empty_inputs_at(&out.loc, &d.chips_file.path).await?
+            } else {
+                d.empty_inputs.clone()
+            };
+            l.without_chips += names.len() as u64;
+            builder.without_chips(Some(&task), &names).await?;
+        }
+    }
+    builder.failures_of_error_files(error_files).await?;
+    for (id, f) in failed {
+        builder
+            .failed_task(&ManifestFailedTask {
+                inputs: serde_json::from_str::<TaskMessage>(&f.message)
+                    .map(|m| m.task.inputs.into_iter().map(|i| i.uri).collect())
+                    .unwrap_or_default(),
+                task_id: id,
+                error: f.error,
+                deliveries: f.deliveries,
+            })
+            .await?;
+    }
+    builder.finish(tasks).await?;
+    Ok(l)
+}
+
 /// Runs `rsembed finalize`.
 pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
     let stores = StoreCache::default();
@@ -191,68 +268,22 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         return Ok(report);
     }
 
-    // The done records go to the file list as they are read; only the
-    // error files' names are kept (a task's failed inputs are read from its
-    // error file once the list of chip files is complete).
-    let mut builder = ManifestBuilder::new(&out, &spec)?;
-    let mut error_files: Vec<(String, String)> = Vec::new();
-    let (mut done_count, mut rows, mut failed_inputs, mut without) = (0u64, 0u64, 0u64, 0u64);
-    let done = q.state.done_records(job).await?;
-    let mut done = std::pin::pin!(done);
-    while let Some(r) = done.next().await {
-        let (task, d) = r?;
-        if d.output.as_deref().is_some_and(|o| o != spec.output) {
-            // An older worker's record of another output: not this job's work.
-            continue;
+    // The done records go to the file list as they are read, and to the
+    // STAC writer, which builds the items on other threads meanwhile.
+    let stac = crate::stac::out::StacFeed::start(&output, &spec, Some(totals.done));
+    let listed = match list(&q, &out, &spec, failed, tasks, &stac).await {
+        Ok(l) => l,
+        Err(e) => {
+            stac.abort("finalize stopped before the file list was complete")
+                .await;
+            return Err(e);
         }
-        builder.chips_file(&task, &d.chips_file).await?;
-        done_count += 1;
-        rows += d.chips_file.rows;
-        if let Some(e) = &d.errors_file {
-            builder.errors_file(&task, e).await?;
-            failed_inputs += e.rows;
-            error_files.push((task.clone(), e.path.clone()));
-        }
-        if d.without_chips() > 0 {
-            // Records carry the count; the names are in the chip file's
-            // footer (older records carried them).
-            let names = if d.empty_inputs.is_empty() {
-                empty_inputs_at(&output, &d.chips_file.path).await?
-            } else {
-                d.empty_inputs.clone()
-            };
-            without += names.len() as u64;
-            builder.without_chips(Some(&task), &names).await?;
-        }
-    }
-    builder.failures_of_error_files(error_files).await?;
-    for (id, f) in failed {
-        builder
-            .failed_task(&ManifestFailedTask {
-                inputs: serde_json::from_str::<TaskMessage>(&f.message)
-                    .map(|m| m.task.inputs.into_iter().map(|i| i.uri).collect())
-                    .unwrap_or_default(),
-                task_id: id,
-                error: f.error,
-                deliveries: f.deliveries,
-            })
-            .await?;
-    }
-    report.done = done_count;
-    report.rows = rows;
-    report.failed_inputs = failed_inputs;
-    report.inputs_without_chips = without;
-    let manifest = builder.finish(tasks).await?.manifest;
-    report.stac = Some(
-        crate::stac::out::write(
-            &output,
-            &spec,
-            crate::job::manifest::chip_file_stream(&output, &manifest),
-            Some(manifest.chip_file_count),
-        )
-        .await?
-        .collection,
-    );
+    };
+    report.done = listed.done;
+    report.rows = listed.rows;
+    report.failed_inputs = listed.failed_inputs;
+    report.inputs_without_chips = listed.without_chips;
+    report.stac = Some(stac.finish().await?.collection);
     report.manifest = Some(format!(
         "{}/{MANIFEST_FILE}",
         output.url.as_str().trim_end_matches('/')

@@ -18,11 +18,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use arrow_array::builder::BinaryBuilder;
-use arrow_array::cast::AsArray;
-use arrow_array::types::TimestampMicrosecondType;
-use arrow_array::{ArrayRef, RecordBatch};
-use arrow_json::reader::{infer_json_schema_from_iterator, Decoder, ReaderBuilder};
+use arrow_array::ArrayRef;
+use arrow_json::reader::{infer_json_schema_from_iterator, ReaderBuilder};
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef, TimeUnit};
 use parquet::arrow::arrow_writer::ArrowWriterOptions;
 use parquet::arrow::AsyncArrowWriter;
@@ -33,10 +30,10 @@ use parquet::schema::types::ColumnPath;
 use rsembed_schemas::chip::{bbox_fields, timestamp_type};
 use rsembed_schemas::meta::{geo_metadata, GEO_KEY};
 use rsembed_worker::store::Location;
-use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value};
-use stac::{Bbox, Collection, FlatItem, Item};
+use stac::Collection;
 
+use super::rows::{Columns, JobColumns, Row};
 use super::Context;
 use crate::error::{Error, Result};
 use crate::query::compact::AtomicUpload;
@@ -49,7 +46,7 @@ pub(crate) const ITEMS_PARQUET: &str = "stac/items.parquet";
 const METADATA_KEY: &str = "stac-geoparquet";
 const VERSION: &str = "1.0.0";
 
-/// Items decoded into one Arrow batch: a few hundred KiB of JSON.
+/// Rows handed to the writer at once.
 const BATCH_ITEMS: usize = 1024;
 
 /// Upload parts (10 MiB each) in flight.
@@ -147,172 +144,33 @@ fn params_type(ctx: &Context) -> Result<DataType> {
     Ok(DataType::Struct(schema.fields().clone()))
 }
 
-/// A geometry as WKB, and its type name for the `geo` metadata.
-type Wkb = (Vec<u8>, &'static str);
-
-/// Little-endian WKB of a GeoJSON Polygon or MultiPolygon (what `item()`
-/// writes).
-fn wkb(geometry: &Value) -> Result<Wkb> {
-    fn rings(out: &mut Vec<u8>, polygon: &Value) -> Option<()> {
-        let rings = polygon.as_array()?;
-        out.extend_from_slice(&u32::try_from(rings.len()).ok()?.to_le_bytes());
-        for ring in rings {
-            let points = ring.as_array()?;
-            out.extend_from_slice(&u32::try_from(points.len()).ok()?.to_le_bytes());
-            for p in points {
-                let (x, y) = (p.get(0)?.as_f64()?, p.get(1)?.as_f64()?);
-                out.extend_from_slice(&x.to_le_bytes());
-                out.extend_from_slice(&y.to_le_bytes());
-            }
-        }
-        Some(())
-    }
-    let header = |out: &mut Vec<u8>, code: u32| {
-        out.push(1);
-        out.extend_from_slice(&code.to_le_bytes());
-    };
-    let coords = &geometry["coordinates"];
-    let mut out = Vec::new();
-    let name = match geometry["type"].as_str() {
-        Some("Polygon") => {
-            header(&mut out, 3);
-            rings(&mut out, coords).map(|()| "Polygon")
-        }
-        Some("MultiPolygon") => {
-            header(&mut out, 6);
-            coords.as_array().and_then(|polygons| {
-                out.extend_from_slice(&u32::try_from(polygons.len()).ok()?.to_le_bytes());
-                for p in polygons {
-                    header(&mut out, 3);
-                    rings(&mut out, p)?;
-                }
-                Some("MultiPolygon")
-            })
-        }
-        _ => None,
-    };
-    let name = name.ok_or_else(|| {
-        Error::Output(format!(
-            "an item's geometry is not a polygon stac-geoparquet can hold: {}",
-            geometry["type"]
-        ))
-    })?;
-    Ok((out, name))
-}
-
-/// `POLYGON EMPTY`: the geometry of an item without a footprint. GeoJSON
-/// readers may take an empty geometry for null (RFC 7946, 3.1), and a null
-/// in the column breaks readers: stac-geoparquet 0.8 fails on any, rustac
-/// 0.2 on one beside both polygon types. The row's bbox stays null.
-const EMPTY_POLYGON: [u8; 9] = [1, 3, 0, 0, 0, 0, 0, 0, 0];
-
-/// An item ready to be a stac-geoparquet row: flat (its properties at the
-/// top), its geometry apart as WKB. Made where the item is built, so the
-/// work spreads over the runtime's threads.
-pub(super) struct Row {
-    flat: FlatItem,
-    geometry: Wkb,
-}
-
-impl Row {
-    pub(super) fn new(mut item: Item) -> Result<Row> {
-        let geometry = match item.geometry.take() {
-            None => (EMPTY_POLYGON.to_vec(), "Polygon"),
-            Some(g) => wkb(&serde_json::to_value(g)?)?,
-        };
-        let flat = item
-            .into_flat_item(false)
-            .map_err(|e| Error::Output(format!("an item as a stac-geoparquet row: {e}")))?;
-        if let Some(b) = &flat.bbox {
-            if !matches!(b, Bbox::TwoDimensional(_)) {
-                return Err(Error::Output(format!("an item's bbox is not 2D: {b:?}")));
-            }
-        }
-        Ok(Row { flat, geometry })
-    }
-
-    /// The item's id.
-    pub(super) fn id(&self) -> &str {
-        &self.flat.id
-    }
-}
-
-/// A row as the decoder reads it: the item's fields in the schema's order,
-/// the bbox as a struct, no geometry, and `emb:runtime_parameters` without
-/// its empty members (as [`params_type`] typed it). Serialized straight
-/// into arrow-json's tape: no JSON value of the whole item is built.
-struct Cells<'a>(&'a FlatItem);
-
-impl Serialize for Cells<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let f = self.0;
-        let mut m = s.serialize_map(None)?;
-        m.serialize_entry("type", "Feature")?;
-        m.serialize_entry("stac_version", &stac::STAC_VERSION)?;
-        m.serialize_entry("stac_extensions", &f.extensions)?;
-        m.serialize_entry("id", &f.id)?;
-        if let Some(Bbox::TwoDimensional([x0, y0, x1, y1])) = f.bbox {
-            m.serialize_entry(
-                "bbox",
-                &BboxCells {
-                    xmin: x0,
-                    ymin: y0,
-                    xmax: x1,
-                    ymax: y1,
-                },
-            )?;
-        }
-        m.serialize_entry("links", &f.links)?;
-        m.serialize_entry("assets", &f.assets)?;
-        m.serialize_entry("collection", &f.collection)?;
-        for (k, v) in &f.properties {
-            if k == "emb:runtime_parameters" {
-                m.serialize_entry(k, &NoEmpty(v))?;
-            } else {
-                m.serialize_entry(k, v)?;
-            }
-        }
-        m.end()
-    }
-}
-
-#[derive(serde::Serialize)]
-struct BboxCells {
-    xmin: f64,
-    ymin: f64,
-    xmax: f64,
-    ymax: f64,
-}
-
-/// A JSON value serialized without nulls, empty lists and empty objects (see
-/// [`strip_empty`]).
-struct NoEmpty<'a>(&'a Value);
-
-impl Serialize for NoEmpty<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        match self.0 {
-            Value::Object(o) => {
-                let mut m = s.serialize_map(None)?;
-                for (k, v) in o.iter().filter(|(_, v)| !is_empty(v)) {
-                    m.serialize_entry(k, &NoEmpty(v))?;
-                }
-                m.end()
-            }
-            Value::Array(a) => s.collect_seq(a.iter().map(NoEmpty)),
-            v => v.serialize(s),
-        }
-    }
+/// The job's `emb:runtime_parameters` as one row of `params` (the type
+/// [`params_type`] gave it), decoded from its JSON once: every row repeats it.
+fn params_row(
+    ctx: &Context,
+    params: DataType,
+) -> std::result::Result<ArrayRef, arrow_schema::ArrowError> {
+    let mut v = ctx.runtime_params.clone();
+    strip_empty(&mut v);
+    let schema = Arc::new(Schema::new(vec![Field::new("p", params, false)]));
+    let mut decoder = ReaderBuilder::new(schema)
+        .with_strict_mode(true)
+        .build_decoder()?;
+    decoder.serialize(&[json!({ "p": v })])?;
+    let batch = decoder
+        .flush()?
+        .ok_or_else(|| arrow_schema::ArrowError::JsonError("no parameters decoded".into()))?;
+    Ok(batch.column(0).clone())
 }
 
 /// The items of a job as they go into `stac/items.parquet`.
 pub(super) struct ItemsParquet {
     writer: AsyncArrowWriter<AtomicUpload>,
-    decoder: Decoder,
     /// The written schema: times in UTC, the geometry column in.
     schema: SchemaRef,
-    /// Rows not yet decoded.
-    rows: Vec<Row>,
-    geometries: BinaryBuilder,
+    job: JobColumns,
+    /// Rows not yet handed to the writer.
+    columns: Columns,
     geometry_types: BTreeSet<&'static str>,
     written: u64,
     path: String,
@@ -336,12 +194,13 @@ impl ItemsParquet {
     ) -> Result<ItemsParquet> {
         let path = output.uri_of(&output.child(ITEMS_PARQUET));
         let wrap = |e: arrow_schema::ArrowError| Error::Output(format!("{path}: {e}"));
-        let decode = Arc::new(decode_schema(params_type(ctx)?));
-        let decoder = ReaderBuilder::new(decode.clone())
-            .with_batch_size(BATCH_ITEMS)
-            .with_strict_mode(true)
-            .build_decoder()
-            .map_err(wrap)?;
+        let params = params_type(ctx)?;
+        let decode = Arc::new(decode_schema(params.clone()));
+        let job = JobColumns {
+            collection: ctx.id.clone(),
+            created_us: ctx.created_us,
+            params: params_row(ctx, params).map_err(wrap)?,
+        };
         let mut fields: Vec<Field> = decode
             .fields()
             .iter()
@@ -379,10 +238,9 @@ impl ItemsParquet {
             .map_err(|e| write_error(&path, e))?;
         Ok(ItemsParquet {
             writer,
-            decoder,
             schema,
-            rows: Vec::with_capacity(BATCH_ITEMS),
-            geometries: BinaryBuilder::new(),
+            job,
+            columns: Columns::default(),
             geometry_types: BTreeSet::new(),
             written: 0,
             path,
@@ -391,48 +249,21 @@ impl ItemsParquet {
 
     /// Adds `row` as the next row.
     pub(super) async fn add(&mut self, row: Row) -> Result<()> {
-        self.rows.push(row);
-        if self.rows.len() == BATCH_ITEMS {
+        self.geometry_types.insert(self.columns.push(row));
+        if self.columns.len() == BATCH_ITEMS {
             self.write_rows().await?;
         }
         Ok(())
     }
 
-    /// Decodes the pending rows and hands them to the writer, which flushes
-    /// a row group to the upload whenever one fills.
+    /// Hands the pending rows to the writer, which flushes a row group to
+    /// the upload whenever one fills.
     async fn write_rows(&mut self) -> Result<()> {
-        if self.rows.is_empty() {
+        if self.columns.len() == 0 {
             return Ok(());
         }
-        let path = self.path.clone();
-        let wrap = |e: arrow_schema::ArrowError| Error::Output(format!("{path}: {e}"));
-        let cells: Vec<Cells<'_>> = self.rows.iter().map(|r| Cells(&r.flat)).collect();
-        self.decoder.serialize(&cells).map_err(wrap)?;
-        drop(cells);
-        let n = self.rows.len();
-        for Row { geometry, .. } in self.rows.drain(..) {
-            self.geometries.append_value(geometry.0);
-            self.geometry_types.insert(geometry.1);
-        }
-        let decoded = self
-            .decoder
-            .flush()
-            .map_err(wrap)?
-            .expect("rows were serialized");
-        let mut columns: Vec<ArrayRef> = decoded
-            .columns()
-            .iter()
-            .map(|c| match c.data_type() {
-                DataType::Timestamp(TimeUnit::Microsecond, None) => Arc::new(
-                    c.as_primitive::<TimestampMicrosecondType>()
-                        .clone()
-                        .with_timezone("UTC"),
-                ) as ArrayRef,
-                _ => c.clone(),
-            })
-            .collect();
-        columns.insert(GEOMETRY_AT, Arc::new(self.geometries.finish()));
-        let batch = RecordBatch::try_new(self.schema.clone(), columns).map_err(wrap)?;
+        let n = self.columns.len();
+        let batch = self.columns.take(&self.job, &self.schema)?;
         self.writer
             .write(&batch)
             .await

@@ -38,10 +38,27 @@ fn geometry(footprint: &[Vec<[f64; 2]>]) -> Option<Value> {
     }
 }
 
-/// The item of one chip file.
-pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> Result<Item> {
-    let id = file
-        .path
+/// The extensions every item implements.
+pub(super) const ITEM_EXTENSIONS: [&str; 3] =
+    [EMBEDDINGS_EXTENSION, PROCESSING_EXTENSION, FILE_EXTENSION];
+
+/// Every item's links up to the collection: the href and its relations.
+pub(super) const UP: &str = "../collection.json";
+pub(super) const UP_RELS: [&str; 3] = ["root", "parent", "collection"];
+
+/// The relations of the links to the STAC items the chips were cut from:
+/// `derived_from` (STAC's relation for it) and the proposal's item-level
+/// `emb:source-data`.
+pub(super) const SOURCE_RELS: [&str; 2] = ["derived_from", "emb:source-data"];
+
+/// The title of a link to a source item.
+pub(super) fn source_title(id: &str) -> String {
+    format!("source item {id}")
+}
+
+/// The item id of a chip file: its task id.
+pub(super) fn item_id(file: &ManifestFile) -> Result<&str> {
+    file.path
         .rsplit('/')
         .next()
         .and_then(|n| n.strip_suffix(".parquet"))
@@ -51,13 +68,38 @@ pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> R
                 "manifest: `{}` is not a chips/<task>.parquet path",
                 file.path
             ))
-        })?;
-    let mut item = Item::new(id).collection(&ctx.id);
-    item.extensions = vec![
-        EMBEDDINGS_EXTENSION.to_owned(),
-        PROCESSING_EXTENSION.to_owned(),
-        FILE_EXTENSION.to_owned(),
-    ];
+        })
+}
+
+/// The `embeddings` asset's href, title and `file:checksum`.
+pub(super) fn asset_href(file: &ManifestFile) -> String {
+    format!("../../{}", file.path)
+}
+pub(super) fn asset_title(file: &ManifestFile) -> String {
+    format!("chip embeddings ({} rows)", file.rows)
+}
+/// Multihash: 0x12 is SHA2-256, 0x20 its 32-byte length.
+pub(super) fn checksum(file: &ManifestFile) -> String {
+    format!("1220{}", file.sha256)
+}
+
+/// A polygon that runs the long way round in lon/lat (chips all around the
+/// globe, which no outline of the vertex bound separates): the item says so
+/// rather than let it pass for a place.
+pub(super) fn wide(extent: &FileExtent) -> bool {
+    extent.footprint.iter().any(|r| {
+        let (lo, hi) = r.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+            (lo.min(p[0]), hi.max(p[0]))
+        });
+        hi - lo > 180.0
+    })
+}
+
+/// The item of one chip file. Its row of `stac/items.parquet` is built from
+/// the same facts (`rows.rs`); a test holds the two equal.
+pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> Result<Item> {
+    let mut item = Item::new(item_id(file)?).collection(&ctx.id);
+    item.extensions = ITEM_EXTENSIONS.map(str::to_owned).to_vec();
     if let (Some(g), Some([x0, y0, x1, y1])) = (geometry(&extent.footprint), extent.bbox()) {
         item.geometry = Some(serde_json::from_value(g)?);
         item.bbox = Some(Bbox::new(x0, y0, x1, y1));
@@ -83,15 +125,7 @@ pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> R
     if extent.more_sources {
         f.insert("rsembed:more_sources".into(), true.into());
     }
-    // A polygon that runs the long way round in lon/lat (chips all around
-    // the globe, which no outline of the vertex bound separates): say so
-    // rather than let it pass for a place.
-    if extent.footprint.iter().any(|r| {
-        let (lo, hi) = r.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
-            (lo.min(p[0]), hi.max(p[0]))
-        });
-        hi - lo > 180.0
-    }) {
+    if wide(extent) {
         f.insert("rsembed:wide_footprint".into(), true.into());
     }
     f.insert(
@@ -100,32 +134,27 @@ pub(crate) fn item(ctx: &Context, file: &ManifestFile, extent: &FileExtent) -> R
     );
     f.insert("emb:runtime_parameters".into(), ctx.runtime_params.clone());
 
-    let up = "../collection.json";
-    for rel in ["root", "parent", "collection"] {
-        item.links.push(Link::new(up, rel).r#type(JSON.to_owned()));
+    for rel in UP_RELS {
+        item.links.push(Link::new(UP, rel).r#type(JSON.to_owned()));
     }
-    // The STAC items the chips were cut from: `derived_from` (STAC's
-    // relation for it) and the proposal's item-level `emb:source-data`.
-    for rel in ["derived_from", "emb:source-data"] {
+    for rel in SOURCE_RELS {
         for (uri, id) in &extent.sources {
             item.links.push(
                 Link::new(uri, rel)
                     .r#type(GEOJSON.to_owned())
-                    .title(format!("source item {id}")),
+                    .title(source_title(id)),
             );
         }
     }
-    let mut asset = Asset::new(format!("../../{}", file.path)).role("data");
+    let mut asset = Asset::new(asset_href(file)).role("data");
     asset.r#type = Some(PARQUET.to_owned());
-    asset.title = Some(format!("chip embeddings ({} rows)", file.rows));
+    asset.title = Some(asset_title(file));
     asset
         .additional_fields
         .insert("file:size".into(), file.bytes.into());
-    // Multihash: 0x12 is SHA2-256, 0x20 its 32-byte length.
-    asset.additional_fields.insert(
-        "file:checksum".into(),
-        format!("1220{}", file.sha256).into(),
-    );
+    asset
+        .additional_fields
+        .insert("file:checksum".into(), checksum(file).into());
     item.assets.insert("embeddings".into(), asset);
     Ok(item)
 }

@@ -35,6 +35,7 @@ mod geoparquet;
 mod item;
 mod link;
 mod read;
+mod rows;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -48,9 +49,10 @@ use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
 
+use geoparquet::ItemsParquet;
 pub(crate) use geoparquet::ITEMS_PARQUET;
-use geoparquet::{ItemsParquet, Row};
 use item::{collection, item, link_items_parquet, runtime_params};
+use rows::Row;
 
 /// The folder of the output that holds the STAC documents.
 pub(crate) const STAC_DIR: &str = "stac/";
@@ -163,6 +165,49 @@ where
     S: Stream<Item = Result<ManifestFile>> + Send + Unpin,
 {
     write_with(output, spec, files, count, LIMITS).await
+}
+
+/// Chip files the feed holds before its sender waits for the writer.
+const FEED_QUEUE: usize = 4096;
+
+/// [`write()`] run beside another pass over a job's chip files: each file
+/// given to the feed goes to a spawned writer, so building and encoding the
+/// items takes another thread while the caller writes the file list.
+pub(crate) struct StacFeed {
+    tx: tokio::sync::mpsc::Sender<Result<ManifestFile>>,
+    writer: Spawned<Result<StacWritten>>,
+}
+
+impl StacFeed {
+    /// Starts the writer for `count` chip files (when known).
+    pub(crate) fn start(output: &Location, spec: &JobSpec, count: Option<u64>) -> StacFeed {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(FEED_QUEUE);
+        let (output, spec) = (output.clone(), spec.clone());
+        let writer = Spawned(tokio::spawn(async move {
+            let files = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+            write(&output, &spec, files, count).await
+        }));
+        StacFeed { tx, writer }
+    }
+
+    /// The next chip file. A writer that stopped says why at [`StacFeed::finish`].
+    pub(crate) async fn file(&self, file: &ManifestFile) {
+        let _ = self.tx.send(Ok(file.clone())).await;
+    }
+
+    /// Waits for the writer, once every file is given.
+    pub(crate) async fn finish(self) -> Result<StacWritten> {
+        drop(self.tx);
+        self.writer.await
+    }
+
+    /// Stops the writer with `why`: it removes what it started and writes
+    /// no collection.
+    pub(crate) async fn abort(self, why: &str) {
+        let _ = self.tx.send(Err(Error::Output(why.to_owned()))).await;
+        drop(self.tx);
+        let _ = self.writer.await;
+    }
 }
 
 async fn write_with<S>(
@@ -357,16 +402,17 @@ async fn build(
             (e, t, true)
         }
     };
-    let item = item(ctx, &file, &extent)?;
     if json {
+        let item = item(ctx, &file, &extent)?;
         put(output, &format!("{ITEMS_DIR}{}.json", item.id), &item).await?;
     }
     let (start, end, _) = times_of(ctx, &extent);
+    let (path, rows, bbox) = (file.path.clone(), file.rows, extent.bbox());
     Ok(Built {
-        row: Row::new(item)?,
-        path: file.path,
-        rows: file.rows,
-        bbox: extent.bbox(),
+        row: Row::new(ctx, file, extent)?,
+        path,
+        rows,
+        bbox,
         times: (start, end),
         data_type,
         read,

@@ -12,7 +12,8 @@ use rsembed_schemas::chip::timestamp_type;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use super::geoparquet::{ItemsParquet, Row};
+use super::geoparquet::ItemsParquet;
+use super::rows::Row;
 use super::tests::{file, get_json, spec, square, write_all, DAY_US, JUNE_1};
 use super::*;
 use object_store::memory::InMemory;
@@ -199,8 +200,8 @@ async fn the_parquet_writer_holds_at_most_a_row_group_whatever_the_items() {
     let (mut peaks, mut peak) = (Vec::new(), 0);
     for i in 0..6 * GROUP as u64 {
         let f = synthetic(i);
-        let it = item(&ctx, &f, f.extent.as_ref().unwrap()).unwrap();
-        w.add(Row::new(it).unwrap()).await.unwrap();
+        let extent = f.extent.clone().unwrap();
+        w.add(Row::new(&ctx, f, extent).unwrap()).await.unwrap();
         peak = peak.max(w.buffered());
         if (i + 1) % GROUP as u64 == 0 {
             peaks.push(peak);
