@@ -14,7 +14,8 @@
 //!   of the Parquet file, and the JSON items' ids (at most
 //!   `JSON_ITEMS_MAX`), whatever the number of files;
 //! - `item.rs` builds the item of one chip file and the collection;
-//! - `geoparquet.rs` writes the items as stac-geoparquet;
+//! - `geoparquet.rs` writes the items as stac-geoparquet, whose rows
+//!   `rows.rs` builds as Arrow columns from the same facts as `item.rs`;
 //! - `link.rs` builds the collection's `emb:source-data` link: the search as
 //!   it was sent, and what rsembed filtered itself;
 //! - `read.rs` reads what a chip file of an older version did not record.
