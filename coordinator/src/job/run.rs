@@ -195,7 +195,6 @@ fn not_writable(out: &Location, e: impl Into<crate::error::BoxError>) -> Error {
 /// that looks clean without its chips.
 async fn run_task(runner: &TaskRunner, job: &JobContext, task: &Task) -> Result<TaskReport> {
     let started = Instant::now();
-    resume::forget(&job.output, task).await?;
     let report = runner.run(job, task).await?;
     if report.errors_file.is_none() {
         output::delete_if_present(&job.output, &task.errors_path()).await?;
@@ -371,6 +370,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
                     }
                     Found::Retry => {
                         retried.fetch_add(1, Ordering::Relaxed);
+                        resume::forget(&job.output, &task).await?;
                         run_task(&runner, &job, &task).await?
                     }
                     Found::Missing => run_task(&runner, &job, &task).await?,
