@@ -35,9 +35,10 @@ use crate::error::{Error, Result};
 use crate::query::compact::AtomicUpload;
 use crate::query::footer::FOOTER_BUDGET_GROUPS;
 use crate::query::index::{embeddings, GroupRef, Index};
-use crate::query::scan::{default_concurrency, dots, scan_groups, sigmoid_score};
+use crate::query::scan::{default_concurrency, scan_groups};
 use crate::query::search::check_model;
 use crate::query::Error as QueryError;
+use rsembed_query::kernels::{dots, sigmoid_score};
 
 /// Labels one run may have: each is a text-graph input and a dot product per chip.
 const MAX_LABELS: usize = 100_000;

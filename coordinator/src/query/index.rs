@@ -34,8 +34,8 @@ use rsembed_worker::store::{Location, StoreCache};
 use crate::error::{Error, Result};
 use crate::query::footer::{Footers, GroupStats, StatsColumns};
 use crate::query::pages::{self, Chunk};
-use crate::query::scan::{dot, normalize};
 use crate::query::Error as QueryError;
+use rsembed_query::kernels::{dot, normalize};
 
 /// Footers read at once when an index opens.
 const FOOTER_CONCURRENCY: usize = 16;
@@ -67,14 +67,7 @@ pub(crate) struct Part {
     pub(crate) file_meta: Option<FileMeta>,
 }
 
-/// A row group of a part.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct GroupRef {
-    /// Index into [`Index::parts`].
-    pub(crate) part: usize,
-    /// Row group within the part.
-    pub(crate) row_group: usize,
-}
+pub(crate) use rsembed_query::kernels::GroupRef;
 
 /// What pruning kept.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]

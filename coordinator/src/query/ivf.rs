@@ -8,7 +8,7 @@
 //! of their rows (spherical k-means). Everything here is deterministic for a
 //! seed: the sample is chosen by a hash of the chip id (whatever the file
 //! order), k-means++ draws from a seeded generator, sums are taken in one
-//! fixed order, and the dot products are `query::scan::dot`'s
+//! fixed order, and the dot products are `rsembed_query::kernels::dot`'s
 //! (same lanes, same reduction), so a row's list is the one a scan would
 //! rank first.
 //!
@@ -34,8 +34,8 @@ use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
 use crate::query::index::{guarded, reader_panicked, Index, StoreReader};
-use crate::query::scan::{dot4, dots};
 use crate::query::Error as QueryError;
+use rsembed_query::kernels::{dot4, dots, nearest};
 
 /// The column of a row's list, appended after the chip columns.
 pub const LIST: &str = "list";
@@ -110,13 +110,13 @@ impl Centroids {
     pub fn nearest(&self, rows: &[f32], out: &mut [(u32, f32)]) {
         let per = per_thread(out.len(), out.len() * self.values.len());
         if per >= out.len() {
-            nearest_rows(&self.values, self.dim, rows, out);
+            nearest(&self.values, self.dim, rows, out);
             return;
         }
         std::thread::scope(|s| {
             for (i, chunk) in out.chunks_mut(per).enumerate() {
                 let rows = &rows[i * per * self.dim..];
-                s.spawn(move || nearest_rows(&self.values, self.dim, rows, chunk));
+                s.spawn(move || nearest(&self.values, self.dim, rows, chunk));
             }
         });
     }
@@ -133,48 +133,6 @@ fn per_thread(items: usize, work: usize) -> usize {
         std::thread::available_parallelism().map_or(1, |n| n.get())
     };
     items.div_ceil(threads).div_ceil(4).max(1) * 4
-}
-
-fn nearest_rows(cents: &[f32], dim: usize, rows: &[f32], out: &mut [(u32, f32)]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: the CPU has AVX2 and FMA, checked just above.
-        unsafe { nearest_avx2(cents, dim, rows, out) };
-        return;
-    }
-    nearest_generic(cents, dim, rows, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn nearest_avx2(cents: &[f32], dim: usize, rows: &[f32], out: &mut [(u32, f32)]) {
-    nearest_generic(cents, dim, rows, out);
-}
-
-/// Four rows against each centroid at once: each centroid is read from
-/// cache once per four rows instead of once per row, which bounds the speed
-/// when the centroids outgrow L2 (1000 lists of 768 floats are 3 MB).
-#[inline(always)]
-fn nearest_generic(cents: &[f32], dim: usize, rows: &[f32], out: &mut [(u32, f32)]) {
-    let mut blocks = out.chunks_mut(4);
-    let mut r = 0;
-    for block in &mut blocks {
-        let n = block.len();
-        let row = |k: usize| &rows[(r + k.min(n - 1)) * dim..(r + k.min(n - 1) + 1) * dim];
-        let (a, b, c, d) = (row(0), row(1), row(2), row(3));
-        let mut best = [(0u32, f32::NEG_INFINITY); 4];
-        for (l, cent) in cents.chunks_exact(dim).enumerate() {
-            let s = dot4([a, b, c, d], cent);
-            for k in 0..4 {
-                // `>`: ties go to the lower list. NaN never wins, so a row of NaNs gets list 0.
-                if s[k] > best[k].1 {
-                    best[k] = (l as u32, s[k]);
-                }
-            }
-        }
-        block.copy_from_slice(&best[..n]);
-        r += n;
-    }
 }
 
 /// SplitMix64: the seeded choices of k-means++ (and the tests' seeded
@@ -908,7 +866,7 @@ impl Probed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::query::scan::dot;
+    use rsembed_query::kernels::dot;
 
     fn gen(seed: u64, n: usize, dim: usize, centres: usize, spread: f32) -> Vec<f32> {
         let mut r = Rng(seed);
@@ -948,7 +906,7 @@ mod tests {
                 assert_eq!(out[i], (best as u32, d[best]), "dim {dim} row {i}");
             }
             let mut one = vec![(0, 0.0); 5];
-            nearest_rows(&cents.values, dim, &rows[7 * dim..12 * dim], &mut one);
+            nearest(&cents.values, dim, &rows[7 * dim..12 * dim], &mut one);
             assert_eq!(&one[..], &out[7..12]);
         }
     }

@@ -10,7 +10,6 @@
 pub(crate) mod answer;
 pub mod classify;
 pub mod compact;
-mod error;
 pub(crate) mod filter;
 pub(crate) mod footer;
 pub(crate) mod html;
@@ -23,4 +22,4 @@ pub(crate) mod scan;
 pub mod search;
 pub(crate) mod thumbs;
 
-pub(crate) use error::Error;
+pub(crate) use rsembed_query::Error;

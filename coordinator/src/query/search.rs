@@ -46,11 +46,11 @@ use crate::query::footer::FOOTER_BUDGET_GROUPS;
 use crate::query::index::{embeddings, GroupRef, Index, Pruning};
 use crate::query::ivf::{Probe, Probed};
 use crate::query::pages::{Chunk, Stored};
-use crate::query::scan::{
-    default_concurrency, dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8,
-    normalize, scan_embeddings, scan_groups, selection_of, Hit, TopK,
-};
+use crate::query::scan::{default_concurrency, scan_embeddings, scan_groups, selection_of};
 use parquet::column::page::Page;
+use rsembed_query::kernels::{
+    dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8, normalize, Hit, TopK,
+};
 
 mod batch;
 mod stream;
@@ -932,7 +932,8 @@ async fn details(
             })?;
             r.rank = rank + 1;
             r.cosine = h.cosine;
-            r.score = scale_bias.map(|(s, b)| crate::query::scan::sigmoid_score(h.cosine, s, b));
+            r.score =
+                scale_bias.map(|(s, b)| rsembed_query::kernels::sigmoid_score(h.cosine, s, b));
             Ok(r)
         })
         .collect()

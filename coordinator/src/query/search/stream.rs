@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use super::{batch, SearchArgs, SearchResult, SearchStats, Searcher};
 use crate::error::{Error, Result};
-use crate::query::scan::normalize;
+use rsembed_query::kernels::normalize;
 
 /// Bytes of one input line, at most: a vector of D = 1152 as JSON is about
 /// 25 KB. A longer line is answered with an error, and skipped unread.
