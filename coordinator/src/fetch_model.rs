@@ -171,6 +171,12 @@ pub enum FetchError {
     },
 }
 
+impl From<rsembed_store::Error> for FetchError {
+    fn from(e: rsembed_store::Error) -> FetchError {
+        FetchError::Model(e.into())
+    }
+}
+
 /// What a fetch did.
 #[derive(Debug, Clone, Serialize)]
 pub struct FetchSummary {
