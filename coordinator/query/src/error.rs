@@ -126,6 +126,19 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// An object store operation failed.
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    /// `manifest.json` or a list of the manifest (`manifest/*.parquet`)
+    /// that cannot be read.
+    #[error("{url}: {source}")]
+    ManifestList {
+        /// The file.
+        url: String,
+        /// Why.
+        #[source]
+        source: rsembed_schemas::manifest::ListError,
+    },
     /// A flag value that makes no sense.
     #[error("{flag} {problem}")]
     Flag {

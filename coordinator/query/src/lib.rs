@@ -1,11 +1,20 @@
 //! rsembed's query side: reading a finished dataset back.
 //!
 //! In layers, each importing only those below it:
+//! - [`io`]: a dataset's bytes, from any store, and the column chunks a
+//!   resident search keeps;
+//! - [`format`]: the chip files as read: footers, statistics, the
+//!   `embedding` column's pages read in place;
 //! - [`kernels`]: dot products over stored embedding values, the nearest
 //!   centroid of a row, and the best `k` hits;
 //! - [`Error`]: what failed, naming the file or flag.
 
 mod error;
+pub mod format;
+pub mod io;
 pub mod kernels;
 
 pub use error::{BoxError, Error};
+
+/// The query side's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -33,12 +33,12 @@ use rsembed_schemas::job::{IvfLayout, CENTROIDS_FILE, MANIFEST_FILE};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::query::index::{guarded, reader_panicked, Index, StoreReader};
+use crate::query::index::{guarded, reader_panicked, Index};
 use crate::query::Error as QueryError;
+use rsembed_query::io::StoreReader;
 use rsembed_query::kernels::{dot4, dots, nearest};
 
-/// The column of a row's list, appended after the chip columns.
-pub const LIST: &str = "list";
+pub use rsembed_query::format::LIST;
 /// Most lists: a list number takes the top 16 bits of compaction's sort key.
 pub const MAX_LISTS: u32 = 1 << 16;
 /// k-means++ and Lloyd's seed when `--seed` is not given.

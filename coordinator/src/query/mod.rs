@@ -7,19 +7,17 @@
 //! into large Hilbert-sorted parts, and with `--lists` into an IVF layout
 //! ([`ivf`]) whose nearest lists a search reads alone.
 
-pub(crate) mod answer;
 pub mod classify;
 pub mod compact;
 pub(crate) mod filter;
-pub(crate) mod footer;
 pub(crate) mod html;
 pub(crate) mod index;
 pub mod ivf;
-#[cfg(target_os = "linux")]
-pub(crate) mod mapped;
-pub(crate) mod pages;
 pub(crate) mod scan;
 pub mod search;
 pub(crate) mod thumbs;
 
 pub(crate) use rsembed_query::Error;
+
+#[cfg(test)]
+mod pages_tests;

@@ -11,9 +11,10 @@ use rsembed_schemas::chip::col;
 
 use crate::error::Result;
 use crate::query::filter::{Filters, Missing};
-use crate::query::index::{embeddings, GroupRef, Index};
-use crate::query::pages::{Decode, Stored};
+use crate::query::index::{GroupRef, Index};
 use crate::query::Error as QueryError;
+use rsembed_query::format::embeddings;
+use rsembed_query::format::pages::{Decode, Stored};
 
 /// Row groups scanned at once when the user does not say: two per core keeps
 /// one group's fetch overlapping another's decode and scoring.
@@ -93,7 +94,7 @@ where
 /// Scans the `embedding` column of `groups` for a search, with
 /// `concurrency` row groups in flight, each on its own tokio task. A chunk
 /// laid out as the chip writer lays it is read in place from its pages
-/// ([`crate::query::pages`]); any other (another writer's, or one the page
+/// ([`rsembed_query::format::pages`]); any other (another writer's, or one the page
 /// reader finds malformed) with the arrow reader, from the start of the
 /// group and with a fresh accumulator, so `fold` must keep every effect in
 /// its accumulator. `fold(acc, g, first_row, rows, keep)` sees the group's

@@ -40,14 +40,15 @@ use serde_json::{json, Value};
 
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
-use crate::query::answer;
 use crate::query::filter::{Filters, Missing, Verdict};
-use crate::query::footer::FOOTER_BUDGET_GROUPS;
-use crate::query::index::{embeddings, GroupRef, Index, Pruning};
+use crate::query::index::{GroupRef, Index, Pruning};
 use crate::query::ivf::{Probe, Probed};
-use crate::query::pages::{Chunk, Stored};
 use crate::query::scan::{default_concurrency, scan_embeddings, scan_groups, selection_of};
 use parquet::column::page::Page;
+use rsembed_query::format::answer;
+use rsembed_query::format::embeddings;
+use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
+use rsembed_query::format::pages::{Chunk, Stored};
 use rsembed_query::kernels::{
     dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8, normalize, Hit, TopK,
 };
@@ -444,7 +445,7 @@ struct Searcher {
 
 impl Searcher {
     /// Opens the index of `args`. A `resident` search (queries line by line)
-    /// holds every footer, and reads warm chunks of local files through maps;
+    /// holds every footer, and keeps the column chunks it reads (up to a budget);
     /// another holds [`FOOTER_BUDGET_GROUPS`] row groups' footers beyond those
     /// being read.
     async fn open(args: &SearchArgs, resident: bool) -> Result<Searcher> {
@@ -457,7 +458,7 @@ impl Searcher {
         };
         let mut index = Index::open(&stores, &args.index, footer_budget).await?;
         if resident {
-            index.map_files();
+            index.keep_chunks();
         }
         let index = Arc::new(index);
         if let Some(m) = &model {
@@ -509,9 +510,9 @@ impl Searcher {
         let answer = self
             .answer_from_files(args, queries, probed, exclude, t0)
             .await;
-        // A file that shrank under a map read as zeros: whatever the answer
-        // (or its error) says, that is the error.
-        self.index.check_maps()?;
+        // A file cut short while its kept chunks were read: whatever the
+        // answer (or its error) says, that is the error.
+        self.index.check_files()?;
         answer
     }
 
@@ -1143,7 +1144,7 @@ fn answer_type_ok(part: &crate::query::index::Part, name: &str) -> bool {
 }
 
 /// The results of rows `wanted` of row group `g` from its answer columns'
-/// chunks (`columns[i]` in `chunks[i]`), read by [`crate::query::answer`];
+/// chunks (`columns[i]` in `chunks[i]`), read by [`rsembed_query::format::answer`];
 /// `Err` with the reason where that reader does not take them.
 fn answer_rows(
     g: GroupRef,

@@ -18,7 +18,7 @@ use url::Url;
 use super::fetch::{Fetcher, Lines, MAX_ITEM_COLLECTION, MAX_LINE};
 use super::source::{href_of, parse, Emit, Flow, ItemsFormat};
 use crate::error::{Error, Result};
-use crate::query::index::StoreReader;
+use rsembed_query::io::StoreReader;
 
 /// Rows per stac-geoparquet batch: a few MiB of item JSON at ~10 KiB an item.
 const PARQUET_BATCH: usize = 256;

@@ -8,12 +8,13 @@
 //! builds give the same results bit for bit.
 
 mod dot;
+mod rows;
 mod topk;
 
 pub use dot::{
     dot, dot4, dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8, nearest,
 };
-pub use topk::{normalize, sigmoid_score, GroupRef, Hit, TopK};
+pub use topk::{normalize, sigmoid_score, Hit, TopK};
 
 #[cfg(target_arch = "x86_64")]
 use std::sync::OnceLock;

@@ -3,16 +3,8 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
+use crate::format::GroupRef;
 use crate::Error;
-
-/// A row group of an index: which part (file) and which group in it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct GroupRef {
-    /// The part's place among the index's parts.
-    pub part: usize,
-    /// Row group within the part.
-    pub row_group: usize,
-}
 
 /// A scored row: where it is, and its cosine with the query.
 #[derive(Debug, Clone, Copy, PartialEq)]

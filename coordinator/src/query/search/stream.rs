@@ -118,7 +118,7 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
         ));
     }
     let t0 = Instant::now();
-    // Every footer held, and warm chunks read through maps: a resident
+    // Every footer held, and the chunks read kept (up to a budget): a resident
     // search reads each footer once, and the same lists again and again.
     let searcher = Searcher::open(args, true).await?;
     let dim = searcher.index.embed_dim;

@@ -18,7 +18,7 @@ use rsembed_worker::sink::extent::ExtentBuilder;
 use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
-use crate::query::index::StoreReader;
+use rsembed_query::io::StoreReader;
 
 /// Rows decoded at once: five small columns (the longest a source URL), so
 /// memory stays about a MiB per file whatever row-group size it has.

@@ -29,8 +29,8 @@ use parquet::file::reader::{ChunkReader, Length};
 use parquet::file::serialized_reader::SerializedPageReader;
 use rsembed_schemas::embedding::EmbeddingType;
 
-use crate::error::Error;
-use crate::query::index::Embeddings;
+use super::Embeddings;
+use crate::Error;
 
 /// int8 values decoded at once (256 KiB): bounds the buffer whatever a
 /// page's header claims; a row split between segments is joined as a row
@@ -39,7 +39,7 @@ const SEGMENT_VALUES: usize = 1 << 18;
 
 /// Rows of embeddings as they are stored, in the order of the row group.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Stored<'a> {
+pub enum Stored<'a> {
     /// Float32 values in memory (the arrow reader's arrays).
     F32(&'a [f32]),
     /// Float32 values as the little-endian bytes of a page.
@@ -54,7 +54,7 @@ pub(crate) enum Stored<'a> {
 
 impl<'a> Stored<'a> {
     /// Values in these rows.
-    pub(crate) fn values(&self) -> usize {
+    pub fn values(&self) -> usize {
         match self {
             Stored::F32(v) => v.len(),
             Stored::F32Le(v) => v.len(),
@@ -65,7 +65,7 @@ impl<'a> Stored<'a> {
     }
 
     /// Rows `start..start + len`.
-    pub(crate) fn slice(self, start: usize, len: usize, dim: usize) -> Stored<'a> {
+    pub fn slice(self, start: usize, len: usize, dim: usize) -> Stored<'a> {
         let r = start * dim..(start + len) * dim;
         match self {
             Stored::F32(v) => Stored::F32(&v[r]),
@@ -89,23 +89,34 @@ impl<'a> From<Embeddings<'a>> for Stored<'a> {
 
 /// Why a chunk was not read in place, or what stopped the caller's fold.
 #[derive(Debug)]
-pub(crate) enum Decode {
+pub enum Decode<E = Error> {
     /// The chunk is not laid out as this reader takes it, or is malformed:
     /// read it with the arrow reader instead.
     Layout(String),
     /// The fold failed: the search fails.
-    Fold(Error),
+    Fold(E),
 }
 
-fn layout<T>(why: impl Into<String>) -> Result<T, Decode> {
-    Err(Decode::Layout(why.into()))
+/// A chunk not laid out as this reader takes it: [`Decode::Layout`] before
+/// the caller's error type is known.
+#[derive(Debug)]
+pub struct Layout(String);
+
+impl<E> From<Layout> for Decode<E> {
+    fn from(l: Layout) -> Decode<E> {
+        Decode::Layout(l.0)
+    }
+}
+
+fn layout<T, L: From<Layout>>(why: impl Into<String>) -> Result<T, L> {
+    Err(Layout(why.into()).into())
 }
 
 /// Whether the column chunk `meta`, of an `embedding` stored as `ty`, can be
 /// read in place: one leaf under one list level, of `ty`'s physical type,
 /// and, for floats, without a dictionary. Judged from the footer alone,
 /// before anything is fetched.
-pub(crate) fn check(meta: &ColumnChunkMetaData, ty: EmbeddingType) -> Result<(), String> {
+pub fn check(meta: &ColumnChunkMetaData, ty: EmbeddingType) -> Result<(), String> {
     let d = meta.column_descr();
     if d.max_rep_level() != 1 {
         return Err(format!(
@@ -128,19 +139,19 @@ pub(crate) fn check(meta: &ColumnChunkMetaData, ty: EmbeddingType) -> Result<(),
 }
 
 /// One row group's `embedding` column chunk, fetched.
-pub(crate) struct Chunk {
+pub struct Chunk {
     /// The chunk's bytes: the file's `meta.byte_range()`.
-    pub(crate) data: Bytes,
+    pub data: Bytes,
     /// Its column chunk metadata.
-    pub(crate) meta: ColumnChunkMetaData,
+    pub meta: ColumnChunkMetaData,
     /// Rows of the row group.
-    pub(crate) rows: usize,
+    pub rows: usize,
 }
 
 /// The chunk's bytes as parquet's page reader asks for them: at file offsets.
-pub(crate) struct At {
-    pub(crate) start: u64,
-    pub(crate) data: Bytes,
+pub struct At {
+    pub start: u64,
+    pub data: Bytes,
 }
 
 impl At {
@@ -180,14 +191,14 @@ impl ChunkReader for At {
 impl Chunk {
     /// Hands every row of the chunk to `f(first_row, rows)`, in order, in
     /// runs of whole rows of `dim` values stored as `ty`.
-    pub(crate) fn decode(
+    pub fn decode<E>(
         &self,
         ty: EmbeddingType,
         dim: usize,
-        mut f: impl FnMut(usize, Stored<'_>) -> crate::error::Result<()>,
-    ) -> Result<(), Decode> {
+        mut f: impl FnMut(usize, Stored<'_>) -> Result<(), E>,
+    ) -> Result<(), Decode<E>> {
         if dim == 0 {
-            return layout("dimension 0");
+            return Err(Layout("dimension 0".into()).into());
         }
         let d = self.meta.column_descr();
         let (max_rep, max_def) = (d.max_rep_level(), d.max_def_level());
@@ -205,7 +216,7 @@ impl Chunk {
             let page = match pages.get_next_page() {
                 Ok(Some(p)) => p,
                 Ok(None) => break,
-                Err(e) => return layout(e.to_string()),
+                Err(e) => return Err(Layout(e.to_string()).into()),
             };
             let (buf, n, encoding, rep, def) = match page {
                 Page::DictionaryPage {
@@ -337,7 +348,7 @@ impl Chunk {
 }
 
 /// A V1 page's level section: a 4-byte little-endian length, then the bytes.
-fn prefixed(buf: &[u8]) -> Result<(&[u8], &[u8]), Decode> {
+fn prefixed(buf: &[u8]) -> Result<(&[u8], &[u8]), Layout> {
     let Some((len, rest)) = buf.split_first_chunk::<4>() else {
         return layout("a page shorter than its level length");
     };
@@ -354,7 +365,7 @@ fn bit_width(max: i16) -> u8 {
 }
 
 /// The int8 dictionary of a chunk: at most 256 INT32 values, each an int8.
-fn int8_dictionary(buf: &[u8], n: u32, encoding: Encoding) -> Result<Dictionary, Decode> {
+fn int8_dictionary(buf: &[u8], n: u32, encoding: Encoding) -> Result<Dictionary, Layout> {
     if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
         return layout(format!("a {encoding} dictionary"));
     }
@@ -369,7 +380,7 @@ fn int8_dictionary(buf: &[u8], n: u32, encoding: Encoding) -> Result<Dictionary,
             let v = i32::from_le_bytes(*v);
             i8::try_from(v).or_else(|_| layout(format!("int8 dictionary value {v}")))
         })
-        .collect::<Result<Vec<i8>, Decode>>()?;
+        .collect::<Result<Vec<i8>, Layout>>()?;
     Ok(Dictionary::new(&values))
 }
 
@@ -392,7 +403,7 @@ impl Dictionary {
     }
 
     /// Entry `i`, or the error of an index past the dictionary.
-    fn get(&self, i: u32) -> Result<i8, Decode> {
+    fn get(&self, i: u32) -> Result<i8, Layout> {
         if (i as usize) < self.len {
             Ok(self.table[i as usize])
         } else {
@@ -404,7 +415,7 @@ impl Dictionary {
 /// The repetition levels of values `v0..v0 + n` of a FixedSizeList of `dim`:
 /// 0 exactly where a row starts, 1 elsewhere. Checked run by run: a run of
 /// 1s is one comparison however long.
-fn check_rep(levels: &[u8], w: u8, n: usize, v0: u64, dim: u64) -> Result<(), Decode> {
+fn check_rep(levels: &[u8], w: u8, n: usize, v0: u64, dim: u64) -> Result<(), Layout> {
     let mut p = v0;
     let end = v0 + n as u64;
     let mut h = Hybrid::new(levels, w)?;
@@ -459,7 +470,7 @@ fn check_rep(levels: &[u8], w: u8, n: usize, v0: u64, dim: u64) -> Result<(), De
 
 /// The definition levels of `n` values are all `max`: no null list, no
 /// null value.
-fn check_def(levels: &[u8], w: u8, n: usize, max: u32) -> Result<(), Decode> {
+fn check_def(levels: &[u8], w: u8, n: usize, max: u32) -> Result<(), Layout> {
     let mut left = n as u64;
     let mut h = Hybrid::new(levels, w)?;
     while left > 0 {
@@ -500,7 +511,7 @@ enum Run<'a> {
 
 /// How many of the first `n` levels in `data` (RLE / bit-packed hybrid,
 /// no length prefix) equal `max`: the values a page of a flat column holds.
-pub(crate) fn count_at_max(data: &[u8], max: i16, n: usize) -> Result<usize, Decode> {
+pub fn count_at_max(data: &[u8], max: i16, n: usize) -> Result<usize, Layout> {
     let w = bit_width(max);
     let mut h = Hybrid::new(data, w)?;
     let (mut left, mut at_max) = (n as u64, 0u64);
@@ -537,7 +548,7 @@ struct Hybrid<'a> {
 }
 
 impl<'a> Hybrid<'a> {
-    fn new(data: &'a [u8], w: u8) -> Result<Hybrid<'a>, Decode> {
+    fn new(data: &'a [u8], w: u8) -> Result<Hybrid<'a>, Layout> {
         if w > 8 {
             // More than 256 dictionary entries: not an int8 dictionary.
             return layout(format!("dictionary indices of {w} bits"));
@@ -545,7 +556,7 @@ impl<'a> Hybrid<'a> {
         Ok(Hybrid { data, w, run: None })
     }
 
-    fn next_run(&mut self) -> Result<Run<'a>, Decode> {
+    fn next_run(&mut self) -> Result<Run<'a>, Layout> {
         let mut header = 0u64;
         let mut shift = 0;
         loop {
@@ -597,7 +608,7 @@ impl<'a> Hybrid<'a> {
         m: usize,
         dict: &Dictionary,
         out: &mut Vec<i8>,
-    ) -> Result<(), Decode> {
+    ) -> Result<(), Layout> {
         let mut left = m as u64;
         while left > 0 {
             let (run, at) = match self.run.take() {
@@ -692,7 +703,7 @@ unsafe fn lookup_vbmi(indices: &[u8], table: &[i8; 256], out: &mut Vec<i8>) {
 
 /// Assembles whole rows from runs of values that may split a row (a page
 /// of another writer may end mid-list), calling the fold with them.
-struct Rows<'f, F> {
+struct Rows<'f, F, E> {
     ty: EmbeddingType,
     dim: usize,
     f: &'f mut F,
@@ -702,13 +713,14 @@ struct Rows<'f, F> {
     rows: usize,
     /// The values of a row split across pages, as stored (int8 as bytes).
     carry: Vec<u8>,
+    error: std::marker::PhantomData<fn() -> E>,
 }
 
-impl<'f, F> Rows<'f, F>
+impl<'f, F, E> Rows<'f, F, E>
 where
-    F: FnMut(usize, Stored<'_>) -> crate::error::Result<()>,
+    F: FnMut(usize, Stored<'_>) -> Result<(), E>,
 {
-    fn new(ty: EmbeddingType, dim: usize, f: &'f mut F) -> Rows<'f, F> {
+    fn new(ty: EmbeddingType, dim: usize, f: &'f mut F) -> Rows<'f, F, E> {
         Rows {
             ty,
             dim,
@@ -716,6 +728,7 @@ where
             values: 0,
             rows: 0,
             carry: Vec::new(),
+            error: std::marker::PhantomData,
         }
     }
 
@@ -727,7 +740,7 @@ where
         }
     }
 
-    fn push(&mut self, values: &[i8]) -> Result<(), Decode> {
+    fn push(&mut self, values: &[i8]) -> Result<(), Decode<E>> {
         // SAFETY: i8 and u8 have one size and alignment, and every bit
         // pattern is valid for both.
         let bytes =
@@ -736,7 +749,7 @@ where
     }
 
     /// Values as stored: `width` bytes each.
-    fn push_bytes(&mut self, mut bytes: &[u8]) -> Result<(), Decode> {
+    fn push_bytes(&mut self, mut bytes: &[u8]) -> Result<(), Decode<E>> {
         let row = self.dim * self.width();
         self.values += (bytes.len() / self.width()) as u64;
         if !self.carry.is_empty() {
@@ -759,7 +772,7 @@ where
         Ok(())
     }
 
-    fn emit(&mut self, bytes: &[u8]) -> Result<(), Decode> {
+    fn emit(&mut self, bytes: &[u8]) -> Result<(), Decode<E>> {
         let stored = match self.ty {
             EmbeddingType::F32 => Stored::F32Le(bytes.as_chunks::<4>().0),
             EmbeddingType::F16 => Stored::F16Le(bytes.as_chunks::<2>().0),
@@ -774,12 +787,13 @@ where
         Ok(())
     }
 
-    fn finish(self, total: u64) -> Result<(), Decode> {
+    fn finish(self, total: u64) -> Result<(), Decode<E>> {
         if self.values != total || !self.carry.is_empty() {
-            return layout(format!(
+            return Err(Layout(format!(
                 "{} values for {} values of rows",
                 self.values, total
-            ));
+            ))
+            .into());
         }
         Ok(())
     }
@@ -788,257 +802,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::query::filter::Filters;
-    use crate::query::index::{GroupRef, Index};
-    use crate::query::scan::scan_embeddings;
-    use arrow_array::RecordBatch;
-    use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int8Array};
-    use arrow_schema::{DataType, Field, Schema};
-    use futures::StreamExt;
-    use parquet::arrow::ArrowWriter;
-    use parquet::basic::{Compression, ZstdLevel};
-    use parquet::file::properties::{WriterProperties, WriterVersion};
-    use rsembed_schemas::chip::col;
-    use rsembed_schemas::embedding::SCALE_COLUMN;
-    use rsembed_worker::store::StoreCache;
-
-    const DIM: usize = 24;
-    const ROWS: usize = 1100;
-
-    /// The value of row `r`, dimension `i`: distinct enough that a row out
-    /// of place shows.
-    fn value(r: usize, i: usize) -> i8 {
-        ((r * 31 + i * 7) % 255) as i8
-    }
-
-    /// How a test file is written.
-    #[derive(Clone, Copy, Debug)]
-    enum Writer {
-        /// As the chip writer: uncompressed, PLAIN (int8: a dictionary),
-        /// V1 pages; small pages, so a row group has many.
-        Chip,
-        /// V2 pages, zstd-compressed.
-        V2Zstd,
-        /// Floats dictionary-encoded, as PyArrow writes them by default.
-        FloatDictionary,
-    }
-
-    fn write(path: &std::path::Path, ty: EmbeddingType, w: Writer, null_row: Option<usize>) {
-        let values: Vec<i8> = (0..ROWS)
-            .flat_map(|r| (0..DIM).map(move |i| value(r, i)))
-            .collect();
-        let (item, array): (DataType, ArrayRef) = match ty {
-            EmbeddingType::F32 => (
-                DataType::Float32,
-                Arc::new(Float32Array::from_iter_values(
-                    values.iter().map(|v| f32::from(*v)),
-                )),
-            ),
-            EmbeddingType::F16 => (
-                DataType::Float16,
-                Arc::new(Float16Array::from_iter_values(
-                    values.iter().map(|v| half::f16::from_f32(f32::from(*v))),
-                )),
-            ),
-            EmbeddingType::Int8 => (DataType::Int8, Arc::new(Int8Array::from(values))),
-        };
-        let field = Arc::new(Field::new("item", item, false));
-        let nulls = null_row.map(|n| (0..ROWS).map(|r| r != n).collect());
-        let list = FixedSizeListArray::try_new(field.clone(), DIM as i32, array, nulls).unwrap();
-        let mut fields = vec![Field::new(
-            col::EMBEDDING,
-            DataType::FixedSizeList(field, DIM as i32),
-            null_row.is_some(),
-        )];
-        let mut columns: Vec<ArrayRef> = vec![Arc::new(list)];
-        if ty == EmbeddingType::Int8 {
-            fields.push(Field::new(SCALE_COLUMN, DataType::Float32, false));
-            columns.push(Arc::new(Float32Array::from(vec![0.01; ROWS])));
-        }
-        let schema = Arc::new(Schema::new(fields));
-        let path_e = rsembed_worker::sink::parquet::embedding_column_path();
-        let mut b = WriterProperties::builder()
-            .set_max_row_group_row_count(Some(500))
-            .set_write_batch_size(16)
-            .set_data_page_size_limit(1024)
-            .set_dictionary_enabled(false)
-            .set_column_dictionary_enabled(path_e.clone(), ty == EmbeddingType::Int8)
-            .set_column_encoding(path_e.clone(), Encoding::PLAIN)
-            .set_compression(Compression::UNCOMPRESSED);
-        match w {
-            Writer::Chip => {}
-            Writer::V2Zstd => {
-                b = b
-                    .set_writer_version(WriterVersion::PARQUET_2_0)
-                    .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap()));
-            }
-            Writer::FloatDictionary => b = b.set_column_dictionary_enabled(path_e, true),
-        }
-        let mut out = std::fs::File::create(path).unwrap();
-        let mut wr = ArrowWriter::try_new(&mut out, schema.clone(), Some(b.build())).unwrap();
-        wr.write(&RecordBatch::try_new(schema, columns).unwrap())
-            .unwrap();
-        wr.close().unwrap();
-    }
-
-    /// Every row the scan hands out, as float32, by row of the file; and
-    /// how many row groups were read in place.
-    async fn scan(
-        path: &std::path::Path,
-        ty: EmbeddingType,
-    ) -> crate::error::Result<(Vec<Vec<f32>>, usize)> {
-        let index = Arc::new(
-            Index::open(&StoreCache::default(), path.to_str().unwrap(), usize::MAX).await?,
-        );
-        let (groups, _) = index.row_groups(None);
-        let mut in_place = 0;
-        for &g in &groups {
-            if let Ok(chunk) = index.embedding_chunk(g, ty).await? {
-                in_place += usize::from(chunk.decode(ty, DIM, |_, _| Ok(())).is_ok());
-            }
-        }
-        let mut s = Box::pin(scan_embeddings(
-            index.clone(),
-            groups,
-            Filters::default(),
-            2,
-            Vec::new,
-            |acc: &mut Vec<(usize, Vec<f32>)>, _g: GroupRef, first, rows: Stored<'_>, keep| {
-                assert!(keep.is_none());
-                let v: Vec<f32> = match rows {
-                    Stored::F32(v) => v.to_vec(),
-                    Stored::F32Le(v) => v.iter().map(|b| f32::from_le_bytes(*b)).collect(),
-                    Stored::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
-                    Stored::F16Le(v) => v
-                        .iter()
-                        .map(|b| half::f16::from_le_bytes(*b).to_f32())
-                        .collect(),
-                    Stored::Int8(v) => v.iter().map(|x| f32::from(*x)).collect(),
-                };
-                for (i, row) in v.chunks_exact(DIM).enumerate() {
-                    acc.push((first + i, row.to_vec()));
-                }
-                Ok(())
-            },
-        ));
-        let mut rows = Vec::new();
-        while let Some(r) = s.next().await {
-            let (g, acc, _) = r?;
-            for (i, (first, row)) in acc.into_iter().enumerate() {
-                assert_eq!(first, i, "rows in order, whole, from the group's first");
-                let _ = g;
-                rows.push(row);
-            }
-        }
-        Ok((rows, in_place))
-    }
-
-    /// The `embedding` chunk of row group `row_group` of the file `path`,
-    /// fetched for an in-place read.
-    async fn chunk_of(path: &std::path::Path, ty: EmbeddingType, row_group: usize) -> Chunk {
-        let index = Index::open(&StoreCache::default(), path.to_str().unwrap(), usize::MAX)
-            .await
-            .unwrap();
-        let g = GroupRef { part: 0, row_group };
-        index.embedding_chunk(g, ty).await.unwrap().unwrap()
-    }
-
-    fn expected() -> Vec<Vec<f32>> {
-        (0..ROWS)
-            .map(|r| (0..DIM).map(|i| f32::from(value(r, i))).collect())
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn pages_read_in_place_give_the_rows_written() {
-        let dir = tempfile::tempdir().unwrap();
-        for ty in EmbeddingType::ALL {
-            for w in [Writer::Chip, Writer::V2Zstd] {
-                let path = dir.path().join(format!("{ty:?}-{w:?}.parquet"));
-                write(&path, ty, w, None);
-                let (rows, in_place) = scan(&path, ty).await.unwrap();
-                assert_eq!(in_place, 3, "{ty:?} {w:?}: every row group read in place");
-                assert!(rows == expected(), "{ty:?} {w:?}");
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn corrupt_chunks_are_layout_errors_never_panics() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        let mut outcomes = [0usize; 2];
-        for ty in EmbeddingType::ALL {
-            for w in [Writer::Chip, Writer::V2Zstd] {
-                let path = dir.path().join(format!("{ty:?}-{w:?}.parquet"));
-                write(&path, ty, w, None);
-                let chunk = chunk_of(&path, ty, 0).await;
-                for i in 0..400 {
-                    let mut bytes = chunk.data.to_vec();
-                    if i % 10 == 0 {
-                        bytes.truncate(next() as usize % bytes.len());
-                    } else {
-                        for _ in 0..1 + next() % 4 {
-                            let at = next() as usize % bytes.len();
-                            bytes[at] ^= 1 << (next() % 8);
-                        }
-                    }
-                    let bad = Chunk {
-                        data: Bytes::from(bytes),
-                        meta: chunk.meta.clone(),
-                        rows: chunk.rows,
-                    };
-                    let mut rows = 0;
-                    let r = bad.decode(ty, DIM, |first, s| {
-                        assert_eq!(first, rows, "rows in order");
-                        rows += s.values() / DIM;
-                        Ok(())
-                    });
-                    match r {
-                        Ok(()) => {
-                            assert_eq!(rows, chunk.rows, "{ty:?} {w:?}: every row, once");
-                            outcomes[0] += 1;
-                        }
-                        Err(Decode::Layout(_)) => outcomes[1] += 1,
-                        Err(Decode::Fold(e)) => panic!("{e}"),
-                    }
-                }
-            }
-        }
-        // Flipped value bits decode (other values, the same rows); flipped
-        // headers, levels and truncations do not.
-        assert!(outcomes[0] > 100 && outcomes[1] > 100, "{outcomes:?}");
-    }
-
-    #[tokio::test]
-    async fn other_layouts_are_read_by_the_arrow_reader() {
-        let dir = tempfile::tempdir().unwrap();
-        // Dictionary-encoded floats: judged from the footer, read by arrow.
-        let path = dir.path().join("dict.parquet");
-        write(&path, EmbeddingType::F32, Writer::FloatDictionary, None);
-        let (rows, in_place) = scan(&path, EmbeddingType::F32).await.unwrap();
-        assert_eq!(in_place, 0);
-        assert!(rows == expected());
-        // A null row: found in the levels, and refused as the arrow reader
-        // refuses it.
-        for ty in EmbeddingType::ALL {
-            let path = dir.path().join(format!("null-{ty:?}.parquet"));
-            write(&path, ty, Writer::Chip, Some(700));
-            let chunk = chunk_of(&path, ty, 1).await;
-            match chunk.decode(ty, DIM, |_, _| Ok(())) {
-                Err(Decode::Layout(why)) => assert_eq!(why, "nulls", "{ty:?}"),
-                other => panic!("{ty:?}: {other:?}"),
-            }
-            let err = scan(&path, ty).await.unwrap_err().to_string();
-            assert!(err.contains("nulls"), "{ty:?}: {err}");
-        }
-    }
 
     fn collect(ty: EmbeddingType, dim: usize, pieces: &[&[u8]]) -> Vec<(usize, Vec<u8>)> {
         let mut got = Vec::new();
@@ -1050,7 +813,7 @@ mod tests {
                 _ => unreachable!(),
             };
             got.push((first, bytes));
-            Ok(())
+            Ok::<(), Error>(())
         };
         let mut rows = Rows::new(ty, dim, &mut f);
         for p in pieces {
@@ -1078,7 +841,7 @@ mod tests {
 
     #[test]
     fn a_row_left_unfinished_is_a_layout_error() {
-        let mut f = |_: usize, _: Stored<'_>| Ok(());
+        let mut f = |_: usize, _: Stored<'_>| Ok::<(), Error>(());
         let mut rows = Rows::new(EmbeddingType::F32, 2, &mut f);
         rows.push_bytes(&[0; 12]).unwrap();
         assert!(matches!(rows.finish(3), Err(Decode::Layout(_))));
