@@ -129,6 +129,9 @@ pub enum Error {
     /// An object store operation failed.
     #[error("object store: {0}")]
     Store(#[from] object_store::Error),
+    /// A path or URL that names no location, or a store that cannot be built.
+    #[error(transparent)]
+    Location(#[from] rsembed_store::Error),
     /// `manifest.json` or a list of the manifest (`manifest/*.parquet`)
     /// that cannot be read.
     #[error("{url}: {source}")]

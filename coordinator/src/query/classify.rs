@@ -33,12 +33,12 @@ use serde_json::json;
 use crate::cli::ClassifyArgs;
 use crate::error::{Error, Result};
 use crate::query::compact::AtomicUpload;
-use crate::query::index::{GroupRef, Index};
 use crate::query::scan::{default_concurrency, scan_groups};
 use crate::query::search::check_model;
 use crate::query::Error as QueryError;
 use rsembed_query::format::embeddings;
 use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
+use rsembed_query::format::index::{GroupRef, Index};
 use rsembed_query::kernels::{dots, sigmoid_score};
 
 /// Labels one run may have: each is a text-graph input and a dot product per chip.

@@ -20,9 +20,9 @@ use arrow_array::{Array, Float32Array, RecordBatch, TimestampMicrosecondArray};
 use rsembed_schemas::chip::col;
 
 use crate::error::Result;
-use crate::query::index::bbox_mask;
 use crate::query::Error as QueryError;
 use rsembed_query::format::footer::{GroupStats, Stats};
+use rsembed_query::format::index::bbox_mask;
 
 /// Checks `search --datetime` (see [`crate::stac::search::datetime_range`]).
 pub(crate) fn parse_datetime(s: &str) -> Result<String, String> {

@@ -33,8 +33,8 @@ use rsembed_schemas::job::{IvfLayout, CENTROIDS_FILE, MANIFEST_FILE};
 use sha2::{Digest, Sha256};
 
 use crate::error::{Error, Result};
-use crate::query::index::{guarded, reader_panicked, Index};
 use crate::query::Error as QueryError;
+use rsembed_query::format::index::{guarded, reader_panicked, Index};
 use rsembed_query::io::StoreReader;
 use rsembed_query::kernels::{dot4, dots, nearest};
 

@@ -11,7 +11,6 @@ pub mod classify;
 pub mod compact;
 pub(crate) mod filter;
 pub(crate) mod html;
-pub(crate) mod index;
 pub mod ivf;
 pub(crate) mod scan;
 pub mod search;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::query::filter::Filters;
-use crate::query::index::{GroupRef, Index};
 use crate::query::scan::scan_embeddings;
 use arrow_array::RecordBatch;
 use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int8Array};
@@ -15,6 +14,7 @@ use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{WriterProperties, WriterVersion};
+use rsembed_query::format::index::{GroupRef, Index};
 use rsembed_query::format::pages::{Chunk, Decode, Stored};
 use rsembed_schemas::chip::col;
 use rsembed_schemas::embedding::EmbeddingType;

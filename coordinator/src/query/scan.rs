@@ -11,9 +11,9 @@ use rsembed_schemas::chip::col;
 
 use crate::error::Result;
 use crate::query::filter::{Filters, Missing};
-use crate::query::index::{GroupRef, Index};
 use crate::query::Error as QueryError;
 use rsembed_query::format::embeddings;
+use rsembed_query::format::index::{GroupRef, Index};
 use rsembed_query::format::pages::{Decode, Stored};
 
 /// Row groups scanned at once when the user does not say: two per core keeps

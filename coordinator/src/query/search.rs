@@ -41,13 +41,13 @@ use serde_json::{json, Value};
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
 use crate::query::filter::{Filters, Missing, Verdict};
-use crate::query::index::{GroupRef, Index, Pruning};
 use crate::query::ivf::{Probe, Probed};
 use crate::query::scan::{default_concurrency, scan_embeddings, scan_groups, selection_of};
 use parquet::column::page::Page;
 use rsembed_query::format::answer;
 use rsembed_query::format::embeddings;
 use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
+use rsembed_query::format::index::{GroupRef, Index, Pruning};
 use rsembed_query::format::pages::{Chunk, Stored};
 use rsembed_query::kernels::{
     dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8, normalize, Hit, TopK,
@@ -966,7 +966,7 @@ const ANSWER_STAC: [&str; 5] = [
 
 /// The answer columns of a part: those of every chip file, and those of
 /// schema version 2 it has.
-fn answer_columns(part: &crate::query::index::Part) -> Vec<&'static str> {
+fn answer_columns(part: &rsembed_query::format::index::Part) -> Vec<&'static str> {
     ANSWER_BASE
         .iter()
         .chain(ANSWER_STAC.iter().filter(|c| part.has_column(c)))
@@ -1125,7 +1125,7 @@ async fn group_details(
 type Found = ((GroupRef, usize), SearchResult);
 
 /// Whether column `name` of `part` has the arrow type [`answer_rows`] reads.
-fn answer_type_ok(part: &crate::query::index::Part, name: &str) -> bool {
+fn answer_type_ok(part: &rsembed_query::format::index::Part, name: &str) -> bool {
     use arrow_schema::{DataType, TimeUnit};
     let Ok(f) = part.schema.field_with_name(name) else {
         return false;

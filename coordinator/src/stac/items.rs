@@ -147,7 +147,7 @@ async fn geoparquet(stores: &StoreCache, doc: &Url, emit: &mut Emit<'_>) -> Resu
         Arc::default(),
     );
     // A hostile document must not reach parquet-rs's panics.
-    let mut batches = crate::query::index::guarded(
+    let mut batches = rsembed_query::format::index::guarded(
         ParquetRecordBatchStreamBuilder::new(reader)
             .await
             .map_err(parquet_error)?

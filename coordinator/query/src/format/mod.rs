@@ -5,6 +5,7 @@
 pub mod answer;
 mod embeddings;
 pub mod footer;
+pub mod index;
 pub mod manifest;
 pub mod pages;
 

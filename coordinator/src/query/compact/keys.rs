@@ -12,9 +12,9 @@ use rsembed_schemas::chip::col;
 
 use super::{Progress, HILBERT_ORDER, NO_CENTRE, SAMPLE_ROWS};
 use crate::error::Result;
-use crate::query::index::{GroupRef, Index};
 use crate::query::scan::{default_concurrency, scan_groups};
 use crate::query::Error as QueryError;
+use rsembed_query::format::index::{GroupRef, Index};
 
 /// A row's sort key: Hilbert index of its centre, then its chip id.
 pub type Key = (u64, u128);

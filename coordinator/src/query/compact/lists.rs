@@ -31,11 +31,11 @@ use sha2::{Digest, Sha256};
 use super::keys::{batch_keys, list_key, Key};
 use super::Progress;
 use crate::error::Result;
-use crate::query::index::{GroupRef, Index};
 use crate::query::ivf::{self, Centroids, LIST};
 use crate::query::scan::{default_concurrency, scan_groups};
 use crate::query::Error as QueryError;
 use rsembed_query::format::embeddings;
+use rsembed_query::format::index::{GroupRef, Index};
 
 /// A trained IVF layout and the rows each list got.
 pub(super) struct Lists {

@@ -112,9 +112,9 @@ use crate::error::{Error, Result};
 use crate::job::manifest::ManifestBuilder;
 use crate::job::output::put_json;
 use crate::job::summary::human_bytes;
-use crate::query::index::Index;
 use crate::query::Error as QueryError;
 use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
+use rsembed_query::format::index::Index;
 
 use keys::{read_keys, split_keys};
 use lists::Lists;

@@ -72,7 +72,7 @@ pub(super) async fn read_extent(
         .filter_map(|c| schema.index_of(c).ok())
         .collect();
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    let mut stream = crate::query::index::guarded(
+    let mut stream = rsembed_query::format::index::guarded(
         builder
             .with_projection(mask)
             .with_batch_size(BATCH_ROWS)

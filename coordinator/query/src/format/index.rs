@@ -22,15 +22,13 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use rsembed_schemas::chip::{col, embedding_type_from};
 use rsembed_schemas::embedding::{EmbeddingType, SCALE_COLUMN};
 use rsembed_schemas::job::Manifest;
-use rsembed_schemas::manifest::FileKind;
 use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
-use rsembed_worker::store::{Location, StoreCache};
+use rsembed_store::{Location, StoreCache};
 
-use crate::error::{Error, Result};
-use crate::query::Error as QueryError;
-use rsembed_query::format::footer::{Footers, GroupStats, StatsColumns};
-use rsembed_query::format::pages::{self, Chunk};
-use rsembed_query::io::{Reads, StoreReader, CACHE_BYTES};
+use super::footer::{Footers, GroupStats, StatsColumns};
+use super::pages::{self, Chunk};
+use crate::io::{Reads, StoreReader, CACHE_BYTES};
+use crate::{Error, Result};
 
 /// Footers read at once when an index opens.
 const FOOTER_CONCURRENCY: usize = 16;
@@ -40,54 +38,54 @@ const FOOTER_CONCURRENCY: usize = 16;
 /// embeddings at D = 1024) that glibc serves the decode buffers from its
 /// heap: at 4096 rows each 16 MiB buffer was a fresh mmap, and page faults
 /// took 40 % of a search (docs/benchmarks.md).
-pub(crate) const SCAN_BATCH_ROWS: usize = 512;
+pub const SCAN_BATCH_ROWS: usize = 512;
 
 /// One chip file of an index.
 #[derive(Debug, Clone)]
-pub(crate) struct Part {
+pub struct Part {
     /// Object path in the index's store.
-    pub(crate) path: Path,
+    pub path: Path,
     /// Its URI, for messages.
-    pub(crate) uri: String,
+    pub uri: String,
     /// Size in bytes.
-    pub(crate) size: u64,
+    pub size: u64,
     /// Its Arrow schema.
-    pub(crate) schema: SchemaRef,
+    pub schema: SchemaRef,
     /// Rows in the file.
     rows: u64,
     /// What its footer says of each row group; the footer itself is in
     /// [`Index`]'s [`Footers`] while it is read.
-    pub(crate) groups: Box<[GroupStats]>,
+    pub groups: Box<[GroupStats]>,
     /// Its `rsembed` metadata, when it has one.
-    pub(crate) file_meta: Option<FileMeta>,
+    pub file_meta: Option<FileMeta>,
 }
 
-pub(crate) use rsembed_query::format::GroupRef;
+pub use super::GroupRef;
 
 /// What pruning kept.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct Pruning {
+pub struct Pruning {
     /// Row groups in the index.
-    pub(crate) groups_total: usize,
+    pub groups_total: usize,
     /// Row groups that may hold matching rows (read).
-    pub(crate) groups_kept: usize,
+    pub groups_kept: usize,
     /// Rows in the index.
-    pub(crate) rows_total: u64,
+    pub rows_total: u64,
     /// Rows in the kept row groups.
-    pub(crate) rows_kept: u64,
+    pub rows_kept: u64,
 }
 
 /// An opened index.
 #[derive(Debug, Clone)]
-pub(crate) struct Index {
+pub struct Index {
     /// Where it is; part paths are in this location's store.
-    pub(crate) root: Location,
+    pub root: Location,
     /// Its chip files, in a stable order (the manifest's, else by path).
-    pub(crate) parts: Vec<Part>,
+    pub parts: Vec<Part>,
     /// `manifest.json`, when the index has one.
-    pub(crate) manifest: Option<Manifest>,
+    pub manifest: Option<Manifest>,
     /// Embedding dimension, equal in every part.
-    pub(crate) embed_dim: usize,
+    pub embed_dim: usize,
     /// How its parts' bytes are read, and how many were.
     reads: Reads,
     /// The parsed footers held.
@@ -97,13 +95,9 @@ pub(crate) struct Index {
 impl Index {
     /// Opens the index at `url` and reads every part's footer, holding up
     /// to `footer_budget` row groups' footers beyond those being read
-    /// ([`rsembed_query::format::footer::FOOTER_BUDGET_GROUPS`] unless a caller has
+    /// ([`super::footer::FOOTER_BUDGET_GROUPS`] unless a caller has
     /// reason to hold more).
-    pub(crate) async fn open(
-        stores: &StoreCache,
-        url: &str,
-        footer_budget: usize,
-    ) -> Result<Index> {
+    pub async fn open(stores: &StoreCache, url: &str, footer_budget: usize) -> Result<Index> {
         let loc = stores.location(url)?;
         let (root, listed, manifest) = if url.trim_end_matches('/').ends_with(".parquet") {
             let head = loc.store.head(&loc.prefix).await?;
@@ -112,11 +106,10 @@ impl Index {
             list_parts(stores, &loc).await?
         };
         if listed.is_empty() {
-            return Err(QueryError::dataset(
+            return Err(Error::dataset(
                 &loc.url,
                 "no chip files (expected chips/*.parquet under it, or a .parquet file)",
-            )
-            .into());
+            ));
         }
         let store = root.store.clone();
         let reads = Reads::new(&root);
@@ -139,14 +132,13 @@ impl Index {
         for p in &parts[1..] {
             let d = p.embed_dim()?;
             if d != embed_dim {
-                return Err(QueryError::dataset(
+                return Err(Error::dataset(
                     &p.uri,
                     format!(
                         "embedding dimension {d}, but {} has {embed_dim}: an index holds one model's embeddings",
                         parts[0].uri
                     ),
-                )
-                .into());
+                ));
             }
         }
         let models: std::collections::BTreeSet<&str> = parts
@@ -155,7 +147,7 @@ impl Index {
             .map(|m| m.model_sha256.as_str())
             .collect();
         if models.len() > 1 {
-            return Err(QueryError::dataset(
+            return Err(Error::dataset(
                 &root.url,
                 format!(
                     "its files were embedded by {} different models (vision graph sha256 {}); \
@@ -163,8 +155,7 @@ impl Index {
                     models.len(),
                     models.into_iter().collect::<Vec<_>>().join(", ")
                 ),
-            )
-            .into());
+            ));
         }
         Ok(Index {
             root,
@@ -178,27 +169,26 @@ impl Index {
 
     /// Keeps up to [`CACHE_BYTES`] of the column chunks it reads from now
     /// on: for a resident search, which reads the same lists again and again.
-    pub(crate) fn keep_chunks(&mut self) {
+    pub fn keep_chunks(&mut self) {
         self.reads.keep_chunks(CACHE_BYTES);
     }
 
     /// An error naming a file that was cut short since the last call while
     /// chunks kept of it were read: what a search made of them is not to be
     /// trusted.
-    pub(crate) fn check_files(&self) -> Result<()> {
+    pub fn check_files(&self) -> Result<()> {
         if let Some(p) = self.reads.shrunk() {
-            return Err(QueryError::dataset(
+            return Err(Error::dataset(
                 &self.parts[p].uri,
                 "the file shrank while it was being searched: it was rewritten or \
                  truncated under the search; search it again once it is whole",
-            )
-            .into());
+            ));
         }
         Ok(())
     }
 
     /// The model name and sha256 recorded in the files, when they say.
-    pub(crate) fn model(&self) -> Option<(&str, &str)> {
+    pub fn model(&self) -> Option<(&str, &str)> {
         self.parts
             .iter()
             .find_map(|p| p.file_meta.as_ref())
@@ -206,19 +196,19 @@ impl Index {
     }
 
     /// Bytes fetched from the store so far, footers included.
-    pub(crate) fn bytes_read(&self) -> u64 {
+    pub fn bytes_read(&self) -> u64 {
         self.reads.bytes_read()
     }
 
     /// Total rows.
-    pub(crate) fn rows(&self) -> u64 {
+    pub fn rows(&self) -> u64 {
         self.parts.iter().map(|p| p.rows()).sum()
     }
 
     /// The row groups that may hold a chip whose bbox intersects `bbox`
     /// (all of them without one), judged from the `bbox` column statistics
     /// only: nothing but the footers is read.
-    pub(crate) fn row_groups(&self, bbox: Option<[f64; 4]>) -> (Vec<GroupRef>, Pruning) {
+    pub fn row_groups(&self, bbox: Option<[f64; 4]>) -> (Vec<GroupRef>, Pruning) {
         let mut kept = Vec::new();
         let mut p = Pruning::default();
         for (pi, part) in self.parts.iter().enumerate() {
@@ -258,11 +248,10 @@ impl Index {
                     .zip(part.groups.iter())
                     .all(|(rg, s)| rg.num_rows().max(0) as u64 == s.rows);
             if !same {
-                return Err(QueryError::dataset(
+                return Err(Error::dataset(
                     &part.uri,
                     "its row groups changed since the index was opened: the file was rewritten",
-                )
-                .into());
+                ));
             }
             Ok(meta)
         };
@@ -270,9 +259,9 @@ impl Index {
     }
 
     /// The `embedding` column chunk of row group `g`, fetched, for reading
-    /// its pages in place ([`rsembed_query::format::pages`]); or why it cannot be
+    /// its pages in place ([`super::pages`]); or why it cannot be
     /// (judged from the footer, before anything is fetched).
-    pub(crate) async fn embedding_chunk(
+    pub async fn embedding_chunk(
         &self,
         g: GroupRef,
         ty: EmbeddingType,
@@ -312,7 +301,7 @@ impl Index {
     /// The chunks of the flat top-level columns `names` of row group `g`,
     /// fetched in as few reads as their places allow (neighbours less than
     /// 64 KiB apart are read as one); or why they cannot be read so.
-    pub(crate) async fn flat_chunks(
+    pub async fn flat_chunks(
         &self,
         g: GroupRef,
         names: &[&str],
@@ -388,7 +377,7 @@ impl Index {
     /// panics that corrupt pages reach (`peek_next_page` unwraps header
     /// fields a corrupt page header may lack, found by a mutation run of
     /// `search`), and a corrupt file must be an error, never a crash.
-    pub(crate) async fn stream(
+    pub async fn stream(
         &self,
         g: GroupRef,
         columns: &[&str],
@@ -415,12 +404,12 @@ impl Index {
             .copied()
             .chain(scale)
             .map(|c| {
-                schema.index_of(c).map_err(|_| QueryError::MissingColumn {
+                schema.index_of(c).map_err(|_| Error::MissingColumn {
                     uri: part.uri.clone(),
                     column: c.to_owned(),
                 })
             })
-            .collect::<Result<_, QueryError>>()?;
+            .collect::<Result<_, Error>>()?;
         let mask = ProjectionMask::roots(meta.parquet_schema(), roots);
         let mut b = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
             .with_projection(mask)
@@ -429,57 +418,55 @@ impl Index {
         if let Some(s) = selection {
             b = b.with_row_selection(s);
         }
-        Ok(b.build().map_err(|source| QueryError::Read {
+        b.build().map_err(|source| Error::Read {
             uri: part.uri.clone(),
             source,
-        })?)
+        })
     }
 }
 
 impl Part {
     /// Rows in the file.
-    pub(crate) fn rows(&self) -> u64 {
+    pub fn rows(&self) -> u64 {
         self.rows
     }
 
     /// Whether the file has top-level column `name` (files of schema
     /// version 1 lack the columns version 2 appended).
-    pub(crate) fn has_column(&self, name: &str) -> bool {
+    pub fn has_column(&self, name: &str) -> bool {
         self.schema.index_of(name).is_ok()
     }
 
     /// Rows of row group `g`.
-    pub(crate) fn group_rows(&self, g: usize) -> usize {
+    pub fn group_rows(&self, g: usize) -> usize {
         self.groups[g].rows as usize
     }
 
     /// D of the `embedding` column.
-    pub(crate) fn embed_dim(&self) -> Result<usize> {
+    pub fn embed_dim(&self) -> Result<usize> {
         Ok(self.embedding_type()?.1)
     }
 
     /// The stored type of the `embedding` column and D: FixedSizeList of
     /// Float32, Float16 or Int8 (with a Float32 `embedding_scale`).
-    pub(crate) fn embedding_type(&self) -> Result<(EmbeddingType, usize)> {
+    pub fn embedding_type(&self) -> Result<(EmbeddingType, usize)> {
         let f = self.schema.field_with_name(col::EMBEDDING).map_err(|_| {
-            QueryError::dataset(&self.uri, "no `embedding` column: not an rsembed chip file")
+            Error::dataset(&self.uri, "no `embedding` column: not an rsembed chip file")
         })?;
         let Some((ty, d)) = embedding_type_from(f.data_type()) else {
-            return Err(QueryError::dataset(
+            return Err(Error::dataset(
                 &self.uri,
                 format!(
                     "`embedding` is {}, not a FixedSizeList of Float32, Float16 or Int8",
                     f.data_type()
                 ),
-            )
-            .into());
+            ));
         };
         if ty == EmbeddingType::Int8 && !self.has_column(SCALE_COLUMN) {
-            return Err(QueryError::dataset(
+            return Err(Error::dataset(
                 &self.uri,
                 format!("int8 `embedding` without its `{SCALE_COLUMN}` column"),
-            )
-            .into());
+            ));
         }
         Ok((ty, d))
     }
@@ -517,15 +504,10 @@ async fn list_parts(
 /// or the JSON one of a format 1 manifest), and the manifest; `None` when
 /// there is none.
 async fn read_manifest(loc: &Location) -> Result<Option<(Vec<(Path, u64)>, Manifest)>> {
-    let Some((m, _)) = crate::job::manifest::read(loc).await? else {
+    let Some((m, _)) = super::manifest::read(loc).await? else {
         return Ok(None);
     };
-    let files = crate::job::manifest::files(loc, &m)
-        .try_filter_map(|f| async move {
-            Ok((f.kind == FileKind::Chips).then(|| (loc.child(&f.file.path), f.file.bytes)))
-        })
-        .try_collect()
-        .await?;
+    let files = super::manifest::chip_files(loc, &m).await?;
     Ok(Some((files, m)))
 }
 
@@ -562,7 +544,7 @@ fn warn_unfinished(root: &Location, files: usize) {
 
 /// `batches` ended by an error where parquet-rs panics inside it: every
 /// arrow-reader stream over a file we did not write goes through this.
-pub(crate) fn guarded<S>(batches: S) -> BoxStream<'static, parquet::errors::Result<RecordBatch>>
+pub fn guarded<S>(batches: S) -> BoxStream<'static, parquet::errors::Result<RecordBatch>>
 where
     S: futures::Stream<Item = parquet::errors::Result<RecordBatch>> + Send + 'static,
 {
@@ -573,7 +555,7 @@ where
 }
 
 /// The error for a panic of parquet-rs while reading pages, with its message.
-pub(crate) fn reader_panicked(panic: &(dyn std::any::Any + Send)) -> parquet::errors::ParquetError {
+pub fn reader_panicked(panic: &(dyn std::any::Any + Send)) -> parquet::errors::ParquetError {
     let message = panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -588,12 +570,9 @@ pub(crate) fn reader_panicked(panic: &(dyn std::any::Any + Send)) -> parquet::er
 async fn load_footer(reader: &mut StoreReader, uri: &str) -> Result<ArrowReaderMetadata> {
     ArrowReaderMetadata::load_async(reader, ArrowReaderOptions::default())
         .await
-        .map_err(|source| {
-            QueryError::NotParquet {
-                uri: uri.to_owned(),
-                source,
-            }
-            .into()
+        .map_err(|source| Error::NotParquet {
+            uri: uri.to_owned(),
+            source,
         })
 }
 
@@ -623,7 +602,7 @@ async fn open_part(
                     reader = reads.reader(&path, real);
                     load_footer(&mut reader, &uri).await?
                 }
-                None => return Err(QueryError::NotParquet { uri, source: e }.into()),
+                None => return Err(Error::NotParquet { uri, source: e }),
             }
         }
     };
@@ -649,16 +628,16 @@ async fn open_part(
 }
 
 /// Per row of `batch`: whether its bbox intersects `b` (false for a null bbox).
-pub(crate) fn bbox_mask(batch: &RecordBatch, b: [f64; 4], uri: &str) -> Result<Vec<bool>> {
+pub fn bbox_mask(batch: &RecordBatch, b: [f64; 4], uri: &str) -> Result<Vec<bool>> {
     use arrow_array::{Float64Array, StructArray};
     let s = batch
         .column_by_name(col::BBOX)
         .and_then(|c| c.as_any().downcast_ref::<StructArray>())
-        .ok_or_else(|| QueryError::column(uri, col::BBOX, "a struct"))?;
+        .ok_or_else(|| Error::column(uri, col::BBOX, "a struct"))?;
     let f = |name: &str| -> Result<&Float64Array> {
         s.column_by_name(name)
             .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
-            .ok_or_else(|| QueryError::column(uri, &format!("bbox.{name}"), "float64").into())
+            .ok_or_else(|| Error::column(uri, &format!("bbox.{name}"), "float64"))
     };
     let (x0, y0, x1, y1) = (f("xmin")?, f("ymin")?, f("xmax")?, f("ymax")?);
     let [w, so, e, n] = b;
