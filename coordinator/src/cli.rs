@@ -590,12 +590,12 @@ pub struct SearchArgs {
     /// included: those whose `datetime` (or `datetime`..`end_datetime` range)
     /// overlaps it. Chips without a `datetime` (inputs that were not STAC
     /// items, files of schema version 1) are excluded, and counted on stderr.
-    #[arg(long, env = "RSEMBED_DATETIME", value_parser = crate::query::filter::parse_datetime)]
+    #[arg(long, env = "RSEMBED_DATETIME", value_parser = rsembed_query::scan::filter::parse_datetime)]
     pub(crate) datetime: Option<String>,
     /// Only chips whose `cloud_fraction` is at most this (0-1). Chips without
     /// one (no `--cloud-mask` in their job, schema version 1) are excluded,
     /// and counted on stderr.
-    #[arg(long, env = "RSEMBED_MAX_CLOUD", value_parser = crate::query::filter::parse_fraction)]
+    #[arg(long, env = "RSEMBED_MAX_CLOUD", value_parser = rsembed_query::scan::filter::parse_fraction)]
     pub(crate) max_cloud: Option<f32>,
     /// Search by the embedding of this chip of the index instead of a text
     /// (the chip itself is left out of the results).

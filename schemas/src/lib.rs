@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 pub mod chip;
+pub mod datetime;
 pub mod embedding;
 pub mod extent;
 pub mod ids;

@@ -7,12 +7,15 @@
 //!   `embedding` column's pages read in place;
 //! - [`kernels`]: dot products over stored embedding values, the nearest
 //!   centroid of a row, and the best `k` hits;
+//! - [`scan`]: row groups read in parallel, each folded into an
+//!   accumulator, under the filters of a search;
 //! - [`Error`]: what failed, naming the file or flag.
 
 mod error;
 pub mod format;
 pub mod io;
 pub mod kernels;
+pub mod scan;
 
 pub use error::{BoxError, Error};
 

@@ -33,13 +33,13 @@ use serde_json::json;
 use crate::cli::ClassifyArgs;
 use crate::error::{Error, Result};
 use crate::query::compact::AtomicUpload;
-use crate::query::scan::{default_concurrency, scan_groups};
 use crate::query::search::check_model;
 use crate::query::Error as QueryError;
 use rsembed_query::format::embeddings;
 use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
 use rsembed_query::format::index::{GroupRef, Index};
 use rsembed_query::kernels::{dots, sigmoid_score};
+use rsembed_query::scan::{default_concurrency, scan_groups};
 
 /// Labels one run may have: each is a text-graph input and a dot product per chip.
 const MAX_LABELS: usize = 100_000;
@@ -241,7 +241,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
                     source,
                 })?,
             );
-            Ok(())
+            Ok::<(), crate::Error>(())
         },
     ));
     let mut best = vec![0u64; labels.len()];

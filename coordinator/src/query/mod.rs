@@ -9,10 +9,8 @@
 
 pub mod classify;
 pub mod compact;
-pub(crate) mod filter;
 pub(crate) mod html;
 pub mod ivf;
-pub(crate) mod scan;
 pub mod search;
 pub(crate) mod thumbs;
 

@@ -5,8 +5,6 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::query::filter::Filters;
-use crate::query::scan::scan_embeddings;
 use arrow_array::RecordBatch;
 use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int8Array};
 use arrow_schema::{DataType, Field, Schema};
@@ -16,6 +14,8 @@ use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{WriterProperties, WriterVersion};
 use rsembed_query::format::index::{GroupRef, Index};
 use rsembed_query::format::pages::{Chunk, Decode, Stored};
+use rsembed_query::scan::filter::Filters;
+use rsembed_query::scan::scan_embeddings;
 use rsembed_schemas::chip::col;
 use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::embedding::SCALE_COLUMN;
@@ -140,7 +140,7 @@ async fn scan(
             for (i, row) in v.chunks_exact(DIM).enumerate() {
                 acc.push((first + i, row.to_vec()));
             }
-            Ok(())
+            Ok::<(), crate::Error>(())
         },
     ));
     let mut rows = Vec::new();

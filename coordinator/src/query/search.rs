@@ -40,9 +40,7 @@ use serde_json::{json, Value};
 
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
-use crate::query::filter::{Filters, Missing, Verdict};
 use crate::query::ivf::{Probe, Probed};
-use crate::query::scan::{default_concurrency, scan_embeddings, scan_groups, selection_of};
 use parquet::column::page::Page;
 use rsembed_query::format::answer;
 use rsembed_query::format::embeddings;
@@ -52,6 +50,8 @@ use rsembed_query::format::pages::{Chunk, Stored};
 use rsembed_query::kernels::{
     dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8, normalize, Hit, TopK,
 };
+use rsembed_query::scan::filter::{Filters, Missing, Verdict};
+use rsembed_query::scan::{default_concurrency, scan_embeddings, scan_groups, selection_of};
 
 mod batch;
 mod stream;
@@ -469,7 +469,7 @@ impl Searcher {
             datetime: args
                 .datetime
                 .as_deref()
-                .map(crate::stac::search::datetime_range)
+                .map(rsembed_schemas::datetime::range)
                 .transpose()
                 .map_err(Error::Usage)?,
             max_cloud: args.max_cloud,
@@ -637,7 +637,7 @@ impl Searcher {
                     }
                 }
                 acc.scored += keep.map_or(n, |m| m.iter().filter(|&&k| k).count()) as u64;
-                Ok(())
+                Ok::<(), crate::Error>(())
             },
         ));
         let mut tops = vec![TopK::new(k); nq];
@@ -734,7 +734,7 @@ async fn select_groups(
                     !keep.contains(&true),
                     "a group the statistics rule out has a match: this is a bug"
                 );
-                Ok(())
+                Ok::<(), crate::Error>(())
             },
         ));
         while let Some(r) = scan.next().await {
@@ -843,7 +843,7 @@ async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef, usize, Vec
                     .find(|&i| ids.is_valid(i) && ids.value(i) == want.as_str())
                     .map(|i| offset + i);
             }
-            Ok(())
+            Ok::<(), crate::Error>(())
         },
     ));
     let mut hit = None;

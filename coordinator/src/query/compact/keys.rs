@@ -12,9 +12,9 @@ use rsembed_schemas::chip::col;
 
 use super::{Progress, HILBERT_ORDER, NO_CENTRE, SAMPLE_ROWS};
 use crate::error::Result;
-use crate::query::scan::{default_concurrency, scan_groups};
 use crate::query::Error as QueryError;
 use rsembed_query::format::index::{GroupRef, Index};
+use rsembed_query::scan::{default_concurrency, scan_groups};
 
 /// A row's sort key: Hilbert index of its centre, then its chip id.
 pub type Key = (u64, u128);
@@ -264,7 +264,7 @@ pub(super) async fn read_keys(index: &Arc<Index>, progress: &Progress) -> Result
         Vec::new,
         move |acc: &mut Vec<Key>, g: GroupRef, _: usize, batch: &RecordBatch| {
             acc.extend(batch_keys(batch, &uris[g.part])?);
-            Ok(())
+            Ok::<(), crate::Error>(())
         },
     );
     futures::pin_mut!(stream);

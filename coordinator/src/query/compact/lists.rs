@@ -32,10 +32,10 @@ use super::keys::{batch_keys, list_key, Key};
 use super::Progress;
 use crate::error::Result;
 use crate::query::ivf::{self, Centroids, LIST};
-use crate::query::scan::{default_concurrency, scan_groups};
 use crate::query::Error as QueryError;
 use rsembed_query::format::embeddings;
 use rsembed_query::format::index::{GroupRef, Index};
+use rsembed_query::scan::{default_concurrency, scan_groups};
 
 /// A trained IVF layout and the rows each list got.
 pub(super) struct Lists {
@@ -129,7 +129,7 @@ pub(super) async fn train(
                     acc.push((h, k, values.row(i, dim)));
                 }
             }
-            Ok(())
+            Ok::<(), crate::Error>(())
         },
     );
     futures::pin_mut!(stream);

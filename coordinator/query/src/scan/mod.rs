@@ -9,16 +9,17 @@ use parquet::arrow::arrow_reader::RowSelection;
 
 use rsembed_schemas::chip::col;
 
-use crate::error::Result;
-use crate::query::filter::{Filters, Missing};
-use crate::query::Error as QueryError;
-use rsembed_query::format::embeddings;
-use rsembed_query::format::index::{GroupRef, Index};
-use rsembed_query::format::pages::{Decode, Stored};
+pub mod filter;
+
+use crate::format::embeddings;
+use crate::format::index::{GroupRef, Index};
+use crate::format::pages::{Decode, Stored};
+use crate::Error;
+use filter::{Filters, Missing};
 
 /// Row groups scanned at once when the user does not say: two per core keeps
 /// one group's fetch overlapping another's decode and scoring.
-pub(crate) fn default_concurrency() -> usize {
+pub fn default_concurrency() -> usize {
     2 * std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
@@ -30,7 +31,7 @@ pub(crate) fn default_concurrency() -> usize {
 /// group's accumulator. The stream yields the groups' accumulators in the
 /// order of `groups`; memory is bounded by `concurrency` groups' batches and
 /// accumulators.
-pub(crate) fn scan_groups<T, I, F>(
+pub fn scan_groups<T, I, F, E>(
     index: Arc<Index>,
     groups: Vec<GroupRef>,
     columns: Vec<&'static str>,
@@ -38,11 +39,12 @@ pub(crate) fn scan_groups<T, I, F>(
     concurrency: usize,
     init: I,
     fold: F,
-) -> impl Stream<Item = Result<(GroupRef, T)>>
+) -> impl Stream<Item = Result<(GroupRef, T), E>>
 where
     T: Send + 'static,
     I: Fn() -> T + Send + Sync + 'static,
-    F: Fn(&mut T, GroupRef, usize, &RecordBatch) -> Result<()> + Send + Sync + 'static,
+    F: Fn(&mut T, GroupRef, usize, &RecordBatch) -> Result<(), E> + Send + Sync + 'static,
+    E: From<Error> + Send + 'static,
 {
     let fold = Arc::new(fold);
     let init = Arc::new(init);
@@ -69,20 +71,21 @@ where
 /// `task(g)` of each of `groups`, each on its own tokio task (so decoding
 /// and scoring use every core), `concurrency` at once; the results in the
 /// order of `groups`.
-fn per_group<T, Fut>(
+fn per_group<T, Fut, E>(
     groups: Vec<GroupRef>,
     concurrency: usize,
     task: impl Fn(GroupRef) -> Fut,
-) -> impl Stream<Item = Result<T>>
+) -> impl Stream<Item = Result<T, E>>
 where
     T: Send + 'static,
-    Fut: std::future::Future<Output = Result<T>> + Send + 'static,
+    Fut: std::future::Future<Output = Result<T, E>> + Send + 'static,
+    E: From<Error> + Send + 'static,
 {
     futures::stream::iter(groups)
         .map(move |g| {
             let task = tokio::spawn(task(g));
             async move {
-                task.await.map_err(|source| QueryError::Task {
+                task.await.map_err(|source| Error::Task {
                     what: "scan task",
                     source,
                 })?
@@ -94,7 +97,7 @@ where
 /// Scans the `embedding` column of `groups` for a search, with
 /// `concurrency` row groups in flight, each on its own tokio task. A chunk
 /// laid out as the chip writer lays it is read in place from its pages
-/// ([`rsembed_query::format::pages`]); any other (another writer's, or one the page
+/// ([`crate::format::pages`]); any other (another writer's, or one the page
 /// reader finds malformed) with the arrow reader, from the start of the
 /// group and with a fresh accumulator, so `fold` must keep every effect in
 /// its accumulator. `fold(acc, g, first_row, rows, keep)` sees the group's
@@ -102,21 +105,22 @@ where
 /// row when there are filters (their columns are read first, alone). The
 /// stream yields each group's accumulator, in the order of `groups`, with
 /// the chips the filters excluded for lacking a property.
-pub(crate) fn scan_embeddings<T, I, F>(
+pub fn scan_embeddings<T, I, F, E>(
     index: Arc<Index>,
     groups: Vec<GroupRef>,
     filters: Filters,
     concurrency: usize,
     init: I,
     fold: F,
-) -> impl Stream<Item = Result<(GroupRef, T, Missing)>>
+) -> impl Stream<Item = Result<(GroupRef, T, Missing), E>>
 where
     T: Send + 'static,
     I: Fn() -> T + Send + Sync + 'static,
-    F: Fn(&mut T, GroupRef, usize, Stored<'_>, Option<&[bool]>) -> Result<()>
+    F: Fn(&mut T, GroupRef, usize, Stored<'_>, Option<&[bool]>) -> Result<(), E>
         + Send
         + Sync
         + 'static,
+    E: From<Error> + Send + 'static,
 {
     let fold = Arc::new(fold);
     let init = Arc::new(init);
@@ -127,15 +131,14 @@ where
             let mask = filter_mask(&index, g, &filters, &mut missing).await?;
             let part = &index.parts[g.part];
             let (ty, dim) = part.embedding_type()?;
-            let keep = |first: usize, n: usize| -> Result<Option<&[bool]>> {
+            let keep = |first: usize, n: usize| -> Result<Option<&[bool]>, Error> {
                 let Some(m) = &mask else { return Ok(None) };
                 match m.get(first..first + n) {
                     Some(k) => Ok(Some(k)),
-                    None => Err(QueryError::dataset(
+                    None => Err(Error::dataset(
                         &part.uri,
                         "its `embedding` column has more rows than its filter columns",
-                    )
-                    .into()),
+                    )),
                 }
             };
             let mut acc = init();
@@ -160,7 +163,7 @@ where
             })
             .await?;
             if mask.as_ref().is_some_and(|m| m.len() != read) {
-                return Err(QueryError::dataset(
+                return Err(Error::dataset(
                     &part.uri,
                     "its `embedding` column has fewer rows than its filter columns",
                 )
@@ -178,7 +181,7 @@ async fn filter_mask(
     g: GroupRef,
     filters: &Filters,
     missing: &mut Missing,
-) -> Result<Option<Vec<bool>>> {
+) -> Result<Option<Vec<bool>>, Error> {
     if !filters.any() {
         return Ok(None);
     }
@@ -188,7 +191,7 @@ async fn filter_mask(
     let mut mask = Vec::with_capacity(part.group_rows(g.row_group).min(1 << 20));
     each_batch(index, g, &columns, |_, batch| {
         mask.extend(filters.mask(batch, &part.uri, missing)?);
-        Ok(())
+        Ok::<(), Error>(())
     })
     .await?;
     Ok(Some(mask))
@@ -196,16 +199,16 @@ async fn filter_mask(
 
 /// Hands each batch of `columns` of group `g` to `f` with the group row of
 /// its first row, in order; the rows read.
-async fn each_batch(
+async fn each_batch<E: From<Error>>(
     index: &Index,
     g: GroupRef,
     columns: &[&str],
-    mut f: impl FnMut(usize, &RecordBatch) -> Result<()>,
-) -> Result<usize> {
+    mut f: impl FnMut(usize, &RecordBatch) -> Result<(), E>,
+) -> Result<usize, E> {
     let mut stream = index.stream(g, columns, None).await?;
     let mut read = 0usize;
     while let Some(batch) = stream.next().await {
-        let batch = batch.map_err(|source| QueryError::Read {
+        let batch = batch.map_err(|source| Error::Read {
             uri: index.parts[g.part].uri.clone(),
             source,
         })?;
@@ -216,7 +219,7 @@ async fn each_batch(
 }
 
 /// The rows `rows` (sorted, distinct, within the group) as a row selection.
-pub(crate) fn selection_of(rows: &[usize], group_rows: usize) -> RowSelection {
+pub fn selection_of(rows: &[usize], group_rows: usize) -> RowSelection {
     let ranges = rows.iter().map(|&r| r..r + 1);
     RowSelection::from_consecutive_ranges(ranges, group_rows)
 }
