@@ -643,8 +643,8 @@ pub struct SearchArgs {
     /// search. Default: one list in 16, at least 8 (recall@10 ≥ 0.95 on
     /// clustered data, docs/benchmarks.md). A number is refused on a dataset
     /// without lists.
-    #[arg(long, env = "RSEMBED_NPROBE", value_name = "P|all", value_parser = crate::query::ivf::parse_nprobe)]
-    pub(crate) nprobe: Option<crate::query::ivf::NProbe>,
+    #[arg(long, env = "RSEMBED_NPROBE", value_name = "P|all", value_parser = rsembed_query::ivf::parse_nprobe)]
+    pub(crate) nprobe: Option<rsembed_query::ivf::NProbe>,
     /// Inference for the text graph.
     #[command(flatten)]
     pub(crate) engine: TextEngineArgs,

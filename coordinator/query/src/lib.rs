@@ -9,11 +9,14 @@
 //!   centroid of a row, and the best `k` hits;
 //! - [`scan`]: row groups read in parallel, each folded into an
 //!   accumulator, under the filters of a search;
+//! - [`ivf`]: the IVF layout: k-means, `centroids.parquet`, and the lists a
+//!   search probes;
 //! - [`Error`]: what failed, naming the file or flag.
 
 mod error;
 pub mod format;
 pub mod io;
+pub mod ivf;
 pub mod kernels;
 pub mod scan;
 

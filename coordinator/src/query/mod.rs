@@ -10,7 +10,7 @@
 pub mod classify;
 pub mod compact;
 pub(crate) mod html;
-pub mod ivf;
+
 pub mod search;
 pub(crate) mod thumbs;
 

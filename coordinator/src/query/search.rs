@@ -40,13 +40,13 @@ use serde_json::{json, Value};
 
 use crate::cli::SearchArgs;
 use crate::error::{Error, Result};
-use crate::query::ivf::{Probe, Probed};
 use parquet::column::page::Page;
 use rsembed_query::format::answer;
 use rsembed_query::format::embeddings;
 use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
 use rsembed_query::format::index::{GroupRef, Index, Pruning};
 use rsembed_query::format::pages::{Chunk, Stored};
+use rsembed_query::ivf::{Probe, Probed};
 use rsembed_query::kernels::{
     dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8, normalize, Hit, TopK,
 };
@@ -1474,8 +1474,8 @@ mod tests {
             row_group: 0,
         };
         let clean = answer_chunks(&rows, WriterVersion::PARQUET_1_0);
-        let mut rng = crate::query::ivf::Rng(0x5eed);
-        let mut next = move || rng.next();
+        let mut rng = rsembed_query::ivf::Rng(0x5eed);
+        let mut next = move || rng.next_u64();
         let (mut ok, mut refused) = (0, 0);
         for _ in 0..1500 {
             let mut chunks: Vec<Chunk> = clean

@@ -347,7 +347,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     let (lists, schema, splits) = match args.lists {
         None => (None, schema, split_keys(&keys.sample, files)),
         Some(n) => {
-            let seed = args.seed.unwrap_or(crate::query::ivf::DEFAULT_SEED);
+            let seed = args.seed.unwrap_or(rsembed_query::ivf::DEFAULT_SEED);
             let (l, sample) = lists::train(&index, n, args.sample, seed, &progress).await?;
             (
                 Some(l),

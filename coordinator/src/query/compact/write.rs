@@ -88,7 +88,7 @@ pub(super) fn sort_bucket(batches: Vec<RecordBatch>, uri: &str) -> Result<Sorted
     }
     let breaks = if batches
         .iter()
-        .any(|b| b.column_by_name(crate::query::ivf::LIST).is_some())
+        .any(|b| b.column_by_name(rsembed_query::ivf::LIST).is_some())
     {
         (1..keys.len())
             .filter(|&i| key_list(keys[i].0) != key_list(keys[i - 1].0))
