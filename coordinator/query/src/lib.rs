@@ -22,5 +22,9 @@ pub mod scan;
 
 pub use error::{BoxError, Error};
 
+/// The target of the query side's log events: the coordinator's, under
+/// which they have always been filtered (`RSEMBED_LOG=rsembed_coordinator=debug`).
+const LOG: &str = "rsembed_coordinator::query";
+
 /// The query side's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

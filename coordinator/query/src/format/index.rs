@@ -239,7 +239,7 @@ impl Index {
     async fn footer(&self, pi: usize) -> Result<ArrowReaderMetadata> {
         let part = &self.parts[pi];
         let load = async {
-            tracing::debug!(part = %part.uri, groups = part.groups.len(), "footer read again: not held");
+            tracing::debug!(target: crate::LOG, part = %part.uri, groups = part.groups.len(), "footer read again: not held");
             let meta = load_footer(&mut self.reader(part), &part.uri).await?;
             let groups = meta.metadata().row_groups();
             let same = groups.len() == part.groups.len()
@@ -534,7 +534,7 @@ async fn parquet_files(loc: &Location, prefix: &Path, nested: bool) -> Result<Ve
 
 fn warn_unfinished(root: &Location, files: usize) {
     if files > 0 {
-        tracing::warn!(
+        tracing::warn!(target: crate::LOG,
             index = %root.url,
             files,
             "no manifest.json (a job still running, or not finalized): reading the chip files listed now"
@@ -594,7 +594,7 @@ async fn open_part(
             let real = store.head(&path).await.map(|m| m.size).ok();
             match real.filter(|r| *r != size) {
                 Some(real) => {
-                    tracing::warn!(
+                    tracing::warn!(target: crate::LOG,
                         part = %uri, bytes = real, manifest_bytes = size,
                         "the file's size is not the manifest's: it changed since the job finished"
                     );

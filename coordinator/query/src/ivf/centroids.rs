@@ -51,7 +51,11 @@ pub fn encode_centroids(c: &Centroids, rows: &[u64]) -> Result<Vec<u8>> {
         &RecordBatchOptions::new().with_row_count(Some(c.lists())),
     )
     .map_err(|e| encode_err(Box::new(e)))?;
+    // No dictionary: every centroid value is distinct, so parquet filled a
+    // 1 MiB dictionary page per row group before falling back to plain, and
+    // a file of 1,000 lists at D = 768 outgrew what its own reader accepts.
     let props = WriterProperties::builder()
+        .set_dictionary_enabled(false)
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_max_row_group_row_count(Some(CENTROID_GROUP_ROWS))
         .build();
@@ -110,8 +114,11 @@ pub async fn read_centroids(
     let got = store.get(path).await?;
     let size = got.meta.size;
     // Values, a page header every 64 KiB of them at most, and the footer's
-    // statistics of a group every 256 lists, with room to spare.
-    let most = (lists * (dim * 4 + 64) + (1 << 20)) as u64;
+    // statistics of a group every 256 lists, with room to spare; and, in a
+    // file compacted before its writer left dictionaries out, a dictionary
+    // page of at most parquet's default 1 MiB a row group.
+    let groups = lists.div_ceil(CENTROID_GROUP_ROWS);
+    let most = (lists * (dim * 4 + 64) + (groups + 1) * (1 << 20)) as u64;
     if size > most {
         return Err(bad(format!(
             "{size} bytes: more than {lists} centroids of {dim} floats take ({most} at most)"
@@ -349,10 +356,47 @@ mod tests {
         assert!(e.contains("a layout has 1 to 65536"), "{e}");
         // A file larger than its lists' centroids can be is not read.
         let mut big = bytes.clone();
-        big.resize((1 << 20) + 4096, 0);
+        big.resize((2 << 20) + 4096, 0);
         std::fs::write(dir.path().join(CENTROIDS_FILE), &big).unwrap();
         let e = err(read(sha, (3, 2)).await);
         assert!(e.contains("more than 2 centroids of 3 floats take"), "{e}");
+    }
+}
+
+/// The centroids `compact` writes at 1,000 lists of D = 768 are read back:
+/// with a dictionary page a row group the file outgrew the reader's bound.
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_thousand_lists_of_768_floats_are_written_plain_and_read_back() {
+        let (lists, dim) = (1000, 768);
+        // Every value distinct, as k-means' are: a dictionary of them is
+        // the values over again.
+        let values: Vec<f32> = (0..lists * dim)
+            .map(|i| f32::from_bits(0x3f00_0000 | i as u32))
+            .collect();
+        let c = Centroids { dim, values };
+        let rows = vec![1u64; lists];
+        let dir = tempfile::tempdir().unwrap();
+        let (store, path, sha) = test_support::centroids_file(dir.path(), &c, &rows);
+        let size = std::fs::metadata(dir.path().join(CENTROIDS_FILE))
+            .unwrap()
+            .len();
+        assert!(size < (lists * dim * 4 + (1 << 20)) as u64, "{size} bytes");
+        let mut got = Vec::new();
+        read_centroids(
+            &store,
+            &path,
+            "c",
+            &sha,
+            (dim, lists, u64::MAX),
+            |_, v, _| got.extend_from_slice(v),
+        )
+        .await
+        .unwrap();
+        assert_eq!(got, c.values);
     }
 }
 

@@ -155,7 +155,7 @@ where
                 }
                 Err(why) => why,
             };
-            tracing::debug!(part = %part.uri, row_group = g.row_group, why, "embedding read with the arrow reader");
+            tracing::debug!(target: crate::LOG, part = %part.uri, row_group = g.row_group, why, "embedding read with the arrow reader");
             acc = init();
             let read = each_batch(&index, g, &[col::EMBEDDING], |first, batch| {
                 let rows = Stored::from(embeddings(batch, dim, &part.uri)?);
