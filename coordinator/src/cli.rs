@@ -9,7 +9,6 @@ use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_worker::engine::flags::EngineArgs;
 use rsembed_worker::engine::session::{parse_byte_size, Device, SessionConfig};
 
-use crate::fetch_model::GraphCheck;
 use rsembed_worker::queue::{parse_duration, NatsArgs, QueueConfig};
 use rsembed_worker::task::PipelineArgs;
 
@@ -739,6 +738,18 @@ pub struct CompactArgs {
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,
+}
+
+/// `--check-graphs`: whether ONNX Runtime loads the fetched graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GraphCheck {
+    /// Parse them when an ONNX Runtime library is found; when none is (and
+    /// neither `--ort-lib` nor `ORT_DYLIB_PATH` names one), warn and go on.
+    Auto,
+    /// Parse them; no ONNX Runtime library is an error.
+    Always,
+    /// Do not load ONNX Runtime (digests are still checked).
+    Never,
 }
 
 /// `rsembed fetch-model`.

@@ -204,7 +204,7 @@ async fn stac_item(fetcher: &Fetcher, href: &str, id: &str) -> Result<(stac::Ite
             ))
         }
     };
-    let (_, base) = crate::stac::source::href_of(&feature, &doc, doc.as_str());
+    let (_, base) = crate::stac::emit::href_of(&feature, &doc, doc.as_str());
     let item: stac::Item =
         serde_json::from_value(feature).map_err(|e| format!("{href}: not a STAC item: {e}"))?;
     if item.id != id {

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use url::Url;
 
+use super::emit::{href_of, parse, Emit, Flow, ItemsFormat};
 use super::fetch::{Fetcher, Lines, MAX_ITEM_COLLECTION, MAX_LINE};
-use super::source::{href_of, parse, Emit, Flow, ItemsFormat};
 use crate::error::{Error, Result};
 use rsembed_query::io::StoreReader;
 
