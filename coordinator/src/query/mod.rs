@@ -10,6 +10,7 @@
 pub mod classify;
 pub mod compact;
 pub(crate) mod html;
+pub(crate) mod result;
 
 pub mod search;
 pub(crate) mod thumbs;

@@ -50,7 +50,8 @@ mod batch;
 mod select;
 mod stream;
 
-use self::answer::{details, read_ahead, read_ahead_groups, wkb_to_geojson, Ahead};
+use self::answer::{details, read_ahead, read_ahead_groups, Ahead};
+pub(crate) use crate::query::result::SearchResult;
 pub(crate) use select::check_model;
 use select::{find_chip, select_groups, text_query, vector_query};
 
@@ -84,72 +85,6 @@ enum Block<'a> {
     F16(&'a [half::f16]),
     /// float16 rows as they lie in a page.
     F16Le(&'a [[u8; 2]]),
-}
-
-/// One result, with what the output shows of its chip.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub(crate) struct SearchResult {
-    /// The query's line number in `--vectors` or `--queries` (1-based, as
-    /// an editor counts); absent for a single query.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) query: Option<usize>,
-    /// 1 for the best (of its query).
-    pub(crate) rank: usize,
-    /// `sigmoid(exp(logit_scale)·cos + logit_bias)`; absent without a model.
-    pub(crate) score: Option<f64>,
-    /// Cosine between the chip's and the query's embedding.
-    pub(crate) cosine: f32,
-    /// The chip's id.
-    pub(crate) chip_id: String,
-    /// Its source.
-    pub(crate) source_uri: String,
-    /// Window origin and size in source pixels.
-    pub(crate) x: i32,
-    /// Window origin.
-    pub(crate) y: i32,
-    /// Window size.
-    pub(crate) width: i32,
-    /// Window size.
-    pub(crate) height: i32,
-    /// Share of real pixels.
-    pub(crate) valid_fraction: f32,
-    /// Source CRS.
-    pub(crate) crs: Option<String>,
-    /// Centre, lon/lat.
-    pub(crate) centre_lon: Option<f64>,
-    /// Centre, lon/lat.
-    pub(crate) centre_lat: Option<f64>,
-    /// The STAC item the chip comes from (schema 2).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) item_id: Option<String>,
-    /// Its collection.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) collection: Option<String>,
-    /// Acquisition time (a range's start), RFC 3339, UTC.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) datetime: Option<String>,
-    /// The end of the acquisition range, when the item gives one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) end_datetime: Option<String>,
-    /// Share of the chip's valid pixels marked as cloud.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) cloud_fraction: Option<f32>,
-    /// Footprint as WKB, as stored: a batch holds up to 10,000 × K
-    /// results, and WKB is a fifth of the memory of a GeoJSON tree
-    /// ([`SearchResult::geometry`] converts it).
-    #[serde(skip)]
-    pub(crate) wkb: Option<Vec<u8>>,
-    /// The tiling that cut the chip (its file's `rsembed` metadata), for
-    /// reading it again (`--html`); one per file, shared by its results.
-    #[serde(skip)]
-    pub(crate) tiling: Option<Arc<rsembed_schemas::job::TilingSpec>>,
-}
-
-impl SearchResult {
-    /// The footprint as a GeoJSON geometry.
-    pub(crate) fn geometry(&self) -> Option<Value> {
-        self.wkb.as_deref().and_then(wkb_to_geojson)
-    }
 }
 
 /// What the scan did, for the closing line on stderr.

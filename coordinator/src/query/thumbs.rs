@@ -28,7 +28,7 @@ use rsembed_worker::store::StoreCache;
 use serde_json::Value;
 use url::Url;
 
-use crate::query::search::SearchResult;
+use crate::query::result::SearchResult;
 use crate::stac::fetch::{Fetcher, MAX_DOCUMENT};
 use crate::stac::scene::{scene_of, Selection};
 

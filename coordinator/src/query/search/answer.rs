@@ -10,7 +10,6 @@ use arrow_array::{
 };
 use futures::StreamExt;
 use rsembed_schemas::chip::col;
-use serde_json::Value;
 
 use crate::error::Result;
 use parquet::column::page::Page;
@@ -462,27 +461,9 @@ pub(super) fn string_col<'a>(
         .ok_or_else(|| QueryError::column(uri, name, "a string column").into())
 }
 
-/// A WKB polygon (either byte order, 2D) as a GeoJSON geometry; `None` for
-/// anything else or for bytes that do not parse (a footprint is only shown,
-/// never trusted, here).
-pub(crate) fn wkb_to_geojson(b: &[u8]) -> Option<Value> {
-    // Only a plain 2D polygon (type code 3): what chip footprints are.
-    let code: [u8; 4] = b.get(1..5)?.try_into().ok()?;
-    let code = match b[0] {
-        0 => u32::from_be_bytes(code),
-        1 => u32::from_le_bytes(code),
-        _ => return None,
-    };
-    if code != 3 {
-        return None;
-    }
-    crate::wkb::to_geojson(b).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     use bytes::Bytes;
     use parquet::arrow::ArrowWriter;
@@ -670,28 +651,6 @@ mod tests {
         // Most flips land in compressed bytes and are caught; some in bytes
         // no chosen row needs.
         assert!(refused > 100, "{ok} read, {refused} refused");
-    }
-
-    #[test]
-    fn wkb_polygons_become_geojson_and_garbage_does_not() {
-        let mut b = vec![1u8];
-        b.extend(3u32.to_le_bytes());
-        b.extend(1u32.to_le_bytes());
-        b.extend(4u32.to_le_bytes());
-        for (x, y) in [(0.0f64, 0.0f64), (1.0, 0.0), (1.0, 1.0), (0.0, 0.0)] {
-            b.extend(x.to_le_bytes());
-            b.extend(y.to_le_bytes());
-        }
-        let g = wkb_to_geojson(&b).unwrap();
-        assert_eq!(g["type"], "Polygon");
-        assert_eq!(g["coordinates"][0][2], json!([1.0, 1.0]));
-        // A ring count that the bytes cannot hold is refused before allocating.
-        let mut bad = vec![1u8];
-        bad.extend(3u32.to_le_bytes());
-        bad.extend(u32::MAX.to_le_bytes());
-        assert!(wkb_to_geojson(&bad).is_none());
-        assert!(wkb_to_geojson(&b[..b.len() - 1]).is_none());
-        assert!(wkb_to_geojson(&[]).is_none());
     }
 
     #[test]
