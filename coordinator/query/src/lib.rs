@@ -3,7 +3,7 @@
 //! In layers, each importing only those below it:
 //! - [`io`]: a dataset's bytes, from any store, and the column chunks a
 //!   resident search keeps;
-//! - [`format`]: the chip files as read: footers, statistics, the
+//! - [`format`](mod@format): the chip files as read: footers, statistics, the
 //!   `embedding` column's pages read in place;
 //! - [`kernels`]: dot products over stored embedding values, the nearest
 //!   centroid of a row, and the best `k` hits;

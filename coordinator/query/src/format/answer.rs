@@ -333,7 +333,7 @@ impl PageReader for Pages {
 }
 
 /// Every page of a flat column chunk, decompressed and checked, for
-/// [`column`] to read later: a search reads a likely hit group's answer
+/// [`column()`] to read later: a search reads a likely hit group's answer
 /// columns so on an idle core while its list is scored.
 pub fn inflate(chunk: &Chunk) -> Result<Vec<Page>, String> {
     Pages::of(chunk)?

@@ -84,12 +84,12 @@ pub(crate) const WHOLE_CENTROIDS_BYTES: u64 = 4 << 20;
 
 /// Reads `centroids.parquet` (`path` in `store`, named `uri` in messages)
 /// of `lists` centroids of dimension `dim` (read whole when at most `whole`
-/// bytes, [`WHOLE_CENTROIDS_BYTES`] but in tests), checking it is the file whose
+/// bytes, `WHOLE_CENTROIDS_BYTES` but in tests), checking it is the file whose
 /// sha256 the manifest recorded, and hands each batch of centroids to `each`
 /// as it is read: the first list's number, the values (row-major), each
 /// list's rows. Returns the bytes fetched.
 ///
-/// Never more than [`WHOLE_CENTROIDS_BYTES`] of the file and one batch of
+/// Never more than `WHOLE_CENTROIDS_BYTES` of the file and one batch of
 /// values are held. A larger file is read twice, both times a piece at a
 /// time: whole for its sha256, then its row groups for the centroids.
 /// Holding the file and its decoded values was the peak of a single search

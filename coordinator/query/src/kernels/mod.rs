@@ -1,7 +1,7 @@
 //! The arithmetic of the query side: dot products over stored embedding
 //! values, the nearest centroid of a row, and the best `k` hits.
 //!
-//! Every kernel runs through [`dispatch`], the one place that picks an
+//! Every kernel runs through `dispatch`, the one place that picks an
 //! instruction set: the kernels are written once, for the autovectoriser,
 //! and `dispatch` compiles them a second time with AVX2 and FMA where the CPU
 //! has them. Rust never contracts a multiply and an add into an FMA, so both
