@@ -196,7 +196,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         .set_key_value_metadata(Some(kv))
         .build();
     // In the Arrow schema too, where PyArrow looks.
-    let schema = rsembed_worker::sink::parquet::schema_with_file_metadata(&output_schema(), &props);
+    let schema = rsembed_schemas::chip_file::schema_with_file_metadata(&output_schema(), &props);
     let sink = AtomicUpload::new(&out_loc.store, out_loc.prefix.clone(), 8);
     let mut writer = AsyncArrowWriter::try_new(sink, schema.clone(), Some(props)).map_err(|e| {
         QueryError::Write {

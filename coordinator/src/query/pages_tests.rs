@@ -75,7 +75,7 @@ fn write(path: &std::path::Path, ty: EmbeddingType, w: Writer, null_row: Option<
         columns.push(Arc::new(Float32Array::from(vec![0.01; ROWS])));
     }
     let schema = Arc::new(Schema::new(fields));
-    let path_e = rsembed_worker::sink::parquet::embedding_column_path();
+    let path_e = rsembed_schemas::chip_file::embedding_column_path();
     let mut b = WriterProperties::builder()
         .set_max_row_group_row_count(Some(500))
         .set_write_batch_size(16)

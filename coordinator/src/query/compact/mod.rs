@@ -28,7 +28,7 @@
 //!    descriptors.
 //! 3. **Sort and write.** Bucket by bucket: its spill is read back (about one
 //!    output file of rows), sorted by key, and written as a chip file with the
-//!    job's writer settings ([`chip_writer_properties_for`]; row groups of
+//!    job's writer settings ([`chip_writer_properties`]; row groups of
 //!    `--row-group-rows`, 8192 like job files) and `geo` + `rsembed`
 //!    metadata (the source's [`FileMeta`], with `task_id` = the part's name),
 //!    streamed to the store through an atomic upload (one put, or a multipart
@@ -98,12 +98,12 @@ use std::time::Instant;
 use arrow_schema::SchemaRef;
 use futures::{StreamExt, TryStreamExt};
 use rsembed_schemas::chip::col;
+use rsembed_schemas::chip_file::{chip_file_metadata, chip_writer_properties};
 use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::job::{IvfLayout, Manifest, ManifestFile, MANIFEST_FILE};
 use rsembed_schemas::manifest::{task_id_of, FailureKind, FileKind, ListedFile};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::SOFTWARE_VERSION;
-use rsembed_worker::sink::parquet::{chip_file_metadata, chip_writer_properties_for};
 use rsembed_worker::store::{Location, StoreCache};
 use sha2::{Digest, Sha256};
 
@@ -603,7 +603,7 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
         meta.schema_version = schema_version;
         meta.software_version = SOFTWARE_VERSION.to_owned();
         let kv = chip_file_metadata(&meta, sorted.extent)?;
-        let props = chip_writer_properties_for(kv, meta.embedding_type())?
+        let props = chip_writer_properties(kv, meta.embedding_type())
             .into_builder()
             .set_max_row_group_row_count(Some(row_group_rows))
             .build();

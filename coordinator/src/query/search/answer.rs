@@ -470,9 +470,9 @@ mod tests {
     use parquet::file::metadata::ParquetMetaDataReader;
     use parquet::file::properties::WriterVersion;
     use rsembed_raster::geo::Footprint;
+    use rsembed_schemas::chip_file::chip_writer_properties;
     use rsembed_schemas::embedding::EmbeddingType;
     use rsembed_schemas::ids::Window;
-    use rsembed_worker::sink::parquet::chip_writer_properties_for;
     use rsembed_worker::sink::rows::{chip_batch, ChipRow, StacColumns};
 
     /// Every answer column, both schema versions'.
@@ -517,8 +517,7 @@ mod tests {
         let batch = chip_batch(rows, 4, EmbeddingType::F32).unwrap();
         // Version 2's default for byte arrays without a dictionary is
         // DELTA_BYTE_ARRAY, which the in-place read leaves to the arrow reader.
-        let props = chip_writer_properties_for(Vec::new(), EmbeddingType::F32)
-            .unwrap()
+        let props = chip_writer_properties(Vec::new(), EmbeddingType::F32)
             .into_builder()
             .set_writer_version(version)
             .set_encoding(parquet::basic::Encoding::PLAIN)
