@@ -3,7 +3,7 @@
 //! spherical k-means maximises), for three kinds of clustering.
 //!
 //!     cargo run --release -p rsembed-coordinator --example kmeans_bench
-use rsembed_coordinator::query::ivf::kmeans;
+use rsembed_query::ivf::kmeans;
 use std::time::Instant;
 fn main() {
     let dim = 768;

@@ -9,7 +9,6 @@ use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_worker::engine::flags::EngineArgs;
 use rsembed_worker::engine::session::{parse_byte_size, Device, SessionConfig};
 
-use crate::fetch_model::GraphCheck;
 use rsembed_worker::queue::{parse_duration, NatsArgs, QueueConfig};
 use rsembed_worker::task::PipelineArgs;
 
@@ -590,12 +589,12 @@ pub struct SearchArgs {
     /// included: those whose `datetime` (or `datetime`..`end_datetime` range)
     /// overlaps it. Chips without a `datetime` (inputs that were not STAC
     /// items, files of schema version 1) are excluded, and counted on stderr.
-    #[arg(long, env = "RSEMBED_DATETIME", value_parser = crate::query::filter::parse_datetime)]
+    #[arg(long, env = "RSEMBED_DATETIME", value_parser = rsembed_query::scan::filter::parse_datetime)]
     pub(crate) datetime: Option<String>,
     /// Only chips whose `cloud_fraction` is at most this (0-1). Chips without
     /// one (no `--cloud-mask` in their job, schema version 1) are excluded,
     /// and counted on stderr.
-    #[arg(long, env = "RSEMBED_MAX_CLOUD", value_parser = crate::query::filter::parse_fraction)]
+    #[arg(long, env = "RSEMBED_MAX_CLOUD", value_parser = rsembed_query::scan::filter::parse_fraction)]
     pub(crate) max_cloud: Option<f32>,
     /// Search by the embedding of this chip of the index instead of a text
     /// (the chip itself is left out of the results).
@@ -643,8 +642,8 @@ pub struct SearchArgs {
     /// search. Default: one list in 16, at least 8 (recall@10 ≥ 0.95 on
     /// clustered data, docs/benchmarks.md). A number is refused on a dataset
     /// without lists.
-    #[arg(long, env = "RSEMBED_NPROBE", value_name = "P|all", value_parser = crate::query::ivf::parse_nprobe)]
-    pub(crate) nprobe: Option<crate::query::ivf::NProbe>,
+    #[arg(long, env = "RSEMBED_NPROBE", value_name = "P|all", value_parser = rsembed_query::ivf::parse_nprobe)]
+    pub(crate) nprobe: Option<rsembed_query::ivf::NProbe>,
     /// Inference for the text graph.
     #[command(flatten)]
     pub(crate) engine: TextEngineArgs,
@@ -739,6 +738,18 @@ pub struct CompactArgs {
     /// Print the summary as JSON.
     #[arg(long, env = "RSEMBED_JSON")]
     pub json: bool,
+}
+
+/// `--check-graphs`: whether ONNX Runtime loads the fetched graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GraphCheck {
+    /// Parse them when an ONNX Runtime library is found; when none is (and
+    /// neither `--ort-lib` nor `ORT_DYLIB_PATH` names one), warn and go on.
+    Auto,
+    /// Parse them; no ONNX Runtime library is an error.
+    Always,
+    /// Do not load ONNX Runtime (digests are still checked).
+    Never,
 }
 
 /// `rsembed fetch-model`.

@@ -188,6 +188,14 @@ pub enum Error {
     },
 }
 
+/// A location that cannot be reached reads as the worker's, whose messages
+/// and retry hints it always had.
+impl From<rsembed_store::Error> for Error {
+    fn from(e: rsembed_store::Error) -> Error {
+        Error::Worker(e.into())
+    }
+}
+
 impl Error {
     /// A failed JetStream request: what was being done, and the client's error.
     pub(crate) fn nats(

@@ -35,7 +35,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
-use crate::cli::FetchModelArgs;
+use crate::cli::{FetchModelArgs, GraphCheck};
 use crate::job::summary::human_bytes;
 
 /// Objects copied at once: enough to overlap request latency, few enough that
@@ -48,18 +48,6 @@ const PARTIAL: &str = ".rsembed-partial";
 /// The largest `rsembed-model.json` read: a real one is a few kB, even with a
 /// digest for every external-data file of a large model.
 const MAX_MANIFEST_BYTES: u64 = 16 << 20;
-
-/// `--check-graphs`: whether ONNX Runtime loads the fetched graphs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum GraphCheck {
-    /// Parse them when an ONNX Runtime library is found; when none is (and
-    /// neither `--ort-lib` nor `ORT_DYLIB_PATH` names one), warn and go on.
-    Auto,
-    /// Parse them; no ONNX Runtime library is an error.
-    Always,
-    /// Do not load ONNX Runtime (digests are still checked).
-    Never,
-}
 
 /// Why a fetch failed.
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +157,12 @@ pub enum FetchError {
         #[source]
         source: rsembed_worker::Error,
     },
+}
+
+impl From<rsembed_store::Error> for FetchError {
+    fn from(e: rsembed_store::Error) -> FetchError {
+        FetchError::Model(e.into())
+    }
 }
 
 /// What a fetch did.

@@ -3,7 +3,7 @@
 //! against the bytes left before anything is allocated.
 //!
 //! One decoder for the crate: stac-geoparquet geometries (any type) and the
-//! footprints `search` prints (2D polygons, see `query::search::wkb_to_geojson`).
+//! footprints `search` prints (2D polygons, see `query::result::wkb_to_geojson`).
 
 use serde_json::{json, Value};
 

@@ -8,6 +8,9 @@
 #![warn(missing_docs)]
 
 pub mod chip;
+#[cfg(feature = "arrow")]
+pub mod chip_file;
+pub mod datetime;
 pub mod embedding;
 pub mod extent;
 pub mod ids;

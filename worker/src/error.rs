@@ -173,6 +173,15 @@ pub fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+impl From<rsembed_store::Error> for Error {
+    fn from(e: rsembed_store::Error) -> Error {
+        match e {
+            rsembed_store::Error::Location { url, reason } => Error::Location { url, reason },
+            rsembed_store::Error::Store(e) => Error::Store(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

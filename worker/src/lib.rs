@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod check;
+pub mod context;
 pub mod engine;
 pub mod error;
 pub mod exit;

@@ -34,7 +34,6 @@
 //! `T·(5·B + D)` at most; the engine's own copies (padding a piece to its
 //! bucket) come on top, one piece at a time.
 
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use rsembed_schemas::job::ManifestFile;
@@ -44,6 +43,7 @@ use rsembed_schemas::task::Task;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+pub use crate::context::{Counters, JobContext};
 use crate::engine::flags::BatchPolicy;
 use crate::engine::handle::EngineHandle;
 use crate::error::{Error, Result};
@@ -53,25 +53,9 @@ use crate::preprocess::Preprocessor;
 use crate::sink::commit::Commit;
 use crate::sink::parquet::{chip_file_metadata, encode, encode_chips, error_file_metadata};
 use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow};
-use crate::store::{Location, StoreCache};
+use crate::store::StoreCache;
 use rsembed_raster::image::DecodeLimits;
-use rsembed_raster::scale::ScaleSpec;
 use rsembed_raster::tiff::TiffLimits;
-
-/// Live counters a progress display can read while tasks run.
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Inputs finished, good or bad.
-    pub inputs: AtomicU64,
-    /// Chip rows produced.
-    pub chips: AtomicU64,
-    /// Inputs recorded as failed.
-    pub failed: AtomicU64,
-    /// Chips left out because their cloud fraction exceeds `--max-cloud`.
-    pub cloudy_dropped: AtomicU64,
-    /// Bytes read from storage (shared with range readers).
-    pub bytes_read: Arc<AtomicU64>,
-}
 
 /// What every task a process runs shares, whatever its job.
 pub struct TaskRunner {
@@ -184,18 +168,6 @@ impl TaskRunner {
     }
 }
 
-/// What one job's tasks share: where they go and how chips are cut and
-/// recorded. Embedded mode has one; a pull worker makes one per job it serves.
-#[derive(Clone)]
-pub struct JobContext {
-    /// The output root.
-    pub output: Location,
-    /// Parsed `--scale`.
-    pub scale: ScaleSpec,
-    /// Job id, model and tiling, as recorded in each file.
-    pub file_meta: FileMeta,
-}
-
 /// What an input that the store cannot give does: its error row names a
 /// store failure (`ErrorRow::store`: the object is missing, the store failed
 /// after its own retries, or it refused our credentials; not a decode error).
@@ -278,7 +250,15 @@ impl TaskRunner {
 
     async fn run_inner(&self, job: &JobContext, task: &Task) -> Result<TaskReport> {
         let (tx, rx) = mpsc::channel::<crate::input::Item>(self.batch_size.max(1) * 2);
-        let producer = crate::input::spawn_readers(self, job, task.inputs.clone(), tx);
+        let readers = crate::input::Readers {
+            stores: &self.stores,
+            pre: &self.preprocessor,
+            limits: self.limits,
+            counters: &self.counters,
+            decode_concurrency: self.decode_concurrency,
+            tiff_limits: &self.tiff_limits,
+        };
+        let producer = crate::input::spawn_readers(&readers, job, task.inputs.clone(), tx);
 
         let tiling_fp = job.file_meta.tiling.fingerprint();
         let (mut rows, mut failures) = self.batch_and_embed(rx, &tiling_fp).await?;

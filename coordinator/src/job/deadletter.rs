@@ -21,7 +21,7 @@ use rsembed_worker::queue::Queue;
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-use crate::job::run::now_rfc3339;
+use rsembed_worker::now_rfc3339;
 
 /// The durable consumer coordinator commands share on the dead-letter stream.
 const CONSUMER: &str = "rsembed-coordinator";

@@ -26,7 +26,7 @@ use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
 use crate::job::output::{delete_if_present, put_json, JobOutput};
-use crate::query::index::StoreReader;
+use rsembed_query::io::StoreReader;
 
 /// Inputs without chips the builder keeps by name for the summary; the
 /// failures list holds them all.

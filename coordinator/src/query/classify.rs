@@ -33,11 +33,13 @@ use serde_json::json;
 use crate::cli::ClassifyArgs;
 use crate::error::{Error, Result};
 use crate::query::compact::AtomicUpload;
-use crate::query::footer::FOOTER_BUDGET_GROUPS;
-use crate::query::index::{embeddings, GroupRef, Index};
-use crate::query::scan::{default_concurrency, dots, scan_groups, sigmoid_score};
 use crate::query::search::check_model;
 use crate::query::Error as QueryError;
+use rsembed_query::format::embeddings;
+use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
+use rsembed_query::format::index::{GroupRef, Index};
+use rsembed_query::kernels::{dots, sigmoid_score};
+use rsembed_query::scan::{default_concurrency, scan_groups};
 
 /// Labels one run may have: each is a text-graph input and a dot product per chip.
 const MAX_LABELS: usize = 100_000;
@@ -194,7 +196,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         .set_key_value_metadata(Some(kv))
         .build();
     // In the Arrow schema too, where PyArrow looks.
-    let schema = rsembed_worker::sink::parquet::schema_with_file_metadata(&output_schema(), &props);
+    let schema = rsembed_schemas::chip_file::schema_with_file_metadata(&output_schema(), &props);
     let sink = AtomicUpload::new(&out_loc.store, out_loc.prefix.clone(), 8);
     let mut writer = AsyncArrowWriter::try_new(sink, schema.clone(), Some(props)).map_err(|e| {
         QueryError::Write {
@@ -239,7 +241,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
                     source,
                 })?,
             );
-            Ok(())
+            Ok::<(), crate::Error>(())
         },
     ));
     let mut best = vec![0u64; labels.len()];

@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::cli::SearchArgs;
 use crate::error::Result;
-use crate::query::search::SearchResult;
+use crate::query::result::SearchResult;
 use crate::query::thumbs::{thumbnails, Thumb};
 use crate::query::Error as QueryError;
 

@@ -1,26 +1,19 @@
-//! The query side: reading a finished dataset back.
-//!
-//! `index` opens a job's output, a compacted dataset or one Parquet file and
-//! prunes row groups by their `bbox` statistics; `scan` reads the selected
-//! row groups in parallel and scores them; [`search`] and [`classify`] are the
-//! two commands over that scan; [`compact`] rewrites a job's per-task files
-//! into large Hilbert-sorted parts, and with `--lists` into an IVF layout
-//! ([`ivf`]) whose nearest lists a search reads alone.
+//! The query commands, over the `rsembed-query` crate (`coordinator/query/`),
+//! which opens an index, prunes and scans its row groups, and probes an IVF
+//! layout: [`search`] and [`classify`] score chips against a query;
+//! [`compact`] rewrites a job's per-task files into large Hilbert-sorted
+//! parts, and with `--lists` into an IVF layout whose nearest lists a search
+//! reads alone; `html` and `thumbs` make the `--html` page.
 
-pub(crate) mod answer;
 pub mod classify;
 pub mod compact;
-mod error;
-pub(crate) mod filter;
-pub(crate) mod footer;
 pub(crate) mod html;
-pub(crate) mod index;
-pub mod ivf;
-#[cfg(target_os = "linux")]
-pub(crate) mod mapped;
-pub(crate) mod pages;
-pub(crate) mod scan;
+pub(crate) mod result;
+
 pub mod search;
 pub(crate) mod thumbs;
 
-pub(crate) use error::Error;
+pub(crate) use rsembed_query::Error;
+
+#[cfg(test)]
+mod pages_tests;

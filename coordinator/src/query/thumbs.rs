@@ -28,7 +28,7 @@ use rsembed_worker::store::StoreCache;
 use serde_json::Value;
 use url::Url;
 
-use crate::query::search::SearchResult;
+use crate::query::result::SearchResult;
 use crate::stac::fetch::{Fetcher, MAX_DOCUMENT};
 use crate::stac::scene::{scene_of, Selection};
 
@@ -204,7 +204,7 @@ async fn stac_item(fetcher: &Fetcher, href: &str, id: &str) -> Result<(stac::Ite
             ))
         }
     };
-    let (_, base) = crate::stac::source::href_of(&feature, &doc, doc.as_str());
+    let (_, base) = crate::stac::emit::href_of(&feature, &doc, doc.as_str());
     let item: stac::Item =
         serde_json::from_value(feature).map_err(|e| format!("{href}: not a STAC item: {e}"))?;
     if item.id != id {

@@ -14,9 +14,9 @@ use serde_json::{json, Map, Value};
 use sha2::Digest;
 use url::Url;
 
+use super::emit::{href_of, links, parse, Conformance, Emit, Flow};
 use super::fetch::{Fetcher, Request, MAX_DOCUMENT, MAX_PAGE};
 use super::search::{cloud_cover_text, normalize_datetime, parse_filter};
-use super::source::{href_of, links, parse, Conformance, Emit, Flow};
 use crate::error::{Error, Result};
 
 /// Items per page asked for. Earth Search and the Planetary Computer allow

@@ -20,8 +20,8 @@ use url::Url;
 
 use rsembed_schemas::job::StacSearch;
 
+use super::emit::{href_of, links, parse, Emit, Flow};
 use super::fetch::{Fetcher, MAX_DOCUMENT, MAX_ITEM};
-use super::source::{href_of, links, parse, Emit, Flow};
 use crate::error::{Error, Result};
 
 /// How deep child links may nest. Real catalogs nest a handful of levels

@@ -9,9 +9,9 @@ use rsembed_worker::store::StoreCache;
 use serde_json::Value;
 use url::Url;
 
+use super::emit::{links, parse, Conformance, ItemsFormat, StacInput};
 use super::fetch::{self, Fetcher, MAX_DOCUMENT};
 use super::search::cut;
-use super::source::{links, parse, Conformance, ItemsFormat, StacInput};
 use crate::error::{Error, Result};
 
 /// How much of a `.json` is read to find its `type`: STAC writers put it

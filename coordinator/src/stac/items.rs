@@ -15,10 +15,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use url::Url;
 
+use super::emit::{href_of, parse, Emit, Flow, ItemsFormat};
 use super::fetch::{Fetcher, Lines, MAX_ITEM_COLLECTION, MAX_LINE};
-use super::source::{href_of, parse, Emit, Flow, ItemsFormat};
 use crate::error::{Error, Result};
-use crate::query::index::StoreReader;
+use rsembed_query::io::StoreReader;
 
 /// Rows per stac-geoparquet batch: a few MiB of item JSON at ~10 KiB an item.
 const PARQUET_BATCH: usize = 256;
@@ -147,7 +147,7 @@ async fn geoparquet(stores: &StoreCache, doc: &Url, emit: &mut Emit<'_>) -> Resu
         Arc::default(),
     );
     // A hostile document must not reach parquet-rs's panics.
-    let mut batches = crate::query::index::guarded(
+    let mut batches = rsembed_query::format::index::guarded(
         ParquetRecordBatchStreamBuilder::new(reader)
             .await
             .map_err(parquet_error)?

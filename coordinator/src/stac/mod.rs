@@ -16,6 +16,7 @@
 pub(crate) mod api;
 pub(crate) mod catalog;
 pub(crate) mod detect;
+pub(crate) mod emit;
 pub(crate) mod fetch;
 pub(crate) mod items;
 pub mod out;

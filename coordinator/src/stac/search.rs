@@ -7,6 +7,7 @@
 
 use std::collections::HashSet;
 
+use rsembed_schemas::datetime::{date_only, range as datetime_range};
 use rsembed_schemas::job::StacSearch;
 use serde_json::Value;
 
@@ -39,72 +40,6 @@ pub fn normalize_datetime(s: &str) -> Result<String, String> {
         None => s.to_owned(),
         Some((a, b)) => format!("{}/{}", start(a), end(b)),
     })
-}
-
-/// `YYYY-MM-DD` (RFC 3339's full-date) as a date.
-fn date_only(p: &str) -> Option<time::Date> {
-    let b = p.as_bytes();
-    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
-    if b.len() != 10
-        || b[4] != b'-'
-        || b[7] != b'-'
-        || !digits(0..4)
-        || !digits(5..7)
-        || !digits(8..10)
-    {
-        return None;
-    }
-    let month = time::Month::try_from(p[5..7].parse::<u8>().ok()?).ok()?;
-    time::Date::from_calendar_date(p[..4].parse().ok()?, month, p[8..].parse().ok()?).ok()
-}
-
-/// `--datetime` as an inclusive range of microseconds since the epoch, UTC;
-/// `None` for an open end. A date is a whole day (UTC): its first
-/// microsecond as a start, its last as an end.
-pub fn datetime_range(s: &str) -> Result<(Option<i64>, Option<i64>), String> {
-    const DAY_US: i64 = 86_400_000_000;
-    let one = |p: &str, end: bool| -> Result<Option<i64>, String> {
-        let p = p.trim();
-        if p.is_empty() || p == ".." {
-            return Ok(None);
-        }
-        if let Some(d) = date_only(p) {
-            let t = d.midnight().assume_utc().unix_timestamp() * 1_000_000;
-            return Ok(Some(if end { t + DAY_US - 1 } else { t }));
-        }
-        let t = time::OffsetDateTime::parse(p, &time::format_description::well_known::Rfc3339)
-            .map_err(|e| {
-                format!(
-                    "--datetime `{s}`: `{p}` is not an RFC 3339 time or a date YYYY-MM-DD ({e})"
-                )
-            })?;
-        Ok(Some((t.unix_timestamp_nanos() / 1000) as i64))
-    };
-    match s.split_once('/') {
-        None => {
-            let (a, b) = (one(s, false)?, one(s, true)?);
-            if a.is_none() {
-                return Err(format!(
-                    "--datetime `{s}`: an RFC 3339 time, a date, or an interval A/B"
-                ));
-            }
-            Ok((a, b))
-        }
-        Some((a, b)) => {
-            let (a, b) = (one(a, false)?, one(b, true)?);
-            if a.is_none() && b.is_none() {
-                return Err(format!(
-                    "--datetime `{s}`: an interval needs one closed end"
-                ));
-            }
-            if let (Some(a), Some(b)) = (a, b) {
-                if a > b {
-                    return Err(format!("--datetime `{s}`: the start is after the end"));
-                }
-            }
-            Ok((a, b))
-        }
-    }
 }
 
 /// The CQL2 text that selects `eo:cloud_cover <= max`.

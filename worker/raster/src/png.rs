@@ -16,7 +16,7 @@ use std::io::Cursor;
 
 use ::png::{BitDepth, ColorType, Decoder, Transformations};
 
-use crate::image::{DecodeError, DecodeLimits, Rgb8};
+use crate::pixels::{DecodeError, DecodeLimits, Rgb8};
 
 /// Whether `bytes` start with the PNG signature.
 pub(crate) fn is_png(bytes: &[u8]) -> bool {

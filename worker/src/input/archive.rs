@@ -16,12 +16,12 @@ use rsembed_schemas::ids::Window;
 use rsembed_schemas::task::TaskInput;
 use tokio::sync::mpsc;
 
+use crate::context::Counters;
 use crate::input::scene::{produce_member_scene, SceneContext};
 use crate::input::{input_error, Item, Prepared};
 use crate::preprocess::Preprocessor;
 use crate::sink::rows::ErrorRow;
 use crate::store::StoreCache;
-use crate::task::Counters;
 
 /// What the archive path needs besides the input.
 pub(crate) struct ArchiveContext {

@@ -20,11 +20,11 @@ use rsembed_schemas::ids::Window;
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::TaskInput;
 
+use crate::context::Counters;
 use crate::input::archive::tar_reader;
 use crate::input::scene::{open_parts, open_single, Opener};
 use crate::input::InputKind;
 use crate::store::StoreCache;
-use crate::task::Counters;
 
 /// Why a chip could not be read again.
 #[derive(Debug, thiserror::Error)]

@@ -10,12 +10,12 @@ use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::ids::Window;
 use rsembed_schemas::task::TaskInput;
 
+use crate::context::Counters;
 use crate::error::Error;
 use crate::input::{input_error, Prepared};
 use crate::preprocess::Preprocessor;
 use crate::sink::rows::ErrorRow;
 use crate::store::StoreCache;
-use crate::task::Counters;
 use rsembed_raster::image::{decode_rgb8, DecodeLimits};
 
 pub(super) async fn prepare(

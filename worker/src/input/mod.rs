@@ -18,12 +18,15 @@ use rsembed_schemas::task::TaskInput;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
+use crate::context::{Counters, JobContext};
 use crate::error::chain;
 use crate::metrics::Held;
+use crate::preprocess::Preprocessor;
 use crate::retry::hint_in_chain;
 use crate::sink::rows::ErrorRow;
 use crate::store::StoreCache;
-use crate::task::{JobContext, TaskRunner};
+use rsembed_raster::image::DecodeLimits;
+use rsembed_raster::tiff::TiffLimits;
 
 /// The one place that decides an input's kind (defined with the readers, so
 /// the tar reader's member filter uses it too).
@@ -64,16 +67,32 @@ pub(crate) struct ReadStats {
     pub(crate) cloudy_chips_dropped: u64,
 }
 
-/// Starts reading `inputs` into `tx`, [`TaskRunner::decode_concurrency`] at
-/// once; the task ends when the returned handle does and `tx` is closed.
+/// What the readers of a task take from the runner that starts them.
+pub(crate) struct Readers<'a> {
+    /// Stores for input URIs.
+    pub(crate) stores: &'a StoreCache,
+    /// Model preprocessing.
+    pub(crate) pre: &'a Arc<Preprocessor>,
+    /// Decoder bounds for whole images.
+    pub(crate) limits: DecodeLimits,
+    /// Counters for progress.
+    pub(crate) counters: &'a Arc<Counters>,
+    /// Inputs decoded at once.
+    pub(crate) decode_concurrency: usize,
+    /// Reader bounds for TIFF scenes.
+    pub(crate) tiff_limits: &'a TiffLimits,
+}
+
+/// Starts reading `inputs` into `tx`, `decode_concurrency` at once; the
+/// task ends when the returned handle does and `tx` is closed.
 pub(crate) fn spawn_readers(
-    runner: &TaskRunner,
+    runner: &Readers<'_>,
     job: &JobContext,
     inputs: Vec<TaskInput>,
     tx: mpsc::Sender<Item>,
 ) -> tokio::task::JoinHandle<ReadStats> {
     let stores = runner.stores.clone();
-    let pre = runner.preprocessor.clone();
+    let pre = runner.pre.clone();
     let limits = runner.limits;
     let counters = runner.counters.clone();
     let conc = runner.decode_concurrency.max(1);

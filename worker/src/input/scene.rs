@@ -15,10 +15,10 @@ use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::TaskInput;
 use tokio::sync::mpsc;
 
+use crate::context::Counters;
 use crate::input::{input_error, Item, Prepared};
 use crate::preprocess::Preprocessor;
 use crate::store::{StoreCache, StoreRange};
-use crate::task::Counters;
 
 /// What the scene path needs besides the input.
 pub(crate) struct SceneContext {

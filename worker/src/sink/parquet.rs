@@ -1,75 +1,30 @@
 //! GeoParquet files: encoding chip and error files with their file metadata,
 //! and reading back what the coordinator needs from them.
 
-use std::sync::Arc;
-
 use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
-use parquet::schema::types::ColumnPath;
+use parquet::file::properties::WriterProperties;
 use rsembed_schemas::chip::{col as chip_col, embedding_type_from};
 use rsembed_schemas::embedding::EmbeddingType;
-use rsembed_schemas::meta::{geo_metadata, FileMeta, GEO_KEY, RSEMBED_KEY};
+use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
 
 use crate::error::Result;
 
-/// Rows per row group of a chip file. A row group is the unit that readers
-/// prune with the `bbox` and `centre_*` statistics and that a scan decodes at
-/// once: 8192 rows is 32 MiB of embeddings at D = 1024, large enough for
-/// sequential reads, small enough that a bbox filter on a Hilbert-sorted
-/// (compacted) file skips most of it.
-pub const CHIP_ROW_GROUP_ROWS: usize = 8192;
+use rsembed_schemas::chip_file::{self, schema_with_file_metadata};
 
-/// Writer settings for chip files (see [`CHIP_ROW_GROUP_ROWS`]).
-///
-/// Statistics are kept where a filter can use them (ids, windows, `bbox`,
-/// `centre_*`) and dropped where min/max mean nothing: the WKB bytes and the
-/// embedding. The embedding's floats are stored plain and uncompressed: zstd
-/// saves only 7 % on unit float32 vectors, and decompressing them was half of
-/// a search's time, in rsembed and in DuckDB alike (docs/benchmarks.md); no
-/// dictionary attempt either, which always fails on them and costs a copy of
-/// every page.
+/// [`rsembed_schemas::chip_file::chip_writer_properties`] of float32 embeddings.
 pub fn chip_writer_properties(kv: Vec<KeyValue>) -> Result<WriterProperties> {
     chip_writer_properties_for(kv, EmbeddingType::F32)
 }
 
-/// The Parquet leaf of the `embedding` column (a list of values), for
-/// per-column writer settings.
-pub fn embedding_column_path() -> ColumnPath {
-    ColumnPath::new(vec![
-        chip_col::EMBEDDING.to_owned(),
-        "list".to_owned(),
-        "item".to_owned(),
-    ])
-}
-
-/// [`chip_writer_properties`] for embeddings stored as `ty`.
-///
-/// int8 elements are dictionary-encoded: Parquet stores INT8 as INT32, 4 bytes
-/// a value plain, but a dictionary of at most 255 values makes each an 8-bit
-/// index, 1 byte, still uncompressed (zstd would save another 9 % at the cost
-/// that made f32 uncompressed; docs/benchmarks.md). f16 is plain like f32.
+/// [`rsembed_schemas::chip_file::chip_writer_properties`] of embeddings stored as `ty`.
 pub fn chip_writer_properties_for(
     kv: Vec<KeyValue>,
     ty: EmbeddingType,
 ) -> Result<WriterProperties> {
-    let embedding = embedding_column_path();
-    let geometry = ColumnPath::new(vec![chip_col::GEOMETRY.to_owned()]);
-    Ok(WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3)?))
-        .set_max_row_group_row_count(Some(CHIP_ROW_GROUP_ROWS))
-        .set_statistics_enabled(EnabledStatistics::Chunk)
-        .set_column_statistics_enabled(embedding.clone(), EnabledStatistics::None)
-        .set_column_compression(embedding.clone(), Compression::UNCOMPRESSED)
-        .set_column_dictionary_enabled(embedding.clone(), ty == EmbeddingType::Int8)
-        .set_column_encoding(embedding, Encoding::PLAIN)
-        .set_column_statistics_enabled(geometry.clone(), EnabledStatistics::None)
-        .set_column_dictionary_enabled(geometry, false)
-        .set_key_value_metadata(Some(kv))
-        .build())
+    Ok(rsembed_schemas::chip_file::chip_writer_properties(kv, ty))
 }
 
 /// Encodes one record batch of chip rows as a chip file (the writer
@@ -103,27 +58,9 @@ fn encode_with(batch: &RecordBatch, props: WriterProperties) -> Result<Vec<u8>> 
     Ok(buf)
 }
 
-/// `schema` with the writer's key-value metadata (`geo`, `rsembed`) in its
-/// own metadata too. Arrow C++ (so PyArrow and GeoPandas) takes a file's
-/// schema metadata only from the embedded `ARROW:schema` when there is one
-/// and ignores the Parquet key-value list: without this, GeoPandas finds no
-/// `geo` and refuses the file. parquet-rs writes each key once either way.
-pub fn schema_with_file_metadata(schema: &SchemaRef, props: &WriterProperties) -> SchemaRef {
-    let mut md = schema.metadata().clone();
-    for kv in props.key_value_metadata().into_iter().flatten() {
-        if let Some(v) = &kv.value {
-            md.insert(kv.key.clone(), v.clone());
-        }
-    }
-    Arc::new(schema.as_ref().clone().with_metadata(md))
-}
-
 /// The key-value metadata of a chip file: `geo` and `rsembed`.
 pub fn chip_file_metadata(meta: &FileMeta, extent: Option<[f64; 4]>) -> Result<Vec<KeyValue>> {
-    Ok(vec![
-        KeyValue::new(GEO_KEY.to_owned(), geo_metadata(extent).to_string()),
-        KeyValue::new(RSEMBED_KEY.to_owned(), serde_json::to_string(meta)?),
-    ])
+    Ok(chip_file::chip_file_metadata(meta, extent)?)
 }
 
 /// The key-value metadata of an error file: `rsembed` only (it has no geometry).

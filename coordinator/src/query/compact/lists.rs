@@ -6,7 +6,7 @@
 //!   slab (`--sample` × D floats), and rows above the running threshold are
 //!   dropped where they are read.
 //! - **Train**: spherical k-means on the sample, in chip-id order
-//!   ([`crate::query::ivf::kmeans`]). The sample's rows, with their lists,
+//!   ([`rsembed_query::ivf::kmeans`]). The sample's rows, with their lists,
 //!   are also the sample the output files are split by.
 //! - **Label** (pass 2): each row read gets its nearest list as a `list`
 //!   column, appended after the chip columns; its sort key is then (list,
@@ -31,10 +31,11 @@ use sha2::{Digest, Sha256};
 use super::keys::{batch_keys, list_key, Key};
 use super::Progress;
 use crate::error::Result;
-use crate::query::index::{embeddings, GroupRef, Index};
-use crate::query::ivf::{self, Centroids, LIST};
-use crate::query::scan::{default_concurrency, scan_groups};
 use crate::query::Error as QueryError;
+use rsembed_query::format::embeddings;
+use rsembed_query::format::index::{GroupRef, Index};
+use rsembed_query::ivf::{self, Centroids, LIST};
+use rsembed_query::scan::{default_concurrency, scan_groups};
 
 /// A trained IVF layout and the rows each list got.
 pub(super) struct Lists {
@@ -128,7 +129,7 @@ pub(super) async fn train(
                     acc.push((h, k, values.row(i, dim)));
                 }
             }
-            Ok(())
+            Ok::<(), crate::Error>(())
         },
     );
     futures::pin_mut!(stream);

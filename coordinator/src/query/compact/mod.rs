@@ -28,7 +28,7 @@
 //!    descriptors.
 //! 3. **Sort and write.** Bucket by bucket: its spill is read back (about one
 //!    output file of rows), sorted by key, and written as a chip file with the
-//!    job's writer settings ([`chip_writer_properties_for`]; row groups of
+//!    job's writer settings ([`chip_writer_properties`]; row groups of
 //!    `--row-group-rows`, 8192 like job files) and `geo` + `rsembed`
 //!    metadata (the source's [`FileMeta`], with `task_id` = the part's name),
 //!    streamed to the store through an atomic upload (one put, or a multipart
@@ -98,12 +98,12 @@ use std::time::Instant;
 use arrow_schema::SchemaRef;
 use futures::{StreamExt, TryStreamExt};
 use rsembed_schemas::chip::col;
+use rsembed_schemas::chip_file::{chip_file_metadata, chip_writer_properties};
 use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::job::{IvfLayout, Manifest, ManifestFile, MANIFEST_FILE};
 use rsembed_schemas::manifest::{task_id_of, FailureKind, FileKind, ListedFile};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::SOFTWARE_VERSION;
-use rsembed_worker::sink::parquet::{chip_file_metadata, chip_writer_properties_for};
 use rsembed_worker::store::{Location, StoreCache};
 use sha2::{Digest, Sha256};
 
@@ -112,9 +112,9 @@ use crate::error::{Error, Result};
 use crate::job::manifest::ManifestBuilder;
 use crate::job::output::put_json;
 use crate::job::summary::human_bytes;
-use crate::query::footer::FOOTER_BUDGET_GROUPS;
-use crate::query::index::Index;
 use crate::query::Error as QueryError;
+use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
+use rsembed_query::format::index::Index;
 
 use keys::{read_keys, split_keys};
 use lists::Lists;
@@ -347,7 +347,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     let (lists, schema, splits) = match args.lists {
         None => (None, schema, split_keys(&keys.sample, files)),
         Some(n) => {
-            let seed = args.seed.unwrap_or(crate::query::ivf::DEFAULT_SEED);
+            let seed = args.seed.unwrap_or(rsembed_query::ivf::DEFAULT_SEED);
             let (l, sample) = lists::train(&index, n, args.sample, seed, &progress).await?;
             (
                 Some(l),
@@ -603,7 +603,7 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
         meta.schema_version = schema_version;
         meta.software_version = SOFTWARE_VERSION.to_owned();
         let kv = chip_file_metadata(&meta, sorted.extent)?;
-        let props = chip_writer_properties_for(kv, meta.embedding_type())?
+        let props = chip_writer_properties(kv, meta.embedding_type())
             .into_builder()
             .set_max_row_group_row_count(Some(row_group_rows))
             .build();

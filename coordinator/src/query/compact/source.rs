@@ -20,8 +20,9 @@ use sha2::{Digest, Sha256};
 
 use crate::error::Result;
 use crate::job::manifest::ManifestBuilder;
-use crate::query::index::{embeddings, Index};
 use crate::query::Error as QueryError;
+use rsembed_query::format::embeddings;
+use rsembed_query::format::index::Index;
 
 pub(super) fn check_paths(src: &Location, out: &Location) -> Result<()> {
     let s = src.url.as_str().trim_end_matches('/');

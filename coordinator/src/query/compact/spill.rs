@@ -14,8 +14,8 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use rsembed_schemas::chip::{col, embedding_type_from};
+use rsembed_schemas::chip_file::{embedding_column_path, CHIP_ROW_GROUP_ROWS};
 use rsembed_schemas::embedding::EmbeddingType;
-use rsembed_worker::sink::parquet::{embedding_column_path, CHIP_ROW_GROUP_ROWS};
 
 use super::keys::{batch_keys, bucket_of, Key};
 use super::source::{conform, convert_embeddings};

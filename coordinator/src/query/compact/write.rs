@@ -16,8 +16,8 @@ use parquet::arrow::async_writer::{AsyncArrowWriter, AsyncFileWriter};
 use parquet::errors::ParquetError;
 use parquet::file::properties::WriterProperties;
 use rsembed_schemas::chip::col;
+use rsembed_schemas::chip_file::schema_with_file_metadata;
 use rsembed_schemas::job::ManifestFile;
-use rsembed_worker::sink::parquet::schema_with_file_metadata;
 use rsembed_worker::store::Location;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
@@ -88,7 +88,7 @@ pub(super) fn sort_bucket(batches: Vec<RecordBatch>, uri: &str) -> Result<Sorted
     }
     let breaks = if batches
         .iter()
-        .any(|b| b.column_by_name(crate::query::ivf::LIST).is_some())
+        .any(|b| b.column_by_name(rsembed_query::ivf::LIST).is_some())
     {
         (1..keys.len())
             .filter(|&i| key_list(keys[i].0) != key_list(keys[i - 1].0))

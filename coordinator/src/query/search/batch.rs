@@ -10,8 +10,8 @@ use std::io::Read;
 use std::path::Path;
 
 use crate::error::Result;
-use crate::query::scan::normalize;
 use crate::query::Error as QueryError;
+use rsembed_query::kernels::normalize;
 
 /// Queries in one batch, at most: each keeps D floats and K hits for the
 /// whole scan, and is scored against every row.

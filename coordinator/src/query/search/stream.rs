@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use super::{batch, SearchArgs, SearchResult, SearchStats, Searcher};
 use crate::error::{Error, Result};
-use crate::query::scan::normalize;
+use rsembed_query::kernels::normalize;
 
 /// Bytes of one input line, at most: a vector of D = 1152 as JSON is about
 /// 25 KB. A longer line is answered with an error, and skipped unread.
@@ -118,7 +118,7 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
         ));
     }
     let t0 = Instant::now();
-    // Every footer held, and warm chunks read through maps: a resident
+    // Every footer held, and the chunks read kept (up to a budget): a resident
     // search reads each footer once, and the same lists again and again.
     let searcher = Searcher::open(args, true).await?;
     let dim = searcher.index.embed_dim;

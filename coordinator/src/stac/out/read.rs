@@ -18,7 +18,7 @@ use rsembed_worker::sink::extent::ExtentBuilder;
 use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
-use crate::query::index::StoreReader;
+use rsembed_query::io::StoreReader;
 
 /// Rows decoded at once: five small columns (the longest a source URL), so
 /// memory stays about a MiB per file whatever row-group size it has.
@@ -72,7 +72,7 @@ pub(super) async fn read_extent(
         .filter_map(|c| schema.index_of(c).ok())
         .collect();
     let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-    let mut stream = crate::query::index::guarded(
+    let mut stream = rsembed_query::format::index::guarded(
         builder
             .with_projection(mask)
             .with_batch_size(BATCH_ROWS)

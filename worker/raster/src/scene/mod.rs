@@ -23,7 +23,7 @@ use rsembed_schemas::task::{ChipBlock, MaskKind, Units};
 
 use crate::geo::{self, Crs, Footprint, GeoTransform, Projector};
 use crate::grid::ChipGrid;
-use crate::image::Rgb8;
+use crate::pixels::Rgb8;
 use crate::scale::{Stretch, StretchCache};
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use rsembed_schemas::ids::Window;
 
 use super::{MaskSource, Scene, SceneError};
 use crate::cloud::{is_cloud, CloudCount};
-use crate::image::Rgb8;
+use crate::pixels::Rgb8;
 use crate::tiff::{Samples, TiffError, TiffFile, WindowData};
 
 impl Scene {

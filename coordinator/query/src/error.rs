@@ -7,7 +7,7 @@ use arrow_schema::ArrowError;
 use parquet::errors::ParquetError;
 
 /// A cause of any kind (object store, Parquet, I/O) kept as a source.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Errors of `search`, `classify`, `compact` and the index they read.
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +126,22 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// An object store operation failed.
+    #[error("object store: {0}")]
+    Store(#[from] object_store::Error),
+    /// A path or URL that names no location, or a store that cannot be built.
+    #[error(transparent)]
+    Location(#[from] rsembed_store::Error),
+    /// `manifest.json` or a list of the manifest (`manifest/*.parquet`)
+    /// that cannot be read.
+    #[error("{url}: {source}")]
+    ManifestList {
+        /// The file.
+        url: String,
+        /// Why.
+        #[source]
+        source: rsembed_schemas::manifest::ListError,
+    },
     /// A flag value that makes no sense.
     #[error("{flag} {problem}")]
     Flag {
@@ -170,7 +186,7 @@ pub enum Error {
 
 impl Error {
     /// A missing column or a column of the wrong type, as a closure for `ok_or_else`.
-    pub(crate) fn column(uri: &str, column: &str, expected: &'static str) -> Error {
+    pub fn column(uri: &str, column: &str, expected: &'static str) -> Error {
         Error::ColumnType {
             uri: uri.to_owned(),
             column: column.to_owned(),
@@ -179,7 +195,7 @@ impl Error {
     }
 
     /// A dataset problem at `uri`.
-    pub(crate) fn dataset(uri: impl ToString, problem: impl Into<String>) -> Error {
+    pub fn dataset(uri: impl ToString, problem: impl Into<String>) -> Error {
         Error::Dataset {
             uri: uri.to_string(),
             problem: problem.into(),
@@ -187,7 +203,7 @@ impl Error {
     }
 
     /// A flag whose value makes no sense.
-    pub(crate) fn flag(flag: &'static str, problem: impl Into<String>) -> Error {
+    pub fn flag(flag: &'static str, problem: impl Into<String>) -> Error {
         Error::Flag {
             flag,
             problem: problem.into(),

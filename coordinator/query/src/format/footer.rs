@@ -19,17 +19,17 @@ use parquet::schema::types::SchemaDescriptor;
 use rsembed_schemas::chip::col;
 use tokio::sync::OnceCell;
 
-use crate::error::Result;
-use crate::query::ivf::LIST;
+use super::LIST;
+use crate::Result;
 
 /// Row groups whose parsed footers an index holds beyond those being read:
 /// about 7 MiB at 14 KiB a group. Enough for every footer of a small
 /// dataset (read once, at open) and for the parts a probe reads.
-pub(crate) const FOOTER_BUDGET_GROUPS: usize = 512;
+pub const FOOTER_BUDGET_GROUPS: usize = 512;
 
 /// A column's statistics in one row group, as far as they go.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Stats<T> {
+pub enum Stats<T> {
     /// Nothing usable: no statistics, no null count, or another type.
     Unknown,
     /// `nulls` null rows (all of them when the file lacks the column); the
@@ -43,7 +43,7 @@ pub(crate) enum Stats<T> {
 
 /// The bounds of a row group's `bbox` column, from its statistics.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct BboxStats {
+pub struct BboxStats {
     /// Every row's bbox is null.
     all_null: bool,
     /// Least `xmin`, `ymin`, greatest `xmax`, `ymax`.
@@ -56,7 +56,7 @@ pub(crate) struct BboxStats {
 impl BboxStats {
     /// False only when the statistics prove that no row's bbox meets `b`
     /// (or that every row's bbox is null).
-    pub(crate) fn may_intersect(&self, b: [f64; 4]) -> bool {
+    pub fn may_intersect(&self, b: [f64; 4]) -> bool {
         if self.all_null {
             return false;
         }
@@ -72,19 +72,19 @@ impl BboxStats {
 
 /// What an index keeps of one row group's footer.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct GroupStats {
+pub struct GroupStats {
     /// Rows in the group.
-    pub(crate) rows: u64,
+    pub rows: u64,
     /// `bbox` bounds; `None` proves nothing (no column or no statistics).
-    pub(crate) bbox: Option<BboxStats>,
+    pub bbox: Option<BboxStats>,
     /// `datetime`, in µs.
-    pub(crate) datetime: Stats<i64>,
+    pub datetime: Stats<i64>,
     /// `end_datetime`, in µs.
-    pub(crate) end_datetime: Stats<i64>,
+    pub end_datetime: Stats<i64>,
     /// `cloud_fraction`.
-    pub(crate) cloud_fraction: Stats<f32>,
+    pub cloud_fraction: Stats<f32>,
     /// Least and greatest `list`, when the statistics give both.
-    pub(crate) list: Option<(i32, i32)>,
+    pub list: Option<(i32, i32)>,
     /// Least `chip_id`, when the statistics give it.
     chip_id_min: Option<Box<[u8]>>,
     /// Greatest `chip_id`, when the statistics give it.
@@ -94,7 +94,7 @@ pub(crate) struct GroupStats {
 impl GroupStats {
     /// Whether the group may hold chip `id`: false only when its `chip_id`
     /// statistics exclude it.
-    pub(crate) fn may_hold_chip(&self, id: &str) -> bool {
+    pub fn may_hold_chip(&self, id: &str) -> bool {
         let id = id.as_bytes();
         let below = self.chip_id_min.as_deref().is_some_and(|m| m > id);
         let above = self.chip_id_max.as_deref().is_some_and(|m| m < id);
@@ -115,7 +115,7 @@ enum Column {
 
 /// The columns of one file that [`GroupStats`] are read from.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct StatsColumns {
+pub struct StatsColumns {
     bbox: Option<[usize; 4]>,
     datetime: Column,
     end_datetime: Column,
@@ -126,7 +126,7 @@ pub(crate) struct StatsColumns {
 
 impl StatsColumns {
     /// Finds them in a file's Arrow and Parquet schemas.
-    pub(crate) fn find(schema: &Schema, descr: &SchemaDescriptor) -> StatsColumns {
+    pub fn find(schema: &Schema, descr: &SchemaDescriptor) -> StatsColumns {
         let top = |name: &str| {
             descr
                 .columns()
@@ -164,7 +164,7 @@ impl StatsColumns {
     }
 
     /// The statistics of row group `rg`.
-    pub(crate) fn of(&self, rg: &RowGroupMetaData) -> GroupStats {
+    pub fn of(&self, rg: &RowGroupMetaData) -> GroupStats {
         let rows = rg.num_rows().max(0) as u64;
         let stats = |leaf: usize| rg.column(leaf).statistics();
         let bbox = self.bbox.and_then(|[x0, y0, x1, y1]| {
@@ -263,7 +263,7 @@ fn known<T: Copy>(nulls: Option<u64>, rows: u64, min: Option<&T>, max: Option<&T
 /// streams hold them too), and up to [`FOOTER_BUDGET_GROUPS`] row groups'
 /// worth of others, least recently used out first.
 #[derive(Debug)]
-pub(crate) struct Footers {
+pub struct Footers {
     budget: usize,
     held: Mutex<Held>,
 }
@@ -287,7 +287,7 @@ struct Slot {
 
 impl Footers {
     /// Holds up to `budget` row groups' footers beyond those being read.
-    pub(crate) fn new(budget: usize) -> Footers {
+    pub fn new(budget: usize) -> Footers {
         Footers {
             budget,
             held: Mutex::new(Held::default()),
@@ -296,7 +296,7 @@ impl Footers {
 
     /// Keeps the footer of `part`, read when the index opened, if it fits
     /// the budget: a small dataset's footers are then read once.
-    pub(crate) fn offer(&self, part: usize, footer: &ArrowReaderMetadata) {
+    pub fn offer(&self, part: usize, footer: &ArrowReaderMetadata) {
         let groups = footer.metadata().num_row_groups();
         let mut h = self.held.lock().expect("footer cache lock");
         if h.groups + groups > self.budget || h.parts.contains_key(&part) {
@@ -316,14 +316,14 @@ impl Footers {
     /// The footer of `part` (`groups` row groups), from `load` when it is
     /// not held. Others are let go, least recently used first, to stay in
     /// the budget.
-    pub(crate) async fn get<F>(
+    pub async fn get<F, E>(
         &self,
         part: usize,
         groups: usize,
         load: F,
-    ) -> Result<ArrowReaderMetadata>
+    ) -> Result<ArrowReaderMetadata, E>
     where
-        F: std::future::Future<Output = Result<ArrowReaderMetadata>>,
+        F: std::future::Future<Output = Result<ArrowReaderMetadata, E>>,
     {
         let cell = {
             let mut h = self.held.lock().expect("footer cache lock");
@@ -413,7 +413,7 @@ mod tests {
             async move {
                 loads.fetch_add(1, Ordering::Relaxed);
                 tokio::task::yield_now().await;
-                Ok(m)
+                Ok::<_, crate::Error>(m)
             }
         };
         // Held: not loaded again.
@@ -421,12 +421,17 @@ mod tests {
         f.get(0, 4, load()).await.unwrap();
         assert_eq!(loads.load(Ordering::Relaxed), 0);
         // Part 2 lets go of the least recently used, part 1.
-        let got = f.get(2, 3, async { Ok(three.clone()) }).await.unwrap();
+        let got = f
+            .get(2, 3, async { Ok::<_, crate::Error>(three.clone()) })
+            .await
+            .unwrap();
         assert_eq!(got.metadata().num_row_groups(), 3);
         assert_eq!(f.held(), [0, 2]);
         // A part over the budget alone is still given, and lets go of the rest.
         let big = footer(12);
-        f.get(3, 12, async { Ok(big.clone()) }).await.unwrap();
+        f.get(3, 12, async { Ok::<_, crate::Error>(big.clone()) })
+            .await
+            .unwrap();
         assert_eq!(f.held(), [3]);
         // Concurrent readers of one part load it once.
         let (a, b) = tokio::join!(f.get(4, 4, load()), f.get(4, 4, load()));

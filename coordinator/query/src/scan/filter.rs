@@ -19,18 +19,17 @@
 use arrow_array::{Array, Float32Array, RecordBatch, TimestampMicrosecondArray};
 use rsembed_schemas::chip::col;
 
-use crate::error::Result;
-use crate::query::footer::{GroupStats, Stats};
-use crate::query::index::bbox_mask;
-use crate::query::Error as QueryError;
+use crate::format::footer::{GroupStats, Stats};
+use crate::format::index::bbox_mask;
+use crate::{Error, Result};
 
-/// Checks `search --datetime` (see [`crate::stac::search::datetime_range`]).
-pub(crate) fn parse_datetime(s: &str) -> Result<String, String> {
-    crate::stac::search::datetime_range(s).map(|_| s.to_owned())
+/// Checks `search --datetime` (see [`rsembed_schemas::datetime::range`]).
+pub fn parse_datetime(s: &str) -> Result<String, String> {
+    rsembed_schemas::datetime::range(s).map(|_| s.to_owned())
 }
 
 /// Parses a fraction in [0, 1] for `search --max-cloud`.
-pub(crate) fn parse_fraction(s: &str) -> Result<f32, String> {
+pub fn parse_fraction(s: &str) -> Result<f32, String> {
     match s.trim().parse::<f32>() {
         Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
         Ok(f) => Err(format!("{f} is not a fraction in [0, 1]")),
@@ -40,16 +39,16 @@ pub(crate) fn parse_fraction(s: &str) -> Result<f32, String> {
 
 /// Chips excluded because they lack the property a filter is on.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct Missing {
+pub struct Missing {
     /// Without a `datetime`, under `--datetime`.
-    pub(crate) datetime: u64,
+    pub datetime: u64,
     /// Without a `cloud_fraction`, under `--max-cloud`.
-    pub(crate) cloud_fraction: u64,
+    pub cloud_fraction: u64,
 }
 
 impl Missing {
     /// Adds `o`'s counts.
-    pub(crate) fn add(&mut self, o: Missing) {
+    pub fn add(&mut self, o: Missing) {
         self.datetime += o.datetime;
         self.cloud_fraction += o.cloud_fraction;
     }
@@ -57,7 +56,7 @@ impl Missing {
 
 /// What the statistics say of a row group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub enum Verdict {
     /// No row matches, and these many lack a filtered property.
     Skip(Missing),
     /// No row matches, but how many lack a property needs the rows: read the
@@ -69,24 +68,24 @@ pub(crate) enum Verdict {
 
 /// The row filters of one search.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Filters {
+pub struct Filters {
     /// `--bbox`, W,S,E,N.
-    pub(crate) bbox: Option<[f64; 4]>,
+    pub bbox: Option<[f64; 4]>,
     /// `--datetime`, an inclusive range of µs since the epoch; `None` ends are open.
-    pub(crate) datetime: Option<(Option<i64>, Option<i64>)>,
+    pub datetime: Option<(Option<i64>, Option<i64>)>,
     /// `--max-cloud`.
-    pub(crate) max_cloud: Option<f32>,
+    pub max_cloud: Option<f32>,
 }
 
 impl Filters {
     /// Whether any filter needs rows tested (the scan then reads [`Filters::columns`]).
-    pub(crate) fn any(&self) -> bool {
+    pub fn any(&self) -> bool {
         self.bbox.is_some() || self.datetime.is_some() || self.max_cloud.is_some()
     }
 
     /// The columns the row tests read: `bbox` must be there; the others are
     /// read where a file has them (a file without one has only nulls in it).
-    pub(crate) fn columns(&self) -> (Vec<&'static str>, Vec<&'static str>) {
+    pub fn columns(&self) -> (Vec<&'static str>, Vec<&'static str>) {
         let required = if self.bbox.is_some() {
             vec![col::BBOX]
         } else {
@@ -104,7 +103,7 @@ impl Filters {
 
     /// What the statistics `g` of a row group prove, for a group the
     /// `bbox` statistics kept.
-    pub(crate) fn judge(&self, g: &GroupStats) -> Verdict {
+    pub fn judge(&self, g: &GroupStats) -> Verdict {
         let rows = g.rows;
         let no_bbox = self.bbox.is_none();
         // Rows without a datetime, when the statistics say.
@@ -167,12 +166,7 @@ impl Filters {
 
     /// Per row of `batch`: whether it passes every filter. Rows lacking a
     /// filtered property are counted in `missing`.
-    pub(crate) fn mask(
-        &self,
-        batch: &RecordBatch,
-        uri: &str,
-        missing: &mut Missing,
-    ) -> Result<Vec<bool>> {
+    pub fn mask(&self, batch: &RecordBatch, uri: &str, missing: &mut Missing) -> Result<Vec<bool>> {
         let n = batch.num_rows();
         let mut keep = match self.bbox {
             Some(b) => bbox_mask(batch, b, uri)?,
@@ -199,7 +193,7 @@ impl Filters {
                 Some(c) => Some(
                     c.as_any()
                         .downcast_ref::<Float32Array>()
-                        .ok_or_else(|| QueryError::column(uri, col::CLOUD_FRACTION, "float32"))?,
+                        .ok_or_else(|| Error::column(uri, col::CLOUD_FRACTION, "float32"))?,
                 ),
             };
             for (i, k) in keep.iter_mut().enumerate().filter(|(_, k)| **k) {
@@ -228,7 +222,7 @@ fn timestamps<'a>(
         Some(c) => Ok(Some(
             c.as_any()
                 .downcast_ref::<TimestampMicrosecondArray>()
-                .ok_or_else(|| QueryError::column(uri, name, "timestamp[µs, UTC]"))?,
+                .ok_or_else(|| Error::column(uri, name, "timestamp[µs, UTC]"))?,
         )),
     }
 }

@@ -28,7 +28,7 @@ use parquet::data_type::DataType;
 use parquet::errors::{ParquetError, Result as PqResult};
 use parquet::file::serialized_reader::SerializedPageReader;
 
-use crate::query::pages::{self, At, Chunk};
+use super::pages::{self, At, Chunk};
 
 thread_local! {
     /// The zstd context of this thread's answers, made once.
@@ -333,9 +333,9 @@ impl PageReader for Pages {
 }
 
 /// Every page of a flat column chunk, decompressed and checked, for
-/// [`column`] to read later: a search reads a likely hit group's answer
+/// [`column()`] to read later: a search reads a likely hit group's answer
 /// columns so on an idle core while its list is scored.
-pub(crate) fn inflate(chunk: &Chunk) -> Result<Vec<Page>, String> {
+pub fn inflate(chunk: &Chunk) -> Result<Vec<Page>, String> {
     Pages::of(chunk)?
         .collect::<PqResult<Vec<Page>>>()
         .map_err(|e| e.to_string())
@@ -344,7 +344,7 @@ pub(crate) fn inflate(chunk: &Chunk) -> Result<Vec<Page>, String> {
 /// Rows `wanted` (ascending, distinct) of a flat column chunk of physical
 /// type `T`, `None` where null; from its pages as [`inflate`] gave them
 /// when `inflated`, which must be that chunk's.
-pub(crate) fn column<T: DataType>(
+pub fn column<T: DataType>(
     chunk: &Chunk,
     wanted: &[usize],
     inflated: Option<Vec<Page>>,

@@ -6,36 +6,29 @@
 //! manifest, when there is one, names the files: a reader then sees exactly
 //! the finished dataset, never a half-written compaction or a stray file.
 
-use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use futures::FutureExt;
 
-use arrow_array::{Array, FixedSizeListArray, Float16Array, Float32Array, Int8Array, RecordBatch};
+use arrow_array::{Array, RecordBatch};
 use arrow_schema::SchemaRef;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, RowSelection};
-use parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStream};
+use parquet::arrow::async_reader::ParquetRecordBatchStream;
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
-use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use rsembed_schemas::chip::{col, embedding_type_from};
-use rsembed_schemas::embedding::{dequantize_int8, EmbeddingType, SCALE_COLUMN};
+use rsembed_schemas::embedding::{EmbeddingType, SCALE_COLUMN};
 use rsembed_schemas::job::Manifest;
-use rsembed_schemas::manifest::FileKind;
 use rsembed_schemas::meta::{FileMeta, RSEMBED_KEY};
-use rsembed_worker::store::{Location, StoreCache};
+use rsembed_store::{Location, StoreCache};
 
-use crate::error::{Error, Result};
-use crate::query::footer::{Footers, GroupStats, StatsColumns};
-use crate::query::pages::{self, Chunk};
-use crate::query::scan::{dot, normalize};
-use crate::query::Error as QueryError;
+use super::footer::{Footers, GroupStats, StatsColumns};
+use super::pages::{self, Chunk};
+use crate::io::{Reads, StoreReader, CACHE_BYTES};
+use crate::{Error, Result};
 
 /// Footers read at once when an index opens.
 const FOOTER_CONCURRENCY: usize = 16;
@@ -45,82 +38,66 @@ const FOOTER_CONCURRENCY: usize = 16;
 /// embeddings at D = 1024) that glibc serves the decode buffers from its
 /// heap: at 4096 rows each 16 MiB buffer was a fresh mmap, and page faults
 /// took 40 % of a search (docs/benchmarks.md).
-pub(crate) const SCAN_BATCH_ROWS: usize = 512;
+pub const SCAN_BATCH_ROWS: usize = 512;
 
 /// One chip file of an index.
 #[derive(Debug, Clone)]
-pub(crate) struct Part {
+pub struct Part {
     /// Object path in the index's store.
-    pub(crate) path: Path,
+    pub path: Path,
     /// Its URI, for messages.
-    pub(crate) uri: String,
+    pub uri: String,
     /// Size in bytes.
-    pub(crate) size: u64,
+    pub size: u64,
     /// Its Arrow schema.
-    pub(crate) schema: SchemaRef,
+    pub schema: SchemaRef,
     /// Rows in the file.
     rows: u64,
     /// What its footer says of each row group; the footer itself is in
     /// [`Index`]'s [`Footers`] while it is read.
-    pub(crate) groups: Box<[GroupStats]>,
+    pub groups: Box<[GroupStats]>,
     /// Its `rsembed` metadata, when it has one.
-    pub(crate) file_meta: Option<FileMeta>,
+    pub file_meta: Option<FileMeta>,
 }
 
-/// A row group of a part.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct GroupRef {
-    /// Index into [`Index::parts`].
-    pub(crate) part: usize,
-    /// Row group within the part.
-    pub(crate) row_group: usize,
-}
+pub use super::GroupRef;
 
 /// What pruning kept.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
-pub(crate) struct Pruning {
+pub struct Pruning {
     /// Row groups in the index.
-    pub(crate) groups_total: usize,
+    pub groups_total: usize,
     /// Row groups that may hold matching rows (read).
-    pub(crate) groups_kept: usize,
+    pub groups_kept: usize,
     /// Rows in the index.
-    pub(crate) rows_total: u64,
+    pub rows_total: u64,
     /// Rows in the kept row groups.
-    pub(crate) rows_kept: u64,
+    pub rows_kept: u64,
 }
 
 /// An opened index.
 #[derive(Debug, Clone)]
-pub(crate) struct Index {
+pub struct Index {
     /// Where it is; part paths are in this location's store.
-    pub(crate) root: Location,
+    pub root: Location,
     /// Its chip files, in a stable order (the manifest's, else by path).
-    pub(crate) parts: Vec<Part>,
+    pub parts: Vec<Part>,
     /// `manifest.json`, when the index has one.
-    pub(crate) manifest: Option<Manifest>,
+    pub manifest: Option<Manifest>,
     /// Embedding dimension, equal in every part.
-    pub(crate) embed_dim: usize,
-    /// Bytes fetched from the store so far, footers included.
-    read: Arc<AtomicU64>,
+    pub embed_dim: usize,
+    /// How its parts' bytes are read, and how many were.
+    reads: Reads,
     /// The parsed footers held.
     footers: Arc<Footers>,
-    /// Buffers for column chunks read from local files.
-    buffers: Arc<Buffers>,
-    /// Maps of local files, for a resident search ([`Index::map_files`]).
-    #[cfg(target_os = "linux")]
-    maps: Option<Arc<crate::query::mapped::Maps>>,
 }
 
 impl Index {
     /// Opens the index at `url` and reads every part's footer, holding up
     /// to `footer_budget` row groups' footers beyond those being read
-    /// ([`crate::query::footer::FOOTER_BUDGET_GROUPS`] unless a caller has
+    /// ([`super::footer::FOOTER_BUDGET_GROUPS`] unless a caller has
     /// reason to hold more).
-    pub(crate) async fn open(
-        stores: &StoreCache,
-        url: &str,
-        footer_budget: usize,
-    ) -> Result<Index> {
+    pub async fn open(stores: &StoreCache, url: &str, footer_budget: usize) -> Result<Index> {
         let loc = stores.location(url)?;
         let (root, listed, manifest) = if url.trim_end_matches('/').ends_with(".parquet") {
             let head = loc.store.head(&loc.prefix).await?;
@@ -129,22 +106,21 @@ impl Index {
             list_parts(stores, &loc).await?
         };
         if listed.is_empty() {
-            return Err(QueryError::dataset(
+            return Err(Error::dataset(
                 &loc.url,
                 "no chip files (expected chips/*.parquet under it, or a .parquet file)",
-            )
-            .into());
+            ));
         }
         let store = root.store.clone();
-        let read = Arc::new(AtomicU64::new(0));
+        let reads = Reads::new(&root);
         let footers = Arc::new(Footers::new(footer_budget));
         let parts: Vec<Part> = futures::stream::iter(listed.into_iter().enumerate())
             .map(|(i, (path, size))| {
                 let store = store.clone();
                 let uri = root.uri_of(&path);
-                let (read, footers) = (read.clone(), footers.clone());
+                let (reads, footers) = (reads.clone(), footers.clone());
                 async move {
-                    let (part, footer) = open_part(store, path, uri, size, read).await?;
+                    let (part, footer) = open_part(store, path, uri, size, &reads).await?;
                     footers.offer(i, &footer);
                     Ok::<_, Error>(part)
                 }
@@ -156,14 +132,13 @@ impl Index {
         for p in &parts[1..] {
             let d = p.embed_dim()?;
             if d != embed_dim {
-                return Err(QueryError::dataset(
+                return Err(Error::dataset(
                     &p.uri,
                     format!(
                         "embedding dimension {d}, but {} has {embed_dim}: an index holds one model's embeddings",
                         parts[0].uri
                     ),
-                )
-                .into());
+                ));
             }
         }
         let models: std::collections::BTreeSet<&str> = parts
@@ -172,7 +147,7 @@ impl Index {
             .map(|m| m.model_sha256.as_str())
             .collect();
         if models.len() > 1 {
-            return Err(QueryError::dataset(
+            return Err(Error::dataset(
                 &root.url,
                 format!(
                     "its files were embedded by {} different models (vision graph sha256 {}); \
@@ -180,53 +155,40 @@ impl Index {
                     models.len(),
                     models.into_iter().collect::<Vec<_>>().join(", ")
                 ),
-            )
-            .into());
+            ));
         }
         Ok(Index {
             root,
             parts,
             manifest,
             embed_dim,
-            read,
+            reads,
             footers,
-            buffers: Arc::default(),
-            #[cfg(target_os = "linux")]
-            maps: None,
         })
     }
 
-    /// Reads the column chunks of local files that the page cache holds
-    /// through maps of the files from now on, keeping up to
-    /// [`crate::query::mapped::MAPPED_BYTES`] of them mapped: for a resident
-    /// search, which reads the same lists again and again
-    /// ([`crate::query::mapped`]). A no-op elsewhere than on Linux, or for
-    /// another store.
-    pub(crate) fn map_files(&mut self) {
-        #[cfg(target_os = "linux")]
-        if self.root.url.scheme() == "file" {
-            self.maps =
-                crate::query::mapped::Maps::new(crate::query::mapped::MAPPED_BYTES).map(Arc::new);
-        }
+    /// Keeps up to [`CACHE_BYTES`] of the column chunks it reads from now
+    /// on: for a resident search, which reads the same lists again and again.
+    pub fn keep_chunks(&mut self) {
+        self.reads.keep_chunks(CACHE_BYTES);
     }
 
-    /// An error naming a file that shrank while it was mapped, if one did
-    /// since the last call: what a search read of it is not to be trusted.
-    pub(crate) fn check_maps(&self) -> Result<()> {
-        #[cfg(target_os = "linux")]
-        if let Some(p) = self.maps.as_ref().and_then(|m| m.torn().first().copied()) {
-            return Err(QueryError::dataset(
+    /// An error naming a file that was cut short since the last call while
+    /// chunks kept of it were read: what a search made of them is not to be
+    /// trusted.
+    pub fn check_files(&self) -> Result<()> {
+        if let Some(p) = self.reads.shrunk() {
+            return Err(Error::dataset(
                 &self.parts[p].uri,
                 "the file shrank while it was being searched: it was rewritten or \
                  truncated under the search; search it again once it is whole",
-            )
-            .into());
+            ));
         }
         Ok(())
     }
 
     /// The model name and sha256 recorded in the files, when they say.
-    pub(crate) fn model(&self) -> Option<(&str, &str)> {
+    pub fn model(&self) -> Option<(&str, &str)> {
         self.parts
             .iter()
             .find_map(|p| p.file_meta.as_ref())
@@ -234,19 +196,19 @@ impl Index {
     }
 
     /// Bytes fetched from the store so far, footers included.
-    pub(crate) fn bytes_read(&self) -> u64 {
-        self.read.load(Ordering::Relaxed)
+    pub fn bytes_read(&self) -> u64 {
+        self.reads.bytes_read()
     }
 
     /// Total rows.
-    pub(crate) fn rows(&self) -> u64 {
+    pub fn rows(&self) -> u64 {
         self.parts.iter().map(|p| p.rows()).sum()
     }
 
     /// The row groups that may hold a chip whose bbox intersects `bbox`
     /// (all of them without one), judged from the `bbox` column statistics
     /// only: nothing but the footers is read.
-    pub(crate) fn row_groups(&self, bbox: Option<[f64; 4]>) -> (Vec<GroupRef>, Pruning) {
+    pub fn row_groups(&self, bbox: Option<[f64; 4]>) -> (Vec<GroupRef>, Pruning) {
         let mut kept = Vec::new();
         let mut p = Pruning::default();
         for (pi, part) in self.parts.iter().enumerate() {
@@ -277,7 +239,7 @@ impl Index {
     async fn footer(&self, pi: usize) -> Result<ArrowReaderMetadata> {
         let part = &self.parts[pi];
         let load = async {
-            tracing::debug!(part = %part.uri, groups = part.groups.len(), "footer read again: not held");
+            tracing::debug!(target: crate::LOG, part = %part.uri, groups = part.groups.len(), "footer read again: not held");
             let meta = load_footer(&mut self.reader(part), &part.uri).await?;
             let groups = meta.metadata().row_groups();
             let same = groups.len() == part.groups.len()
@@ -286,11 +248,10 @@ impl Index {
                     .zip(part.groups.iter())
                     .all(|(rg, s)| rg.num_rows().max(0) as u64 == s.rows);
             if !same {
-                return Err(QueryError::dataset(
+                return Err(Error::dataset(
                     &part.uri,
                     "its row groups changed since the index was opened: the file was rewritten",
-                )
-                .into());
+                ));
             }
             Ok(meta)
         };
@@ -298,9 +259,9 @@ impl Index {
     }
 
     /// The `embedding` column chunk of row group `g`, fetched, for reading
-    /// its pages in place ([`crate::query::pages`]); or why it cannot be
+    /// its pages in place ([`super::pages`]); or why it cannot be
     /// (judged from the footer, before anything is fetched).
-    pub(crate) async fn embedding_chunk(
+    pub async fn embedding_chunk(
         &self,
         g: GroupRef,
         ty: EmbeddingType,
@@ -340,7 +301,7 @@ impl Index {
     /// The chunks of the flat top-level columns `names` of row group `g`,
     /// fetched in as few reads as their places allow (neighbours less than
     /// 64 KiB apart are read as one); or why they cannot be read so.
-    pub(crate) async fn flat_chunks(
+    pub async fn flat_chunks(
         &self,
         g: GroupRef,
         names: &[&str],
@@ -395,50 +356,17 @@ impl Index {
         Ok(Ok(out.into_iter().flatten().collect()))
     }
 
-    /// Bytes `start..end` of `part`, into a reused buffer where the index is
-    /// local, counted in [`Index::bytes_read`].
+    /// Bytes `start..end` of `part`, counted in [`Index::bytes_read`].
     async fn fetch(&self, pi: usize, start: u64, end: u64) -> Result<Bytes> {
         let part = &self.parts[pi];
-        let data = match self.read_local(pi, start, (end - start) as usize).await {
-            Some(data) => data,
-            None => self.root.store.get_range(&part.path, start..end).await?,
-        };
-        self.read.fetch_add(data.len() as u64, Ordering::Relaxed);
-        Ok(data)
-    }
-
-    /// `len` bytes at `start` of a part of a local index, read into one of
-    /// the index's reused buffers; `None` for another store, or when the
-    /// file cannot be read so (the store then reads it, and reports why).
-    async fn read_local(&self, pi: usize, start: u64, len: usize) -> Option<Bytes> {
-        let part = &self.parts[pi];
-        #[cfg(unix)]
-        if self.root.url.scheme() == "file" {
-            let path = url::Url::parse(&part.uri).ok()?.to_file_path().ok()?;
-            #[cfg(target_os = "linux")]
-            if let Some(data) = self
-                .maps
-                .as_ref()
-                .and_then(|m| m.read(pi, &path, part.size, start, len))
-            {
-                return Some(data);
-            }
-            let file = std::fs::File::open(path).ok()?;
-            let mut buf = self.buffers.take(len);
-            let cached = read_cached(&file, &mut buf[..len], start);
-            return read_rest(file, buf, cached, start, len, self.buffers.clone()).await;
-        }
-        let _ = (part, start, len);
-        None
+        Ok(self
+            .reads
+            .range(pi, (&part.path, &part.uri, part.size), start, end)
+            .await?)
     }
 
     fn reader(&self, part: &Part) -> StoreReader {
-        StoreReader {
-            store: self.root.store.clone(),
-            path: part.path.clone(),
-            size: part.size,
-            read: self.read.clone(),
-        }
+        self.reads.reader(&part.path, part.size)
     }
 
     /// A stream of the columns `columns` (top-level names) of one row group,
@@ -449,7 +377,7 @@ impl Index {
     /// panics that corrupt pages reach (`peek_next_page` unwraps header
     /// fields a corrupt page header may lack, found by a mutation run of
     /// `search`), and a corrupt file must be an error, never a crash.
-    pub(crate) async fn stream(
+    pub async fn stream(
         &self,
         g: GroupRef,
         columns: &[&str],
@@ -476,12 +404,12 @@ impl Index {
             .copied()
             .chain(scale)
             .map(|c| {
-                schema.index_of(c).map_err(|_| QueryError::MissingColumn {
+                schema.index_of(c).map_err(|_| Error::MissingColumn {
                     uri: part.uri.clone(),
                     column: c.to_owned(),
                 })
             })
-            .collect::<Result<_, QueryError>>()?;
+            .collect::<Result<_, Error>>()?;
         let mask = ProjectionMask::roots(meta.parquet_schema(), roots);
         let mut b = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
             .with_projection(mask)
@@ -490,57 +418,55 @@ impl Index {
         if let Some(s) = selection {
             b = b.with_row_selection(s);
         }
-        Ok(b.build().map_err(|source| QueryError::Read {
+        b.build().map_err(|source| Error::Read {
             uri: part.uri.clone(),
             source,
-        })?)
+        })
     }
 }
 
 impl Part {
     /// Rows in the file.
-    pub(crate) fn rows(&self) -> u64 {
+    pub fn rows(&self) -> u64 {
         self.rows
     }
 
     /// Whether the file has top-level column `name` (files of schema
     /// version 1 lack the columns version 2 appended).
-    pub(crate) fn has_column(&self, name: &str) -> bool {
+    pub fn has_column(&self, name: &str) -> bool {
         self.schema.index_of(name).is_ok()
     }
 
     /// Rows of row group `g`.
-    pub(crate) fn group_rows(&self, g: usize) -> usize {
+    pub fn group_rows(&self, g: usize) -> usize {
         self.groups[g].rows as usize
     }
 
     /// D of the `embedding` column.
-    pub(crate) fn embed_dim(&self) -> Result<usize> {
+    pub fn embed_dim(&self) -> Result<usize> {
         Ok(self.embedding_type()?.1)
     }
 
     /// The stored type of the `embedding` column and D: FixedSizeList of
     /// Float32, Float16 or Int8 (with a Float32 `embedding_scale`).
-    pub(crate) fn embedding_type(&self) -> Result<(EmbeddingType, usize)> {
+    pub fn embedding_type(&self) -> Result<(EmbeddingType, usize)> {
         let f = self.schema.field_with_name(col::EMBEDDING).map_err(|_| {
-            QueryError::dataset(&self.uri, "no `embedding` column: not an rsembed chip file")
+            Error::dataset(&self.uri, "no `embedding` column: not an rsembed chip file")
         })?;
         let Some((ty, d)) = embedding_type_from(f.data_type()) else {
-            return Err(QueryError::dataset(
+            return Err(Error::dataset(
                 &self.uri,
                 format!(
                     "`embedding` is {}, not a FixedSizeList of Float32, Float16 or Int8",
                     f.data_type()
                 ),
-            )
-            .into());
+            ));
         };
         if ty == EmbeddingType::Int8 && !self.has_column(SCALE_COLUMN) {
-            return Err(QueryError::dataset(
+            return Err(Error::dataset(
                 &self.uri,
                 format!("int8 `embedding` without its `{SCALE_COLUMN}` column"),
-            )
-            .into());
+            ));
         }
         Ok((ty, d))
     }
@@ -578,15 +504,10 @@ async fn list_parts(
 /// or the JSON one of a format 1 manifest), and the manifest; `None` when
 /// there is none.
 async fn read_manifest(loc: &Location) -> Result<Option<(Vec<(Path, u64)>, Manifest)>> {
-    let Some((m, _)) = crate::job::manifest::read(loc).await? else {
+    let Some((m, _)) = super::manifest::read(loc).await? else {
         return Ok(None);
     };
-    let files = crate::job::manifest::files(loc, &m)
-        .try_filter_map(|f| async move {
-            Ok((f.kind == FileKind::Chips).then(|| (loc.child(&f.file.path), f.file.bytes)))
-        })
-        .try_collect()
-        .await?;
+    let files = super::manifest::chip_files(loc, &m).await?;
     Ok(Some((files, m)))
 }
 
@@ -613,7 +534,7 @@ async fn parquet_files(loc: &Location, prefix: &Path, nested: bool) -> Result<Ve
 
 fn warn_unfinished(root: &Location, files: usize) {
     if files > 0 {
-        tracing::warn!(
+        tracing::warn!(target: crate::LOG,
             index = %root.url,
             files,
             "no manifest.json (a job still running, or not finalized): reading the chip files listed now"
@@ -623,7 +544,7 @@ fn warn_unfinished(root: &Location, files: usize) {
 
 /// `batches` ended by an error where parquet-rs panics inside it: every
 /// arrow-reader stream over a file we did not write goes through this.
-pub(crate) fn guarded<S>(batches: S) -> BoxStream<'static, parquet::errors::Result<RecordBatch>>
+pub fn guarded<S>(batches: S) -> BoxStream<'static, parquet::errors::Result<RecordBatch>>
 where
     S: futures::Stream<Item = parquet::errors::Result<RecordBatch>> + Send + 'static,
 {
@@ -634,7 +555,7 @@ where
 }
 
 /// The error for a panic of parquet-rs while reading pages, with its message.
-pub(crate) fn reader_panicked(panic: &(dyn std::any::Any + Send)) -> parquet::errors::ParquetError {
+pub fn reader_panicked(panic: &(dyn std::any::Any + Send)) -> parquet::errors::ParquetError {
     let message = panic
         .downcast_ref::<&str>()
         .map(|s| s.to_string())
@@ -649,12 +570,9 @@ pub(crate) fn reader_panicked(panic: &(dyn std::any::Any + Send)) -> parquet::er
 async fn load_footer(reader: &mut StoreReader, uri: &str) -> Result<ArrowReaderMetadata> {
     ArrowReaderMetadata::load_async(reader, ArrowReaderOptions::default())
         .await
-        .map_err(|source| {
-            QueryError::NotParquet {
-                uri: uri.to_owned(),
-                source,
-            }
-            .into()
+        .map_err(|source| Error::NotParquet {
+            uri: uri.to_owned(),
+            source,
         })
 }
 
@@ -663,14 +581,9 @@ async fn open_part(
     path: Path,
     uri: String,
     mut size: u64,
-    read: Arc<AtomicU64>,
+    reads: &Reads,
 ) -> Result<(Part, ArrowReaderMetadata)> {
-    let mut reader = StoreReader {
-        store: store.clone(),
-        path: path.clone(),
-        size,
-        read,
-    };
+    let mut reader = reads.reader(&path, size);
     let meta = match ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::default())
         .await
     {
@@ -681,14 +594,15 @@ async fn open_part(
             let real = store.head(&path).await.map(|m| m.size).ok();
             match real.filter(|r| *r != size) {
                 Some(real) => {
-                    tracing::warn!(
+                    tracing::warn!(target: crate::LOG,
                         part = %uri, bytes = real, manifest_bytes = size,
                         "the file's size is not the manifest's: it changed since the job finished"
                     );
-                    (size, reader.size) = (real, real);
+                    size = real;
+                    reader = reads.reader(&path, real);
                     load_footer(&mut reader, &uri).await?
                 }
-                None => return Err(QueryError::NotParquet { uri, source: e }.into()),
+                None => return Err(Error::NotParquet { uri, source: e }),
             }
         }
     };
@@ -713,336 +627,17 @@ async fn open_part(
     Ok((part, meta))
 }
 
-/// Column chunk buffers an index reuses, for local files.
-///
-/// object_store's local reader zero-fills a new buffer for every range
-/// before `pread` copies into it. A probed search reads each list's
-/// embeddings once a query, so that zeroing was 41 % of a resident search at
-/// `--nprobe 63` (190 MiB a query, `perf`; docs/benchmarks.md). A buffer
-/// lent here is zeroed once, when it first grows, and comes back when the
-/// last page read from it is dropped.
-#[derive(Debug, Default)]
-pub(crate) struct Buffers {
-    held: std::sync::Mutex<Vec<Vec<u8>>>,
-}
-
-/// Bytes of buffers held between reads: enough for the groups in flight of
-/// a default search at D = 768 and up to 8,192-row groups of int8, or of
-/// 1,000-row groups of f32; larger ones are dropped when they come back.
-const BUFFERS_HELD_BYTES: usize = 64 << 20;
-
-impl Buffers {
-    /// A buffer of at least `len` bytes, the largest held if any.
-    fn take(&self, len: usize) -> Vec<u8> {
-        let mut buf = self
-            .held
-            .lock()
-            .expect("buffer pool lock")
-            .pop()
-            .unwrap_or_default();
-        if buf.len() < len {
-            buf.resize(len, 0);
-        }
-        buf
-    }
-
-    fn give(&self, buf: Vec<u8>) {
-        let mut held = self.held.lock().expect("buffer pool lock");
-        let bytes: usize = held.iter().map(Vec::len).sum();
-        if bytes + buf.len() <= BUFFERS_HELD_BYTES {
-            held.push(buf);
-            held.sort_by_key(Vec::len);
-        }
-    }
-}
-
-/// Reads the bytes of `file` at `at` into `buf` that the page cache holds,
-/// on this thread and without waiting for a disk (`preadv2` with
-/// `RWF_NOWAIT`): how many, from the start, fewer where the cache or the
-/// file ends, 0 where the kernel or the file system does not take the flag.
-///
-/// A search reads its lists from warm files. Handing each read to tokio's
-/// blocking pool cost a quarter of a resident query at `--nprobe 63` (two
-/// hand-offs a row group, and up to `--concurrency` pool threads on top of
-/// the workers on the same cores; docs/benchmarks.md); a read the cache
-/// cannot serve still goes there ([`read_rest`]).
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-fn read_cached(file: &std::fs::File, buf: &mut [u8], at: u64) -> usize {
-    use std::os::fd::AsRawFd;
-    let mut done = 0;
-    while done < buf.len() {
-        let rest = &mut buf[done..];
-        let iov = libc::iovec {
-            iov_base: rest.as_mut_ptr().cast(),
-            iov_len: rest.len(),
-        };
-        let Ok(offset) = libc::off_t::try_from(at + done as u64) else {
-            break;
-        };
-        // SAFETY: one iovec over `rest`, alive and not otherwise borrowed
-        // for the call; the descriptor is `file`'s, open for the call.
-        let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, offset, libc::RWF_NOWAIT) };
-        if n <= 0 {
-            break;
-        }
-        done += n as usize;
-    }
-    done
-}
-
-/// Without `preadv2`, every read goes to the blocking pool.
-#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-fn read_cached(_file: &std::fs::File, _buf: &mut [u8], _at: u64) -> usize {
-    0
-}
-
-/// `buf` lent out as its first `len` bytes, once bytes `from..len` of it
-/// are read from `file` at `start + from` on tokio's blocking pool (a read
-/// that may wait for a disk); `None` when they cannot be.
-#[cfg(unix)]
-async fn read_rest(
-    file: std::fs::File,
-    mut buf: Vec<u8>,
-    from: usize,
-    start: u64,
-    len: usize,
-    buffers: Arc<Buffers>,
-) -> Option<Bytes> {
-    use std::os::unix::fs::FileExt;
-    if from < len {
-        let read = tokio::task::spawn_blocking(move || {
-            file.read_exact_at(&mut buf[from..len], start + from as u64)
-                .ok()?;
-            Some(buf)
-        });
-        buf = read.await.ok().flatten()?;
-    }
-    Some(Bytes::from_owner(Lent { buf, len, buffers }))
-}
-
-/// A buffer lent out as [`Bytes`]: its first `len` bytes.
-struct Lent {
-    buf: Vec<u8>,
-    len: usize,
-    buffers: Arc<Buffers>,
-}
-
-impl AsRef<[u8]> for Lent {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-impl Drop for Lent {
-    fn drop(&mut self) {
-        self.buffers.give(std::mem::take(&mut self.buf));
-    }
-}
-
-/// Reads a part through object_store ranged gets (the size is known, so a
-/// footer costs one or two requests), counting the bytes fetched.
-pub(crate) struct StoreReader {
-    store: Arc<dyn ObjectStore>,
-    path: Path,
-    size: u64,
-    read: Arc<AtomicU64>,
-}
-
-impl StoreReader {
-    /// A reader of `path` (`size` bytes) in `store`, adding what it fetches to `read`.
-    pub(crate) fn new(
-        store: Arc<dyn ObjectStore>,
-        path: Path,
-        size: u64,
-        read: Arc<AtomicU64>,
-    ) -> StoreReader {
-        StoreReader {
-            store,
-            path,
-            size,
-            read,
-        }
-    }
-}
-
-fn parquet_err(e: object_store::Error) -> parquet::errors::ParquetError {
-    parquet::errors::ParquetError::External(Box::new(e))
-}
-
-impl AsyncFileReader for StoreReader {
-    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
-        async move {
-            let b = self
-                .store
-                .get_range(&self.path, range)
-                .await
-                .map_err(parquet_err)?;
-            self.read.fetch_add(b.len() as u64, Ordering::Relaxed);
-            Ok(b)
-        }
-        .boxed()
-    }
-
-    fn get_byte_ranges(
-        &mut self,
-        ranges: Vec<Range<u64>>,
-    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
-        async move {
-            let v = self
-                .store
-                .get_ranges(&self.path, &ranges)
-                .await
-                .map_err(parquet_err)?;
-            let n: usize = v.iter().map(Bytes::len).sum();
-            self.read.fetch_add(n as u64, Ordering::Relaxed);
-            Ok(v)
-        }
-        .boxed()
-    }
-
-    fn get_metadata<'a>(
-        &'a mut self,
-        options: Option<&'a ArrowReaderOptions>,
-    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
-        async move {
-            let size = self.size;
-            let md = ParquetMetaDataReader::new()
-                .with_arrow_reader_options(options)
-                // Most footers of chip files are a few KiB: one request.
-                .with_prefetch_hint(Some(64 * 1024))
-                .load_and_finish(self, size)
-                .await?;
-            Ok(Arc::new(md))
-        }
-        .boxed()
-    }
-}
-
-/// The embeddings of a batch, as stored: `rows × dim` values, row-major.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Embeddings<'a> {
-    /// Float32 rows, unit length.
-    F32(&'a [f32]),
-    /// Float16 rows.
-    F16(&'a [half::f16]),
-    /// Int8 rows and each row's scale: value = e · scale.
-    Int8 {
-        /// The quantised values.
-        values: &'a [i8],
-        /// One scale per row.
-        scales: &'a [f32],
-    },
-}
-
-impl<'a> Embeddings<'a> {
-    /// Every row as unit float32 values: the column itself for f32, a
-    /// decoded copy otherwise (int8's scale cancels in the normalisation).
-    pub(crate) fn unit_rows(self, dim: usize) -> std::borrow::Cow<'a, [f32]> {
-        let mut out = match self {
-            Embeddings::F32(rows) => return std::borrow::Cow::Borrowed(rows),
-            Embeddings::F16(rows) => {
-                let mut out = vec![0f32; rows.len()];
-                half::slice::HalfFloatSliceExt::convert_to_f32_slice(rows, &mut out);
-                out
-            }
-            Embeddings::Int8 { values, .. } => values.iter().map(|v| f32::from(*v)).collect(),
-        };
-        for row in out.chunks_exact_mut(dim) {
-            let n = dot(row, row);
-            if n > 0.0 {
-                let inv = 1.0 / n.sqrt();
-                row.iter_mut().for_each(|x| *x *= inv);
-            }
-        }
-        std::borrow::Cow::Owned(out)
-    }
-
-    /// Row `i` as float32 values (dequantised), unit length.
-    pub(crate) fn row(&self, i: usize, dim: usize) -> Vec<f32> {
-        let r = i * dim..(i + 1) * dim;
-        let mut v: Vec<f32> = match *self {
-            Embeddings::F32(rows) => return rows[r].to_vec(),
-            Embeddings::F16(rows) => rows[r].iter().map(|x| x.to_f32()).collect(),
-            Embeddings::Int8 { values, scales } => {
-                let mut v = vec![0f32; dim];
-                dequantize_int8(&values[r], scales[i], &mut v);
-                v
-            }
-        };
-        // A zero row stays zero: its cosine with anything is 0.
-        let _ = normalize(&mut v);
-        v
-    }
-}
-
-/// The embeddings of a batch, or an error naming the file when the column
-/// is not a FixedSizeList of `dim` Float32, Float16 or Int8 (with its
-/// `embedding_scale`), or has nulls.
-pub(crate) fn embeddings<'a>(
-    batch: &'a RecordBatch,
-    dim: usize,
-    uri: &str,
-) -> Result<Embeddings<'a>> {
-    let c = batch
-        .column_by_name(col::EMBEDDING)
-        .ok_or_else(|| QueryError::MissingColumn {
-            uri: uri.to_owned(),
-            column: col::EMBEDDING.to_owned(),
-        })?;
-    let list = c
-        .as_any()
-        .downcast_ref::<FixedSizeListArray>()
-        .ok_or_else(|| QueryError::column(uri, col::EMBEDDING, "a fixed-size list"))?;
-    if list.null_count() > 0 || list.value_length() as usize != dim {
-        return Err(QueryError::dataset(
-            uri,
-            format!("embedding column has nulls or a dimension other than {dim}"),
-        )
-        .into());
-    }
-    let (start, n) = (list.offset() * dim, list.len() * dim);
-    let short = || -> Error { QueryError::dataset(uri, "embedding values are short").into() };
-    let values = list.values().as_any();
-    if let Some(v) = values.downcast_ref::<Float32Array>() {
-        return Ok(Embeddings::F32(
-            v.values().get(start..start + n).ok_or_else(short)?,
-        ));
-    }
-    if let Some(v) = values.downcast_ref::<Float16Array>() {
-        return Ok(Embeddings::F16(
-            v.values().get(start..start + n).ok_or_else(short)?,
-        ));
-    }
-    if let Some(v) = values.downcast_ref::<Int8Array>() {
-        let scales = batch
-            .column_by_name(SCALE_COLUMN)
-            .ok_or_else(|| QueryError::MissingColumn {
-                uri: uri.to_owned(),
-                column: SCALE_COLUMN.to_owned(),
-            })?
-            .as_any()
-            .downcast_ref::<Float32Array>()
-            .filter(|a| a.null_count() == 0)
-            .ok_or_else(|| QueryError::column(uri, SCALE_COLUMN, "float32 without nulls"))?;
-        return Ok(Embeddings::Int8 {
-            values: v.values().get(start..start + n).ok_or_else(short)?,
-            scales: scales.values(),
-        });
-    }
-    Err(QueryError::column(uri, "embedding values", "float32, float16 or int8").into())
-}
-
 /// Per row of `batch`: whether its bbox intersects `b` (false for a null bbox).
-pub(crate) fn bbox_mask(batch: &RecordBatch, b: [f64; 4], uri: &str) -> Result<Vec<bool>> {
+pub fn bbox_mask(batch: &RecordBatch, b: [f64; 4], uri: &str) -> Result<Vec<bool>> {
     use arrow_array::{Float64Array, StructArray};
     let s = batch
         .column_by_name(col::BBOX)
         .and_then(|c| c.as_any().downcast_ref::<StructArray>())
-        .ok_or_else(|| QueryError::column(uri, col::BBOX, "a struct"))?;
+        .ok_or_else(|| Error::column(uri, col::BBOX, "a struct"))?;
     let f = |name: &str| -> Result<&Float64Array> {
         s.column_by_name(name)
             .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
-            .ok_or_else(|| QueryError::column(uri, &format!("bbox.{name}"), "float64").into())
+            .ok_or_else(|| Error::column(uri, &format!("bbox.{name}"), "float64"))
     };
     let (x0, y0, x1, y1) = (f("xmin")?, f("ymin")?, f("xmax")?, f("ymax")?);
     let [w, so, e, n] = b;
@@ -1068,7 +663,7 @@ mod tests {
     use parquet::arrow::{ArrowWriter, ParquetRecordBatchStreamBuilder};
     use parquet::file::reader::{FileReader, SerializedFileReader};
 
-    use super::{guarded, read_cached, read_rest, Buffers};
+    use super::guarded;
 
     /// A page header that says DATA_PAGE but carries a dictionary page's
     /// header: parquet-rs 60 unwraps the missing data page header when it
@@ -1116,47 +711,5 @@ mod tests {
             "{err}: should say the pages are corrupt"
         );
         assert!(results.last().unwrap().is_err(), "nothing after the error");
-    }
-
-    /// Whatever part the page cache serves, the bytes are the file's: read
-    /// from the cache alone, from the blocking pool alone, or split.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_read_is_the_file_s_bytes_however_much_the_cache_serves() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("chunk");
-        let bytes: Vec<u8> = (0..3u32 << 20)
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect();
-        std::fs::write(&path, &bytes).unwrap();
-        let (start, len) = (4_096 + 17, (2 << 20) + 5);
-        let want = &bytes[start as usize..start as usize + len];
-        let file = std::fs::File::open(&path).unwrap();
-        let mut buf = vec![0u8; len];
-        let cached = read_cached(&file, &mut buf, start);
-        // Just written, the file is in the cache where the flag is taken.
-        if cfg!(all(target_os = "linux", target_env = "gnu")) && cached > 0 {
-            assert_eq!(cached, len);
-            assert_eq!(buf, want);
-        }
-        let buffers = Arc::new(Buffers::default());
-        for from in [0, 1, len / 2, len] {
-            let file = std::fs::File::open(&path).unwrap();
-            let mut buf = buffers.take(len);
-            buf[..from].copy_from_slice(&want[..from]);
-            let got = read_rest(file, buf, from, start, len, buffers.clone())
-                .await
-                .expect("readable");
-            assert_eq!(&got[..], want, "the first {from} bytes from the cache");
-        }
-        // Past the end: the cache serves what there is, the rest is refused.
-        let file = std::fs::File::open(&path).unwrap();
-        let at = bytes.len() as u64 - 10;
-        let mut buf = vec![0u8; 100];
-        let cached = read_cached(&file, &mut buf, at);
-        assert!(cached <= 10);
-        let buf = buffers.take(100);
-        assert!(read_rest(file, buf, cached, at, 100, buffers.clone())
-            .await
-            .is_none());
     }
 }
