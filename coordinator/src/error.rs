@@ -110,7 +110,7 @@ pub enum Error {
     },
     /// The output holds another job.
     #[error("output: {0}")]
-    OtherJob(Box<crate::job::output::OtherJob>),
+    OtherJob(Box<OtherJob>),
     /// The input holds nothing to embed.
     #[error("input: {0}")]
     NoInputs(String),
@@ -243,6 +243,49 @@ impl Error {
             // flags or output, which no wait changes.
             _ => rsembed_worker::retry::hint_in_chain(self).unwrap_or(RetryHint::Never),
         }
+    }
+}
+
+/// Another job holds the output: what differs, and how to go on.
+#[derive(Debug, Clone)]
+pub struct OtherJob {
+    /// The output.
+    pub(crate) output: String,
+    /// The other job's id; `None` when the output holds task files without a
+    /// `job.json`.
+    pub(crate) theirs: Option<String>,
+    /// What differs, by flag.
+    pub(crate) differences: Vec<rsembed_schemas::job::Difference>,
+    /// The flag that replaces the other job.
+    pub(crate) remedy: &'static str,
+}
+
+impl std::fmt::Display for OtherJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.theirs {
+            Some(id) => write!(
+                f,
+                "{} holds job {id}, and this command is another job",
+                self.output
+            )?,
+            None => write!(
+                f,
+                "{} holds chip or error files but no job.json, so they cannot be resumed",
+                self.output
+            )?,
+        }
+        if !self.differences.is_empty() {
+            write!(f, "; it differs in")?;
+            for (i, d) in self.differences.iter().enumerate() {
+                write!(f, "{} {d}", if i == 0 { "" } else { ";" })?;
+            }
+        }
+        write!(
+            f,
+            ". Rows of two jobs must not mix: repeat the job's own flags to resume it, \
+             choose another --output, or give {} to delete it and start this one",
+            self.remedy
+        )
     }
 }
 

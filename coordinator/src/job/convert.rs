@@ -17,9 +17,9 @@ use rsembed_schemas::manifest::task_id_of;
 use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
-use crate::job::finalize::FinalizeReport;
 use crate::job::manifest::{self, ManifestBuilder};
 use crate::job::output::put_json;
+use crate::job::summary::FinalizeReport;
 
 /// The keys of [`Manifest`]: any other key of an old manifest is kept.
 const MANIFEST_KEYS: [&str; 18] = [

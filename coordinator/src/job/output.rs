@@ -20,11 +20,11 @@ use std::collections::HashSet;
 
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
-use rsembed_schemas::job::{Difference, JobSpec, JOB_FILE, MANIFEST_FILE};
+use rsembed_schemas::job::{JobSpec, JOB_FILE, MANIFEST_FILE};
 use rsembed_schemas::manifest::{FAILURES_LIST, FILES_LIST};
 use rsembed_worker::store::Location;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, OtherJob, Result};
 
 /// The plan's task ids, one per line, in plan order (distributed mode).
 pub(crate) const TASKS_FILE: &str = "tasks.txt";
@@ -426,49 +426,6 @@ pub(crate) fn manifest(
         without_chips,
         finalized_at: rsembed_worker::now_rfc3339(),
         software_version: rsembed_schemas::SOFTWARE_VERSION.to_owned(),
-    }
-}
-
-/// Another job holds the output: what differs, and how to go on.
-#[derive(Debug, Clone)]
-pub struct OtherJob {
-    /// The output.
-    pub(crate) output: String,
-    /// The other job's id; `None` when the output holds task files without a
-    /// `job.json`.
-    pub(crate) theirs: Option<String>,
-    /// What differs, by flag.
-    pub(crate) differences: Vec<Difference>,
-    /// The flag that replaces the other job.
-    pub(crate) remedy: &'static str,
-}
-
-impl std::fmt::Display for OtherJob {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.theirs {
-            Some(id) => write!(
-                f,
-                "{} holds job {id}, and this command is another job",
-                self.output
-            )?,
-            None => write!(
-                f,
-                "{} holds chip or error files but no job.json, so they cannot be resumed",
-                self.output
-            )?,
-        }
-        if !self.differences.is_empty() {
-            write!(f, "; it differs in")?;
-            for (i, d) in self.differences.iter().enumerate() {
-                write!(f, "{} {d}", if i == 0 { "" } else { ";" })?;
-            }
-        }
-        write!(
-            f,
-            ". Rows of two jobs must not mix: repeat the job's own flags to resume it, \
-             choose another --output, or give {} to delete it and start this one",
-            self.remedy
-        )
     }
 }
 

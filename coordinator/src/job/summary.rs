@@ -1,4 +1,6 @@
-//! The one-screen summary `rsembed run` ends with.
+//! What `rsembed run` and `rsembed finalize` end with: the one-screen summary
+//! of a run and the report of a finalize (which `finalize` without `--nats`
+//! gives too, when it converts an older manifest).
 
 use std::path::PathBuf;
 
@@ -204,6 +206,79 @@ pub fn human_bytes(b: u64) -> String {
         format!("{b} B")
     } else {
         format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// What `finalize` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct FinalizeReport {
+    /// The job.
+    pub(crate) job_id: String,
+    /// Why the job is not complete; empty when the manifest was written.
+    pub(crate) gaps: Vec<String>,
+    /// Tasks in the plan.
+    pub(crate) tasks: u64,
+    /// Tasks done.
+    pub(crate) done: u64,
+    /// Tasks failed (listed in the manifest).
+    pub failed: u64,
+    /// Chip rows.
+    pub(crate) rows: u64,
+    /// Failed inputs.
+    pub(crate) failed_inputs: u64,
+    /// Inputs that gave neither a chip nor an error row.
+    pub(crate) inputs_without_chips: u64,
+    /// Chip files of no task of the plan, removed (an earlier plan's).
+    pub(crate) superseded: u64,
+    /// Where the manifest went, when it was written.
+    pub manifest: Option<String>,
+    /// Where the STAC collection of the job went, when it was written.
+    pub(crate) stac: Option<String>,
+    /// What `finalize` without `--nats` did to an older manifest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) converted: Option<String>,
+}
+
+impl FinalizeReport {
+    /// Text for a terminal.
+    pub fn render(&self) -> String {
+        let mut s = format!(
+            "rsembed finalize: job {}\n  tasks      {}\n  done       {}\n  failed     {}\n  rows       {}\n  failed inputs {}\n",
+            self.job_id, self.tasks, self.done, self.failed, self.rows, self.failed_inputs
+        );
+        if self.inputs_without_chips > 0 {
+            s.push_str(&format!(
+                "  without chips {} inputs (no valid pixel, below --min-valid, or over --max-cloud; listed in the manifest)\n",
+                self.inputs_without_chips
+            ));
+        }
+        if self.superseded > 0 {
+            s.push_str(&format!(
+                "  superseded {} chip files of an earlier plan removed\n",
+                self.superseded
+            ));
+        }
+        if let Some(hint) = how_to_retry("submit", self.failed_inputs, self.failed) {
+            s.push_str(&format!("  retry      {hint}\n"));
+        }
+        match &self.manifest {
+            Some(m) => {
+                s.push_str(&format!("  manifest   {m}\n"));
+                if let Some(c) = &self.converted {
+                    s.push_str(&format!("  converted  {c}\n"));
+                }
+                if let Some(c) = &self.stac {
+                    s.push_str(&format!("  stac       {c}\n"));
+                }
+            }
+            None => {
+                s.push_str("  INCOMPLETE: no manifest written\n");
+                for g in &self.gaps {
+                    s.push_str(&format!("  - {g}\n"));
+                }
+            }
+        }
+        s
     }
 }
 
