@@ -6,8 +6,9 @@
 //! builder keeps the first [`SAMPLE`] inputs without chips for the
 //! summary that names them.
 //!
-//! Also here: reading a dataset's manifest and lists through the one reader
-//! of `rsembed_schemas::manifest` (format 1 and 2 alike), for the query side.
+//! Also here: reading a dataset's manifest and lists, in the coordinator's
+//! errors, through the query crate's reader (`rsembed_query::format::manifest`,
+//! over the one reader of `rsembed_schemas::manifest`, format 1 and 2 alike).
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
@@ -26,7 +27,7 @@ use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
 use crate::job::output::{delete_if_present, put_json, JobOutput};
-use rsembed_query::io::StoreReader;
+use rsembed_query::format::manifest;
 
 /// Inputs without chips the builder keeps by name for the summary; the
 /// failures list holds them all.
@@ -261,48 +262,18 @@ impl ManifestBuilder {
 /// `manifest.json` of the dataset at `loc`, in either format, and its
 /// bytes; `None` when there is none.
 pub(crate) async fn read(loc: &Location) -> Result<Option<(Manifest, bytes::Bytes)>> {
-    let bytes = match loc.store.get(&loc.child(MANIFEST_FILE)).await {
-        Ok(g) => g.bytes().await?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    let m = lists::parse_manifest(&bytes).map_err(|e| list_error(loc, MANIFEST_FILE, e))?;
-    Ok(Some((m, bytes)))
-}
-
-fn reader(loc: &Location, entry: &ManifestFile) -> StoreReader {
-    StoreReader::new(
-        loc.store.clone(),
-        loc.child(&entry.path),
-        entry.bytes,
-        Default::default(),
-    )
+    Ok(manifest::read(loc).await?)
 }
 
 /// The files of the dataset at `loc` whose manifest is `m`, chip and error
 /// files, as its list gives them.
 pub(crate) fn files(loc: &Location, m: &Manifest) -> BoxStream<'static, Result<ListedFile>> {
-    let l = loc.clone();
-    let rel = list_path(m, |l| &l.files);
-    lists::files(m, |e| reader(loc, e))
-        .map_err(move |e| list_error(&l, &rel, e))
-        .boxed()
+    manifest::files(loc, m).map_err(Error::from).boxed()
 }
 
 /// The failures list of the dataset at `loc` whose manifest is `m`.
 pub(crate) fn failures(loc: &Location, m: &Manifest) -> BoxStream<'static, Result<FailureRow>> {
-    let l = loc.clone();
-    let rel = list_path(m, |l| &l.failures);
-    lists::failures(m, |e| reader(loc, e))
-        .map_err(move |e| list_error(&l, &rel, e))
-        .boxed()
-}
-
-/// Where a list is, for messages: its path, or `manifest.json` for format 1.
-fn list_path(m: &Manifest, which: impl Fn(&ManifestLists) -> &ManifestFile) -> String {
-    m.lists
-        .as_ref()
-        .map_or_else(|| MANIFEST_FILE.to_owned(), |l| which(l).path.clone())
+    manifest::failures(loc, m).map_err(Error::from).boxed()
 }
 
 /// The chip files of the dataset at `loc`, as a stream (the STAC output
