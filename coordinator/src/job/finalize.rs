@@ -15,7 +15,7 @@
 use futures::{StreamExt, TryStreamExt};
 use std::collections::HashMap;
 
-use rsembed_schemas::job::{JobSpec, ManifestFailedTask, MANIFEST_FILE};
+use rsembed_schemas::job::{JobSpec, Manifest, ManifestFailedTask, MANIFEST_FILE};
 use rsembed_schemas::queue::{TaskFailed, TaskMessage};
 use rsembed_worker::sink::parquet::empty_inputs_at;
 use rsembed_worker::store::StoreCache;
@@ -56,16 +56,8 @@ async fn missing_tasks(q: &Queue, out: &JobOutput, job: &str) -> Result<Vec<Stri
     probes.try_collect().await
 }
 
-/// What the file list counted.
-struct Listed {
-    done: u64,
-    rows: u64,
-    failed_inputs: u64,
-    without_chips: u64,
-}
-
-/// Writes the manifest from the done records, read as a stream, and the
-/// failed tasks, giving each chip file to `stac` too. Only the error files'
+/// Writes the manifest (returned) from the done records, read as a stream,
+/// and the failed tasks, giving each chip file to `stac` too. Only the error files'
 /// names are kept: a task's failed inputs are read from its error file once
 /// the list of chip files is complete.
 async fn list(
@@ -75,15 +67,9 @@ async fn list(
     failed: HashMap<String, TaskFailed>,
     tasks: u64,
     stac: &StacFeed,
-) -> Result<Listed> {
+) -> Result<Manifest> {
     let mut builder = ManifestBuilder::new(out, spec)?;
     let mut error_files: Vec<(String, String)> = Vec::new();
-    let mut l = Listed {
-        done: 0,
-        rows: 0,
-        failed_inputs: 0,
-        without_chips: 0,
-    };
     let done = q.state.done_records(&spec.job_id).await?;
     let mut done = std::pin::pin!(done);
     while let Some(r) = done.next().await {
@@ -94,11 +80,8 @@ async fn list(
         }
         builder.chips_file(&task, &d.chips_file).await?;
         stac.file(&d.chips_file).await;
-        l.done += 1;
-        l.rows += d.chips_file.rows;
         if let Some(e) = &d.errors_file {
             builder.errors_file(&task, e).await?;
-            l.failed_inputs += e.rows;
             error_files.push((task.clone(), e.path.clone()));
         }
         if d.without_chips() > 0 {
@@ -109,7 +92,6 @@ async fn list(
             } else {
                 d.empty_inputs.clone()
             };
-            l.without_chips += names.len() as u64;
             builder.without_chips(Some(&task), &names).await?;
         }
     }
@@ -126,8 +108,7 @@ async fn list(
             })
             .await?;
     }
-    builder.finish(tasks).await?;
-    Ok(l)
+    Ok(builder.finish(tasks).await?.manifest)
 }
 
 /// Runs `rsembed finalize`.
@@ -205,10 +186,11 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
             return Err(e);
         }
     };
-    report.done = listed.done;
+    // What the list holds, which the totals counted too.
+    report.done = listed.chip_file_count;
     report.rows = listed.rows;
     report.failed_inputs = listed.failed_inputs;
-    report.inputs_without_chips = listed.without_chips;
+    report.inputs_without_chips = listed.inputs_without_chips;
     report.stac = Some(stac.finish().await?.collection);
     report.manifest = Some(format!(
         "{}/{MANIFEST_FILE}",
