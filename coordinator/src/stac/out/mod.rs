@@ -408,12 +408,13 @@ async fn build(
         put(output, &format!("{ITEMS_DIR}{}.json", item.id), &item).await?;
     }
     let (start, end, _) = times_of(ctx, &extent);
-    let (path, rows, bbox) = (file.path.clone(), file.rows, extent.bbox());
+    let (path, rows) = (file.path.clone(), file.rows);
+    let row = Row::new(ctx, file, extent)?;
     Ok(Built {
-        row: Row::new(ctx, file, extent)?,
+        bbox: row.bbox(),
+        row,
         path,
         rows,
-        bbox,
         times: (start, end),
         data_type,
         read,

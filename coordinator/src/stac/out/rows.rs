@@ -44,6 +44,8 @@ pub(super) struct Row {
     file: ManifestFile,
     extent: FileExtent,
     times: (i64, i64, &'static str),
+    /// `None` without a footprint (an item without geometry).
+    bbox: Option<[f64; 4]>,
     geometry: Wkb,
 }
 
@@ -54,15 +56,18 @@ impl Row {
         // Times a JSON item could not hold are refused here as there.
         chrono_of(times.0)?;
         chrono_of(times.1)?;
-        let geometry = match extent.bbox() {
-            Some(_) if !extent.footprint.is_empty() => wkb(&extent.footprint)?,
-            _ => (EMPTY_POLYGON.to_vec(), "Polygon"),
+        // A bbox means a point, so a footprint: the item has a geometry.
+        let bbox = extent.bbox();
+        let geometry = match bbox {
+            Some(_) => wkb(&extent.footprint)?,
+            None => (EMPTY_POLYGON.to_vec(), "Polygon"),
         };
         Ok(Row {
             id,
             file,
             extent,
             times,
+            bbox,
             geometry,
         })
     }
@@ -70,6 +75,11 @@ impl Row {
     /// The item's id.
     pub(super) fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The item's bbox.
+    pub(super) fn bbox(&self) -> Option<[f64; 4]> {
+        self.bbox
     }
 }
 
@@ -157,12 +167,12 @@ impl Columns {
             file,
             extent,
             times: (start, end, source),
+            bbox,
             geometry,
         } = row;
         self.len += 1;
         self.ids.append_value(&id);
         self.geometries.append_value(&geometry.0);
-        let bbox = extent.bbox().filter(|_| !extent.footprint.is_empty());
         for (col, v) in self.bbox.iter_mut().zip(bbox.unwrap_or_default()) {
             col.push(v);
         }
