@@ -18,6 +18,7 @@ use arrow_array::{
 };
 use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, FieldRef, Fields, SchemaRef};
+use rsembed_raster::geo::polygon_wkb;
 use rsembed_schemas::extent::FileExtent;
 use rsembed_schemas::job::ManifestFile;
 
@@ -85,34 +86,28 @@ impl Row {
 
 /// Little-endian WKB of a footprint as `item()` writes its GeoJSON: a
 /// Polygon for one ring, else a MultiPolygon of one-ring polygons; rings
-/// closed.
+/// closed. Each polygon is the readers' own (`polygon_wkb`, which writes the
+/// chips' footprints).
 fn wkb(footprint: &[Vec<[f64; 2]>]) -> Result<Wkb> {
-    let count = |n: usize| {
-        u32::try_from(n)
-            .map(u32::to_le_bytes)
-            .map_err(|_| Error::Output("a footprint too large for WKB".into()))
+    let too_large = || Error::Output("a footprint too large for WKB".into());
+    let polygon = |ring: &[[f64; 2]]| -> Result<Vec<u8>> {
+        u32::try_from(ring.len() + 1).map_err(|_| too_large())?;
+        let closed: Vec<(f64, f64)> = ring
+            .iter()
+            .chain(ring.first())
+            .map(|p| (p[0], p[1]))
+            .collect();
+        Ok(polygon_wkb(&closed))
     };
-    let polygon = |out: &mut Vec<u8>, ring: &[[f64; 2]]| -> Result<()> {
-        out.push(1);
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&count(1)?);
-        out.extend_from_slice(&count(ring.len() + 1)?);
-        for p in ring.iter().chain(ring.first()) {
-            out.extend_from_slice(&p[0].to_le_bytes());
-            out.extend_from_slice(&p[1].to_le_bytes());
-        }
-        Ok(())
-    };
-    let mut out = Vec::new();
     if let [one] = footprint {
-        polygon(&mut out, one)?;
-        return Ok((out, "Polygon"));
+        return Ok((polygon(one)?, "Polygon"));
     }
-    out.push(1);
+    let n = u32::try_from(footprint.len()).map_err(|_| too_large())?;
+    let mut out = vec![1];
     out.extend_from_slice(&6u32.to_le_bytes());
-    out.extend_from_slice(&count(footprint.len())?);
+    out.extend_from_slice(&n.to_le_bytes());
     for ring in footprint {
-        polygon(&mut out, ring)?;
+        out.extend(polygon(ring)?);
     }
     Ok((out, "MultiPolygon"))
 }
