@@ -58,14 +58,14 @@ pub enum Command {
     /// Text embeddings, one JSON array per line.
     Text(TextArgs),
     /// Query side: the chips of a dataset that best match texts (or an example chip).
-    Search(SearchArgs),
+    Search(SearchCommand),
     /// Query side: zero-shot labels for every chip of a dataset, as a Parquet file.
-    Classify(ClassifyArgs),
+    Classify(ClassifyCommand),
     /// Query side: merge a finished job's files into large, Hilbert-sorted files.
     ///
     /// The compacted dataset gets its own job.json and manifest.json; the
     /// source is left as it is.
-    Compact(CompactArgs),
+    Compact(rsembed_query::compact::CompactArgs),
     /// Deployment: copy a model directory from object storage and check it.
     ///
     /// For init containers: a partial copy resumes, every file is checked
@@ -540,204 +540,35 @@ pub struct TextArgs {
     pub(crate) texts: Vec<String>,
 }
 
-/// Parses `W,S,E,N` (lon/lat degrees) for `--bbox`.
-pub(crate) fn parse_bbox(s: &str) -> Result<[f64; 4], String> {
-    let v: Vec<f64> = s
-        .split(',')
-        .map(|p| p.trim().parse::<f64>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("--bbox wants W,S,E,N in degrees: {e}"))?;
-    let b: [f64; 4] = v
-        .try_into()
-        .map_err(|_| "--bbox wants four numbers: W,S,E,N".to_owned())?;
-    if !b.iter().all(|x| x.is_finite()) || b[0] > b[2] || b[1] > b[3] {
-        return Err(format!(
-            "--bbox {s}: want W <= E and S <= N (a box across the antimeridian is two searches)"
-        ));
-    }
-    // Footprints are lon/lat: a box in projected metres (or lat,lon swapped)
-    // would match nothing, silently.
-    if b[0] < -180.0 || b[2] > 180.0 || b[1] < -90.0 || b[3] > 90.0 {
-        return Err(format!(
-            "--bbox {s}: out of lon/lat range: want longitudes in [-180, 180] and latitudes \
-             in [-90, 90], degrees in the order W,S,E,N (OGC:CRS84), not projected coordinates"
-        ));
-    }
-    Ok(b)
-}
-
-/// `rsembed search`.
+/// `rsembed search`: the query crate's flags, and the model that embeds
+/// the texts.
 #[derive(Debug, Clone, Args)]
-pub struct SearchArgs {
+pub struct SearchCommand {
     /// Model directory: embeds the texts, and its logit scale and bias turn
     /// cosines into scores. Optional with `--like` or `--vector`.
     #[arg(long, env = "RSEMBED_MODEL")]
     pub(crate) model: Option<PathBuf>,
-    /// The dataset: an output of `run`/`finalize` or of `compact` (a folder with
-    /// `chips/`), its `chips/` folder, or one Parquet file.
-    #[arg(long, env = "RSEMBED_INDEX")]
-    pub(crate) index: String,
-    /// Results to print (at least 1).
-    #[arg(long, env = "RSEMBED_TOP_K", default_value_t = 10, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub(crate) top_k: usize,
-    /// Only chips whose footprint's bbox intersects W,S,E,N (lon/lat degrees).
-    #[arg(long, env = "RSEMBED_BBOX", value_parser = parse_bbox, allow_hyphen_values = true)]
-    pub(crate) bbox: Option<[f64; 4]>,
-    /// Only chips acquired in this RFC 3339 instant or interval
-    /// (`2024-06-01T00:00:00Z/2024-08-31T23:59:59Z`, open ends as `..`; dates
-    /// such as `2024-06-01/2024-08-31` are whole days, UTC), ends
-    /// included: those whose `datetime` (or `datetime`..`end_datetime` range)
-    /// overlaps it. Chips without a `datetime` (inputs that were not STAC
-    /// items, files of schema version 1) are excluded, and counted on stderr.
-    #[arg(long, env = "RSEMBED_DATETIME", value_parser = rsembed_query::scan::filter::parse_datetime)]
-    pub(crate) datetime: Option<String>,
-    /// Only chips whose `cloud_fraction` is at most this (0-1). Chips without
-    /// one (no `--cloud-mask` in their job, schema version 1) are excluded,
-    /// and counted on stderr.
-    #[arg(long, env = "RSEMBED_MAX_CLOUD", value_parser = rsembed_query::scan::filter::parse_fraction)]
-    pub(crate) max_cloud: Option<f32>,
-    /// Search by the embedding of this chip of the index instead of a text
-    /// (the chip itself is left out of the results).
-    #[arg(
-        long,
-        env = "RSEMBED_LIKE",
-        value_name = "CHIP_ID",
-        conflicts_with = "vector"
-    )]
-    pub(crate) like: Option<String>,
-    /// Search by a query vector: a file holding one JSON array (as `rsembed text` prints).
-    #[arg(long, env = "RSEMBED_VECTOR", value_name = "FILE")]
-    pub(crate) vector: Option<PathBuf>,
-    /// Many queries in one pass over the data: a JSON Lines file, one vector
-    /// (JSON array) a line. Each result carries its query's line number as
-    /// `query`; ranks count per query. At most 10,000 queries. `-` reads
-    /// standard input and answers each line as it arrives, the index kept
-    /// open: one JSON line a query, `{"query": N, "results": [...]}` (or
-    /// `"error"`), until the input ends.
-    #[arg(long, env = "RSEMBED_VECTORS", value_name = "FILE")]
-    pub(crate) vectors: Option<PathBuf>,
-    /// Many text queries in one pass over the data: one text a line, each its
-    /// own query (positional texts are averaged into one instead). Needs
-    /// `--model`. Results carry the line number as `query`. `-` reads
-    /// standard input as `--vectors -` does, the text graph kept open too.
-    #[arg(long, env = "RSEMBED_QUERIES", value_name = "FILE")]
-    pub(crate) queries: Option<PathBuf>,
-    /// Print one JSON object per result (JSON Lines).
-    #[arg(long, env = "RSEMBED_JSON", conflicts_with = "geojson")]
-    pub json: bool,
-    /// Print a GeoJSON FeatureCollection of the results' footprints.
-    #[arg(long, env = "RSEMBED_GEOJSON")]
-    pub(crate) geojson: bool,
-    /// Also write the results as one self-contained HTML page to this file:
-    /// each hit's chip as the model saw it (read again from its source),
-    /// its score, date, scene and centre, and the footprints on a lon/lat
-    /// overview. The table or JSON is still printed.
-    #[arg(long, env = "RSEMBED_HTML", value_name = "FILE")]
-    pub(crate) html: Option<PathBuf>,
-    /// Row groups scored at once. Default: twice the number of cores.
-    #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
-    pub(crate) concurrency: Option<usize>,
-    /// On a dataset compacted with `--lists`: score only the rows of the P
-    /// lists whose centroids are nearest the query, or `all` for an exact
-    /// search. Default: one list in 16, at least 8 (recall@10 ≥ 0.95 on
-    /// clustered data, docs/benchmarks.md). A number is refused on a dataset
-    /// without lists.
-    #[arg(long, env = "RSEMBED_NPROBE", value_name = "P|all", value_parser = rsembed_query::ivf::parse_nprobe)]
-    pub(crate) nprobe: Option<rsembed_query::ivf::NProbe>,
+    /// The search.
+    #[command(flatten)]
+    pub(crate) search: rsembed_query::search::SearchArgs,
     /// Inference for the text graph.
     #[command(flatten)]
     pub(crate) engine: TextEngineArgs,
-    /// The query texts; several are averaged (prompt ensembling).
-    pub(crate) texts: Vec<String>,
 }
 
-/// `rsembed classify`.
+/// `rsembed classify`: the query crate's flags, and the model that embeds
+/// the labels.
 #[derive(Debug, Clone, Args)]
-pub struct ClassifyArgs {
+pub struct ClassifyCommand {
     /// Model directory.
     #[arg(long, env = "RSEMBED_MODEL")]
     pub(crate) model: PathBuf,
-    /// The dataset (as for `search`).
-    #[arg(long, env = "RSEMBED_INDEX")]
-    pub(crate) index: String,
-    /// Labels, one per line (blank lines and lines starting with `#` are skipped).
-    #[arg(long, env = "RSEMBED_LABELS")]
-    pub(crate) labels: PathBuf,
-    /// Prompt template; `{}` is replaced by the label (e.g. "a satellite image of {}").
-    #[arg(long, env = "RSEMBED_TEMPLATE", default_value = "{}")]
-    pub(crate) template: String,
-    /// Labels kept per chip, best first (at least 1).
-    #[arg(long, env = "RSEMBED_TOP", default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub(crate) top: usize,
-    /// The output Parquet file (local path or object store URL).
-    #[arg(long, env = "RSEMBED_OUTPUT")]
-    pub(crate) output: String,
-    /// Replace the file at `--output` when there is one; without it an
-    /// existing file is refused.
-    #[arg(long, env = "RSEMBED_OVERWRITE")]
-    pub(crate) overwrite: bool,
-    /// Row groups scored at once. Default: twice the number of cores.
-    #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
-    pub(crate) concurrency: Option<usize>,
-    /// Print the summary as JSON.
-    #[arg(long, env = "RSEMBED_JSON")]
-    pub json: bool,
+    /// The classification.
+    #[command(flatten)]
+    pub classify: rsembed_query::classify::ClassifyArgs,
     /// Inference for the text graph.
     #[command(flatten)]
     pub(crate) engine: TextEngineArgs,
-}
-
-/// `rsembed compact`.
-#[derive(Debug, Clone, Args)]
-pub struct CompactArgs {
-    /// A finished job's output (it must have `manifest.json`).
-    #[arg(long, env = "RSEMBED_INDEX")]
-    pub(crate) index: String,
-    /// Where the compacted dataset goes: `chips/part-*.parquet`, `job.json`, `manifest.json`.
-    #[arg(long, env = "RSEMBED_OUTPUT")]
-    pub(crate) output: String,
-    /// Target size of one output file, e.g. `256MB`, `1GiB`.
-    #[arg(long, env = "RSEMBED_TARGET_SIZE", default_value = "256MB", value_parser = parse_byte_size)]
-    pub(crate) target_size: u64,
-    /// Local folder for the sort's spill files, which hold the whole dataset
-    /// (uncompressed) for a while. Default: the system temp dir.
-    #[arg(long, env = "RSEMBED_SPILL_DIR")]
-    pub(crate) spill_dir: Option<PathBuf>,
-    /// Replace a dataset already at `--output`: its manifest.json, job.json,
-    /// chips/ and errors/ are deleted first (the manifest first). Default:
-    /// refuse, so a typo cannot delete a job's output.
-    #[arg(long, env = "RSEMBED_OVERWRITE")]
-    pub(crate) overwrite: bool,
-    /// Rows per row group of the output files, the unit a `--bbox` filter
-    /// skips. Default: 8192, as in job files; smaller groups prune a
-    /// Hilbert-sorted file more finely, for more footer and more requests.
-    #[arg(long, env = "RSEMBED_ROW_GROUP_ROWS", default_value_t = 8192, value_parser = clap::value_parser!(u32).range(1..))]
-    pub(crate) row_group_rows: u32,
-    /// Store the compacted embeddings as `f32`, `f16` or `int8` (see `rsembed
-    /// run --help`). Default: as the source stores them. int8 from f32 or
-    /// f16 quantises; the reverse only changes the type, not the precision.
-    #[arg(long, env = "RSEMBED_EMBEDDING_TYPE")]
-    pub(crate) embedding_type: Option<EmbeddingType>,
-    /// An IVF layout of N lists (at most 65536): spherical k-means on a
-    /// sample of the embeddings, every row's nearest list in a `list`
-    /// column, files sorted by list then Hilbert key, no row group holding
-    /// two lists, and `centroids.parquet`; `search --nprobe` then reads the
-    /// nearest lists only. About √rows is usual (1000 for a million chips).
-    /// Default: no lists.
-    #[arg(long, env = "RSEMBED_LISTS", value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub(crate) lists: Option<u32>,
-    /// Rows k-means trains on, picked by a hash of the chip id (the same
-    /// rows whatever the file order). Default: 64 per list, at most the
-    /// dataset and at most 256 MiB of embeddings (87 381 rows at D = 768).
-    #[arg(long, env = "RSEMBED_SAMPLE", requires = "lists", value_parser = clap::value_parser!(u64).range(1..))]
-    pub(crate) sample: Option<u64>,
-    /// Seed of the k-means initialisation: the same seed, flags and source
-    /// give byte-identical files. Default: 0.
-    #[arg(long, env = "RSEMBED_SEED", requires = "lists")]
-    pub(crate) seed: Option<u64>,
-    /// Print the summary as JSON.
-    #[arg(long, env = "RSEMBED_JSON")]
-    pub json: bool,
 }
 
 /// `--check-graphs`: whether ONNX Runtime loads the fetched graphs.

@@ -119,7 +119,7 @@ pub enum Error {
     Usage(String),
     /// `search`, `classify` or `compact` failed.
     #[error(transparent)]
-    Query(#[from] crate::query::Error),
+    Query(#[from] rsembed_query::Error),
     /// The run stopped before finishing.
     #[error("cancelled")]
     Cancelled,

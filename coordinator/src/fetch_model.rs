@@ -36,7 +36,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 
 use crate::cli::{FetchModelArgs, GraphCheck};
-use crate::job::summary::human_bytes;
+use rsembed_schemas::units::human_bytes;
 
 /// Objects copied at once: enough to overlap request latency, few enough that
 /// a couple of 1-2 GB graphs do not compete with many small files for bandwidth.

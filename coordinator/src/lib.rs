@@ -1,6 +1,7 @@
 //! The rsembed control plane and CLI: a job's life ([`job`]: planning, the
 //! embedded `run`, the distributed `submit`, `status` and `finalize`), `text`,
-//! the query side ([`query`]: `search`, `classify` and `compact`), and
+//! the query commands ([`query`]: `search`, `classify` and `compact`, run by
+//! the `rsembed-query` crate with the model and chip reader lent here), and
 //! `fetch-model` for deployments.
 #![warn(missing_docs)]
 
@@ -12,7 +13,6 @@ pub mod query;
 pub mod stac;
 pub use rsembed_worker::queue;
 pub mod text;
-mod wkb;
 
 pub use error::{Error, Result};
 

@@ -9,8 +9,7 @@ use rsembed_coordinator::job::plan;
 use rsembed_coordinator::{
     fetch_model,
     job::{finalize, run, status, submit},
-    query::{classify, compact, search},
-    text,
+    query, text,
 };
 use rsembed_schemas::job::TilingSpec;
 use tracing_subscriber::EnvFilter;
@@ -172,12 +171,12 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Search(args) => {
             let mut out = std::io::stdout().lock();
-            search::run(args, &mut out).await?;
+            query::search(args, &mut out).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Classify(args) => {
-            let json = args.json;
-            let s = classify::classify(args).await?;
+            let json = args.classify.json;
+            let s = query::classify(args).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
@@ -187,7 +186,7 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Compact(args) => {
             let json = args.json;
-            let s = compact::compact(args).await?;
+            let s = query::compact(args).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {
@@ -325,7 +324,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         println!(
             "  {:<15}{}",
             "bytes",
-            rsembed_coordinator::job::summary::human_bytes(bytes)
+            rsembed_schemas::units::human_bytes(bytes)
         );
     }
     Ok(ExitCode::SUCCESS)

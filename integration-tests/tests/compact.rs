@@ -9,8 +9,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use rsembed_coordinator::query::compact::{hilbert_key, parse_chip_id, Key};
 use rsembed_integration_tests::*;
+use rsembed_query::compact::{hilbert_key, parse_chip_id, Key};
 use serde_json::Value;
 use stac_chips::{FileSpec, Kind, MAY_2023, MAY_2024};
 

@@ -1,4 +1,5 @@
-//! A chip file as it is written, once for every writer: the worker's sink,
+//! A chip file as it is written, once for every writer (and its error
+//! file's rows as they are read back): the worker's sink,
 //! `compact` and the query side's outputs (`classify`). Its row schema is
 //! [`crate::chip`]'s; here are its Parquet writer settings and its file
 //! metadata.
@@ -93,4 +94,47 @@ pub fn chip_file_metadata(
         KeyValue::new(GEO_KEY.to_owned(), geo_metadata(extent).to_string()),
         KeyValue::new(RSEMBED_KEY.to_owned(), serde_json::to_string(meta)?),
     ])
+}
+
+/// The rows of an error file (`source_uri`, `stage`, `error`), at most `limit`.
+pub fn read_error_rows(
+    bytes: bytes::Bytes,
+    limit: usize,
+) -> Result<Vec<crate::job::ManifestFailure>, parquet::errors::ParquetError> {
+    use arrow_array::{Array, StringArray};
+    let reader =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch?;
+        let col = |name: &str| -> Result<StringArray, parquet::errors::ParquetError> {
+            batch
+                .column_by_name(name)
+                .and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
+                .ok_or_else(|| {
+                    parquet::errors::ParquetError::General(format!(
+                        "error file has no string column `{name}`"
+                    ))
+                })
+        };
+        let (uri, stage, error) = (col("source_uri")?, col("stage")?, col("error")?);
+        for i in 0..batch.num_rows() {
+            if out.len() >= limit {
+                return Ok(out);
+            }
+            let get = |a: &StringArray| {
+                if a.is_null(i) {
+                    String::new()
+                } else {
+                    a.value(i).to_owned()
+                }
+            };
+            out.push(crate::job::ManifestFailure {
+                source_uri: get(&uri),
+                stage: get(&stage),
+                error: get(&error),
+            });
+        }
+    }
+    Ok(out)
 }

@@ -1,6 +1,15 @@
 //! `--datetime`: an RFC 3339 instant, a date, or an interval `A/B` of
 //! those whose open ends are `..` (or empty), as the STAC search sends it
-//! and as a search of an index filters its chips by.
+//! and as a search of an index filters its chips by; and the time now, as
+//! records carry it.
+
+/// The current time as RFC 3339 UTC, as job state, `job.json` and the
+/// manifest record it.
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .expect("formatting the current time cannot fail")
+}
 
 /// `YYYY-MM-DD` (RFC 3339's full-date) as a date.
 pub fn date_only(p: &str) -> Option<time::Date> {

@@ -151,6 +151,81 @@ pub fn dequantize_int8(e: &[i8], s: f32, out: &mut [f32]) {
     }
 }
 
+/// Builds an `embedding` column of one stored type from float32 vectors
+/// (and, for int8, the `embedding_scale` column).
+#[cfg(feature = "arrow")]
+pub struct EmbeddingBuilder {
+    ty: EmbeddingType,
+    dim: usize,
+    f32s: Vec<f32>,
+    f16s: Vec<half::f16>,
+    i8s: Vec<i8>,
+    scales: Vec<f32>,
+    rows: usize,
+}
+
+#[cfg(feature = "arrow")]
+impl EmbeddingBuilder {
+    /// A builder for about `rows` vectors of `dim`.
+    pub fn new(ty: EmbeddingType, dim: usize, rows: usize) -> EmbeddingBuilder {
+        let cap = |t: EmbeddingType| if ty == t { rows * dim } else { 0 };
+        EmbeddingBuilder {
+            ty,
+            dim,
+            f32s: Vec::with_capacity(cap(EmbeddingType::F32)),
+            f16s: Vec::with_capacity(cap(EmbeddingType::F16)),
+            i8s: Vec::with_capacity(cap(EmbeddingType::Int8)),
+            scales: Vec::new(),
+            rows: 0,
+        }
+    }
+
+    /// Appends one vector of `dim` floats.
+    pub fn append(&mut self, v: &[f32]) {
+        assert_eq!(
+            v.len(),
+            self.dim,
+            "embedding of the wrong size: this is a bug"
+        );
+        match self.ty {
+            EmbeddingType::F32 => self.f32s.extend_from_slice(v),
+            EmbeddingType::F16 => self.f16s.extend(v.iter().map(|x| half::f16::from_f32(*x))),
+            EmbeddingType::Int8 => {
+                let start = self.i8s.len();
+                self.i8s.resize(start + self.dim, 0);
+                let s = quantize_int8(v, &mut self.i8s[start..]);
+                self.scales.push(s);
+            }
+        }
+        self.rows += 1;
+    }
+
+    /// The `embedding` column, and the `embedding_scale` column for int8.
+    pub fn finish(self) -> (arrow_array::ArrayRef, Option<arrow_array::ArrayRef>) {
+        use std::sync::Arc;
+
+        use arrow_array::{
+            Array, ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int8Array,
+        };
+        let dim = i32::try_from(self.dim).expect("embedding dimension fits in i32");
+        let (values, scale): (ArrayRef, Option<ArrayRef>) = match self.ty {
+            EmbeddingType::F32 => (Arc::new(Float32Array::from(self.f32s)), None),
+            EmbeddingType::F16 => (Arc::new(Float16Array::from(self.f16s)), None),
+            EmbeddingType::Int8 => (
+                Arc::new(Int8Array::from(self.i8s)),
+                Some(Arc::new(Float32Array::from(self.scales)) as ArrayRef),
+            ),
+        };
+        let item = match crate::chip::embedding_type_of(self.dim, self.ty) {
+            arrow_schema::DataType::FixedSizeList(item, _) => item,
+            _ => unreachable!("embedding_type_of is a fixed-size list"),
+        };
+        let list = FixedSizeListArray::new(item, dim, values, None);
+        debug_assert_eq!(list.len(), self.rows);
+        (Arc::new(list), scale)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

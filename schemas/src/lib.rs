@@ -21,6 +21,7 @@ pub mod meta;
 pub mod model;
 pub mod queue;
 pub mod task;
+pub mod units;
 
 /// Version of the chip row schema written into every file's `rsembed` metadata.
 ///

@@ -25,10 +25,4 @@ pub mod task;
 
 pub use error::{Error, Result};
 
-/// The current time as RFC 3339 UTC, as job state, `job.json` and the
-/// manifest record it.
-pub fn now_rfc3339() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .expect("formatting the current time cannot fail")
-}
+pub use rsembed_schemas::datetime::now_rfc3339;

@@ -173,6 +173,22 @@ pub enum Error {
         #[source]
         source: BoxError,
     },
+    /// A flag or combination of flags that makes no sense, as the user
+    /// should read it.
+    #[error("{0}")]
+    Usage(String),
+    /// The model's text graph failed (it is the caller's: see [`crate::text`]).
+    #[error(transparent)]
+    Text(BoxError),
+    /// Writing the results (standard output, a page) failed.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    /// JSON that does not parse or cannot be written.
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    /// Writing Parquet failed.
+    #[error("parquet: {0}")]
+    Parquet(#[from] ParquetError),
     /// A scan or compaction thread that panicked or was cancelled.
     #[error("{what} failed: {source}")]
     Task {

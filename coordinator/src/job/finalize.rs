@@ -68,7 +68,7 @@ async fn list(
     tasks: u64,
     stac: &StacFeed,
 ) -> Result<Manifest> {
-    let mut builder = ManifestBuilder::new(out, spec)?;
+    let mut builder = ManifestBuilder::new(&out.loc, spec)?;
     let mut error_files: Vec<(String, String)> = Vec::new();
     let done = q.state.done_records(&spec.job_id).await?;
     let mut done = std::pin::pin!(done);

@@ -384,7 +384,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     // Reports go to the manifest's lists as they come, in the order tasks
     // finish: the run holds none of them. The plan's ids go to a local
     // spool, read back only when the output holds files of no planned task.
-    let mut builder = ManifestBuilder::new(&out, &spec)?;
+    let mut builder = ManifestBuilder::new(&out.loc, &spec)?;
     let mut plan_ids = PlanSpool::new()?;
     let (mut tasks_total, mut with_errors, mut cloudy) = (0u64, 0u64, 0u64);
     let collected: Result<()> = async {

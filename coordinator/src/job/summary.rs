@@ -2,6 +2,7 @@
 //! of a run and the report of a finalize (which `finalize` without `--nats`
 //! gives too, when it converts an older manifest).
 
+use rsembed_schemas::units::human_bytes;
 use std::path::PathBuf;
 
 use serde::Serialize;
@@ -193,22 +194,6 @@ fn listed(v: &[String]) -> String {
     s
 }
 
-/// `b` bytes in binary units, one decimal (`1.5 KiB`), for summaries.
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
-}
-
 /// What `finalize` found.
 #[derive(Debug, Clone, Serialize)]
 pub struct FinalizeReport {
@@ -298,12 +283,5 @@ mod tests {
         assert!(how_to_retry("submit", 0, 1)
             .unwrap()
             .starts_with("1 task failed;"));
-    }
-
-    #[test]
-    fn human_bytes_units() {
-        assert_eq!(human_bytes(12), "12 B");
-        assert_eq!(human_bytes(1536), "1.5 KiB");
-        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
     }
 }

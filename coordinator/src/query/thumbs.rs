@@ -1,6 +1,6 @@
 //! Pictures of search results: each hit's chip read again from its source by
-//! the worker's own reader ([`rsembed_worker::input::ChipReader`]) and
-//! encoded as a PNG data URI, for `search --html`.
+//! the worker's own reader ([`rsembed_worker::input::ChipReader`]), for the
+//! page of `search --html` (`rsembed_query::html`, which encodes them).
 //!
 //! A chip row names its source, its window and (in its file's `rsembed`
 //! metadata) the tiling that cut it; from those the task input is rebuilt as
@@ -16,99 +16,70 @@
 //! - A hit whose source cannot be read is a placeholder with the reason,
 //!   never a failed search: the results are already printed.
 
-use base64::Engine;
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use rsembed_query::html::ChipImages;
+use rsembed_query::search::SearchResult;
 use rsembed_raster::image::Rgb8;
 use rsembed_schemas::ids::Window;
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::{BandFile, TaskInput};
 use rsembed_worker::input::ChipReader;
+use rsembed_worker::model::ModelDir;
 use rsembed_worker::preprocess::Preprocessor;
 use rsembed_worker::store::StoreCache;
 use serde_json::Value;
 use url::Url;
 
-use crate::query::result::SearchResult;
 use crate::stac::fetch::{Fetcher, MAX_DOCUMENT};
 use crate::stac::scene::{scene_of, Selection};
 
-/// Hits read at once: each is a few range reads (or one archive streamed).
-const CONCURRENCY: usize = 4;
-
-/// Most pictures on one page, whatever `--top-k` is: beyond this the page
-/// would be tens of megabytes of PNG and minutes of reads.
-pub(crate) const MAX_THUMBNAILS: usize = 200;
-
-/// One hit's picture, or why there is none.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Thumb {
-    /// `data:image/png;base64,…` and its size in pixels.
-    Png {
-        data_uri: String,
-        width: u32,
-        height: u32,
-    },
-    /// The source could not be read (the reason), or the hit is past
-    /// [`MAX_THUMBNAILS`].
-    Missing(String),
+/// The chips of search hits read again from their sources, for the page
+/// of `search --html`; see the module's documentation.
+pub(crate) struct SourceChips {
+    stores: StoreCache,
+    fetcher: Option<Fetcher>,
+    pre: Option<Preprocessor>,
 }
 
-/// The pictures of `results`, in their order.
-pub(crate) async fn thumbnails(results: &[SearchResult], pre: Option<&Preprocessor>) -> Vec<Thumb> {
-    let stores = StoreCache::default();
-    let fetcher = Fetcher::new(&stores).ok();
-    let (stores, fetcher) = (&stores, fetcher.as_ref());
-    futures::stream::iter(results.iter().enumerate())
-        .map(|(i, r)| async move {
-            if i >= MAX_THUMBNAILS {
-                return Thumb::Missing(format!(
-                    "not drawn: pages show the first {MAX_THUMBNAILS} hits' pictures"
-                ));
-            }
-            match thumbnail(stores, fetcher, r, pre).await {
-                Ok(t) => t,
-                Err(reason) => {
-                    tracing::warn!(uri = %r.source_uri, cause = %reason, "no thumbnail");
-                    Thumb::Missing(reason)
-                }
-            }
+impl SourceChips {
+    /// Chips resized as `model`'s preprocessor does, when given.
+    pub(crate) fn new(model: Option<&ModelDir>) -> SourceChips {
+        let stores = StoreCache::default();
+        SourceChips {
+            fetcher: Fetcher::new(&stores).ok(),
+            stores,
+            pre: model.map(|m| Preprocessor::new(&m.preprocessor)),
+        }
+    }
+
+    async fn chip(&self, r: &SearchResult) -> Result<Rgb8, String> {
+        let tiling = r.tiling.as_ref().ok_or(
+            "its chip file has no rsembed metadata, so the tiling that cut the chip is unknown",
+        )?;
+        let input = input_of(self.fetcher.as_ref(), r, tiling).await?;
+        let reader = ChipReader::new(self.stores.clone(), TilingSpec::clone(tiling))
+            .map_err(|e| e.to_string())?;
+        let window = Window {
+            x: r.x,
+            y: r.y,
+            width: r.width,
+            height: r.height,
+        };
+        let chip = reader
+            .chip_rgb(&input, window)
+            .await
+            .map_err(|e| rsembed_worker::error::chain(&e))?;
+        Ok(match &self.pre {
+            Some(p) => p.resized(&chip).map_err(|e| e.to_string())?.into_owned(),
+            None => chip,
         })
-        .buffered(CONCURRENCY)
-        .collect()
-        .await
+    }
 }
 
-async fn thumbnail(
-    stores: &StoreCache,
-    fetcher: Option<&Fetcher>,
-    r: &SearchResult,
-    pre: Option<&Preprocessor>,
-) -> Result<Thumb, String> {
-    let tiling = r.tiling.as_ref().ok_or(
-        "its chip file has no rsembed metadata, so the tiling that cut the chip is unknown",
-    )?;
-    let input = input_of(fetcher, r, tiling).await?;
-    let reader =
-        ChipReader::new(stores.clone(), TilingSpec::clone(tiling)).map_err(|e| e.to_string())?;
-    let window = Window {
-        x: r.x,
-        y: r.y,
-        width: r.width,
-        height: r.height,
-    };
-    let chip = reader
-        .chip_rgb(&input, window)
-        .await
-        .map_err(|e| rsembed_worker::error::chain(&e))?;
-    let img = match pre {
-        Some(p) => p.resized(&chip).map_err(|e| e.to_string())?.into_owned(),
-        None => chip,
-    };
-    Ok(Thumb::Png {
-        data_uri: png_data_uri(&img)?,
-        width: img.width,
-        height: img.height,
-    })
+impl ChipImages for SourceChips {
+    fn chip<'a>(&'a self, r: &'a SearchResult) -> BoxFuture<'a, Result<Rgb8, String>> {
+        Box::pin(SourceChips::chip(self, r))
+    }
 }
 
 /// The task input the planner made for the chip's source.
@@ -213,22 +184,6 @@ async fn stac_item(fetcher: &Fetcher, href: &str, id: &str) -> Result<(stac::Ite
     Ok((item, base))
 }
 
-/// `img` as a `data:image/png;base64,` URI.
-pub(crate) fn png_data_uri(img: &Rgb8) -> Result<String, String> {
-    let mut out = Vec::new();
-    {
-        let mut e = png::Encoder::new(&mut out, img.width, img.height);
-        e.set_color(png::ColorType::Rgb);
-        e.set_depth(png::BitDepth::Eight);
-        let mut w = e.write_header().map_err(|e| e.to_string())?;
-        w.write_image_data(&img.data).map_err(|e| e.to_string())?;
-    }
-    Ok(format!(
-        "data:image/png;base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(out)
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -244,26 +199,5 @@ mod tests {
         );
         assert_eq!(parts[0].suffix, "B4");
         assert!(band_files("s3://b/T1_B4.TIF", &s(&["B4", "B3", "B2"])).is_none());
-    }
-
-    #[test]
-    fn png_data_uris_decode_to_the_pixels() {
-        let img = Rgb8 {
-            width: 2,
-            height: 1,
-            data: vec![1, 2, 3, 250, 251, 252],
-        };
-        let uri = png_data_uri(&img).unwrap();
-        let b64 = uri.strip_prefix("data:image/png;base64,").unwrap();
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .unwrap();
-        let mut r = png::Decoder::new(std::io::Cursor::new(bytes))
-            .read_info()
-            .unwrap();
-        let mut buf = vec![0; r.output_buffer_size().unwrap()];
-        let info = r.next_frame(&mut buf).unwrap();
-        assert_eq!((info.width, info.height), (2, 1));
-        assert_eq!(&buf[..info.buffer_size()], &img.data[..]);
     }
 }

@@ -335,7 +335,8 @@ fn geometry_at(col: &dyn Array, i: usize) -> Result<Value, String> {
             col.data_type()
         ));
     };
-    crate::wkb::to_geojson(bytes).map_err(|e| format!("geometry is not valid WKB: {e}"))
+    rsembed_query::format::wkb::to_geojson(bytes)
+        .map_err(|e| format!("geometry is not valid WKB: {e}"))
 }
 
 #[cfg(test)]

@@ -143,40 +143,5 @@ pub fn read_error_rows(
     bytes: bytes::Bytes,
     limit: usize,
 ) -> Result<Vec<rsembed_schemas::job::ManifestFailure>> {
-    use arrow_array::{Array, StringArray};
-    let reader =
-        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)?.build()?;
-    let mut out = Vec::new();
-    for batch in reader {
-        let batch = batch?;
-        let col = |name: &str| -> Result<StringArray> {
-            batch
-                .column_by_name(name)
-                .and_then(|c| c.as_any().downcast_ref::<StringArray>().cloned())
-                .ok_or_else(|| {
-                    crate::Error::Parquet(parquet::errors::ParquetError::General(format!(
-                        "error file has no string column `{name}`"
-                    )))
-                })
-        };
-        let (uri, stage, error) = (col("source_uri")?, col("stage")?, col("error")?);
-        for i in 0..batch.num_rows() {
-            if out.len() >= limit {
-                return Ok(out);
-            }
-            let get = |a: &StringArray| {
-                if a.is_null(i) {
-                    String::new()
-                } else {
-                    a.value(i).to_owned()
-                }
-            };
-            out.push(rsembed_schemas::job::ManifestFailure {
-                source_uri: get(&uri),
-                stage: get(&stage),
-                error: get(&error),
-            });
-        }
-    }
-    Ok(out)
+    Ok(rsembed_schemas::chip_file::read_error_rows(bytes, limit)?)
 }

@@ -8,6 +8,9 @@ pub mod footer;
 pub mod index;
 pub mod manifest;
 pub mod pages;
+#[cfg(test)]
+mod pages_tests;
+pub mod wkb;
 
 pub use embeddings::{embeddings, Embeddings};
 

@@ -5,6 +5,7 @@
 mod cache;
 mod local;
 mod store;
+mod upload;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,7 +17,8 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use rsembed_store::Location;
 
 pub use cache::CACHE_BYTES;
-pub use store::StoreReader;
+pub use store::{delete_if_present, put_json, StoreReader};
+pub use upload::AtomicUpload;
 
 use cache::ChunkCache;
 use local::Buffers;

@@ -91,3 +91,28 @@ impl AsyncFileReader for StoreReader {
         .boxed()
     }
 }
+
+/// Writes `v` as pretty JSON to `rel` under `out`, in one put: a reader sees
+/// the old document or the new one.
+pub async fn put_json<T: serde::Serialize>(
+    out: &rsembed_store::Location,
+    rel: &str,
+    v: &T,
+) -> crate::Result<()> {
+    let bytes = serde_json::to_vec_pretty(v).map_err(|e| crate::Error::Write {
+        path: format!("{}/{rel}", out.url.as_str().trim_end_matches('/')),
+        source: Box::new(e),
+    })?;
+    out.store
+        .put(&out.child(rel), object_store::PutPayload::from(bytes))
+        .await?;
+    Ok(())
+}
+
+/// Deletes `rel` under `out`; one that is not there is no error.
+pub async fn delete_if_present(out: &rsembed_store::Location, rel: &str) -> crate::Result<()> {
+    match out.store.delete(&out.child(rel)).await {
+        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}

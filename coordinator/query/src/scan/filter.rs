@@ -23,6 +23,32 @@ use crate::format::footer::{GroupStats, Stats};
 use crate::format::index::bbox_mask;
 use crate::{Error, Result};
 
+/// Parses `W,S,E,N` (lon/lat degrees) for `--bbox`.
+pub fn parse_bbox(s: &str) -> Result<[f64; 4], String> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|p| p.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--bbox wants W,S,E,N in degrees: {e}"))?;
+    let b: [f64; 4] = v
+        .try_into()
+        .map_err(|_| "--bbox wants four numbers: W,S,E,N".to_owned())?;
+    if !b.iter().all(|x| x.is_finite()) || b[0] > b[2] || b[1] > b[3] {
+        return Err(format!(
+            "--bbox {s}: want W <= E and S <= N (a box across the antimeridian is two searches)"
+        ));
+    }
+    // Footprints are lon/lat: a box in projected metres (or lat,lon swapped)
+    // would match nothing, silently.
+    if b[0] < -180.0 || b[2] > 180.0 || b[1] < -90.0 || b[3] > 90.0 {
+        return Err(format!(
+            "--bbox {s}: out of lon/lat range: want longitudes in [-180, 180] and latitudes \
+             in [-90, 90], degrees in the order W,S,E,N (OGC:CRS84), not projected coordinates"
+        ));
+    }
+    Ok(b)
+}
+
 /// Checks `search --datetime` (see [`rsembed_schemas::datetime::range`]).
 pub fn parse_datetime(s: &str) -> Result<String, String> {
     rsembed_schemas::datetime::range(s).map(|_| s.to_owned())

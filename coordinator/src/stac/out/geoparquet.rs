@@ -36,7 +36,7 @@ use stac::Collection;
 use super::rows::{Columns, JobColumns, Row};
 use super::Context;
 use crate::error::{Error, Result};
-use crate::query::compact::AtomicUpload;
+use rsembed_query::io::AtomicUpload;
 
 /// The file, relative to the output.
 pub(crate) const ITEMS_PARQUET: &str = "stac/items.parquet";

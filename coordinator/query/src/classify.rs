@@ -13,12 +13,14 @@
 //! first. Scores are SigLIP's independent sigmoids, not a softmax: they do
 //! not sum to one, and every label may be unlikely.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use arrow_array::builder::{Float32Builder, ListBuilder, StringBuilder, StructBuilder};
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
+use clap::Args;
 use futures::StreamExt;
 use object_store::ObjectStoreExt;
 use parquet::arrow::AsyncArrowWriter;
@@ -26,23 +28,51 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use rsembed_schemas::chip::col;
-use rsembed_worker::model::ModelDir;
-use rsembed_worker::store::{Location, StoreCache};
+use rsembed_store::{Location, StoreCache};
 use serde_json::json;
 
-use crate::cli::ClassifyArgs;
-use crate::error::{Error, Result};
-use crate::query::compact::AtomicUpload;
-use crate::query::search::check_model;
-use crate::query::Error as QueryError;
-use rsembed_query::format::embeddings;
-use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
-use rsembed_query::format::index::{GroupRef, Index};
-use rsembed_query::kernels::{dots, sigmoid_score};
-use rsembed_query::scan::{default_concurrency, scan_groups};
+use crate::format::embeddings;
+use crate::format::footer::FOOTER_BUDGET_GROUPS;
+use crate::format::index::{GroupRef, Index};
+use crate::io::AtomicUpload;
+use crate::kernels::{dots, sigmoid_score};
+use crate::scan::{default_concurrency, scan_groups};
+use crate::search::check_model;
+use crate::text::{self, TextModel};
+use crate::{Error, Error as QueryError, Result};
 
 /// Labels one run may have: each is a text-graph input and a dot product per chip.
 const MAX_LABELS: usize = 100_000;
+
+/// `rsembed classify`.
+#[derive(Debug, Clone, Args)]
+pub struct ClassifyArgs {
+    /// The dataset (as for `search`).
+    #[arg(long, env = "RSEMBED_INDEX")]
+    pub index: String,
+    /// Labels, one per line (blank lines and lines starting with `#` are skipped).
+    #[arg(long, env = "RSEMBED_LABELS")]
+    pub labels: PathBuf,
+    /// Prompt template; `{}` is replaced by the label (e.g. "a satellite image of {}").
+    #[arg(long, env = "RSEMBED_TEMPLATE", default_value = "{}")]
+    pub template: String,
+    /// Labels kept per chip, best first (at least 1).
+    #[arg(long, env = "RSEMBED_TOP", default_value_t = 3, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub top: usize,
+    /// The output Parquet file (local path or object store URL).
+    #[arg(long, env = "RSEMBED_OUTPUT")]
+    pub output: String,
+    /// Replace the file at `--output` when there is one; without it an
+    /// existing file is refused.
+    #[arg(long, env = "RSEMBED_OVERWRITE")]
+    pub overwrite: bool,
+    /// Row groups scored at once. Default: twice the number of cores.
+    #[arg(long, env = "RSEMBED_SCAN_CONCURRENCY")]
+    pub concurrency: Option<usize>,
+    /// Print the summary as JSON.
+    #[arg(long, env = "RSEMBED_JSON")]
+    pub json: bool,
+}
 
 /// What a classification wrote.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -88,8 +118,7 @@ pub(crate) fn read_labels(text: &str) -> Result<Vec<String>> {
             return Err(QueryError::flag(
                 "--labels",
                 format!("line {}: `{l}` is given twice", i + 1),
-            )
-            .into());
+            ));
         }
         out.push(l.to_owned());
         if out.len() > MAX_LABELS {
@@ -136,17 +165,16 @@ fn top_fields() -> Fields {
 }
 
 /// Labels every chip of `args.index` and writes `args.output`.
-pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
+pub async fn classify(args: ClassifyArgs, model: &dyn TextModel) -> Result<ClassifySummary> {
     let t0 = Instant::now();
     if !args.template.contains("{}") {
         return Err(QueryError::flag(
             "--template",
             format!("`{}` has no `{{}}` for the label", args.template),
-        )
-        .into());
+        ));
     }
     if args.top == 0 {
-        return Err(QueryError::flag("--top", "must be at least 1").into());
+        return Err(QueryError::flag("--top", "must be at least 1"));
     }
     let text = std::fs::read_to_string(&args.labels).map_err(|e| QueryError::FlagFile {
         flag: "--labels",
@@ -157,20 +185,19 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
     let stores = StoreCache::default();
     let out_loc = stores.location(&args.output)?;
     check_output(&out_loc, args.overwrite).await?;
-    let model = ModelDir::open(&args.model)?;
     let index = Arc::new(Index::open(&stores, &args.index, FOOTER_BUDGET_GROUPS).await?);
-    check_model(&index, &model)?;
+    check_model(&index, model)?;
     let dim = index.embed_dim;
     let prompts: Vec<String> = labels
         .iter()
         .map(|l| apply_template(&args.template, l))
         .collect();
-    let label_rows: Vec<f32> = crate::text::embed(&model, &args.engine, &prompts)?
+    let label_rows: Vec<f32> = text::embed(model, &prompts)?
         .into_iter()
         .flatten()
         .collect();
 
-    let (scale, bias) = (model.manifest.logit_scale, model.manifest.logit_bias);
+    let (scale, bias) = (model.manifest().logit_scale, model.manifest().logit_bias);
     let kv = vec![KeyValue::new(
         "rsembed".to_owned(),
         json!({
@@ -178,7 +205,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
             "schema_version": 1,
             "index": index.root.url.as_str(),
             "job_id": index.manifest.as_ref().map(|m| m.job_id.clone()),
-            "model_name": model.manifest.name,
+            "model_name": model.manifest().name,
             "model_sha256": index.model().map(|(_, s)| s.to_owned()),
             "template": args.template,
             "labels": labels,
@@ -290,8 +317,7 @@ pub async fn classify(args: ClassifyArgs) -> Result<ClassifySummary> {
         return Err(QueryError::Incomplete {
             path: out_loc.url.to_string(),
             problem: format!("wrote {rows} rows but the index has {}", index.rows()),
-        }
-        .into());
+        });
     }
     let mut best_counts: Vec<(String, u64)> = labels
         .iter()
@@ -318,36 +344,30 @@ async fn check_output(out: &Location, overwrite: bool) -> Result<()> {
                 path: out.url.to_string(),
                 problem: "already exists: pass --overwrite to replace it, or pick another --output"
                     .into(),
-            }
-            .into())
+            })
         }
         Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
         Err(e) => {
             return Err(QueryError::Write {
                 path: out.url.to_string(),
                 source: Box::new(e),
-            }
-            .into())
+            })
         }
     }
     if out.local_dir().is_some_and(|p| p.is_dir()) {
         return Err(QueryError::OutputRefused {
             path: out.url.to_string(),
             problem: "is a folder: --output names the Parquet file to write".into(),
-        }
-        .into());
+        });
     }
-    out.probe_local_write("").map_err(|e| {
-        QueryError::Write {
-            path: out.url.to_string(),
-            source: Box::new(e),
-        }
-        .into()
+    out.probe_local_write("").map_err(|e| QueryError::Write {
+        path: out.url.to_string(),
+        source: Box::new(e),
     })
 }
 
 fn parquet_err(e: parquet::errors::ParquetError) -> Error {
-    Error::Worker(rsembed_worker::Error::Parquet(e))
+    Error::Parquet(e)
 }
 
 /// The output rows of one batch of chips.

@@ -6,19 +6,16 @@ use std::sync::Arc;
 use arrow_array::{Array, RecordBatch};
 use futures::StreamExt;
 use rsembed_schemas::chip::col;
-use rsembed_worker::model::ModelDir;
-
-use crate::cli::SearchArgs;
-use crate::error::{Error, Result};
-use rsembed_query::format::embeddings;
-use rsembed_query::format::index::{GroupRef, Index, Pruning};
-use rsembed_query::ivf::Probed;
-use rsembed_query::kernels::normalize;
-use rsembed_query::scan::filter::{Filters, Missing, Verdict};
-use rsembed_query::scan::{default_concurrency, scan_groups, selection_of};
 
 use super::answer::string_col;
-use crate::query::Error as QueryError;
+use crate::format::embeddings;
+use crate::format::index::{GroupRef, Index, Pruning};
+use crate::ivf::Probed;
+use crate::kernels::normalize;
+use crate::scan::filter::{Filters, Missing, Verdict};
+use crate::scan::{default_concurrency, scan_groups, selection_of};
+use crate::text::{self, TextModel};
+use crate::{Error, Error as QueryError, Result};
 
 /// The row groups to score: those the statistics of `--bbox`, `--datetime`
 /// and `--max-cloud` keep, and of an IVF dataset's probed lists; with what
@@ -85,23 +82,23 @@ pub(super) async fn select_groups(
 }
 
 /// The model must be the one the index was embedded with.
-pub(crate) fn check_model(index: &Index, m: &ModelDir) -> Result<()> {
-    if m.manifest.embed_dim != index.embed_dim {
+pub(crate) fn check_model(index: &Index, m: &dyn TextModel) -> Result<()> {
+    let m = m.manifest();
+    if m.embed_dim != index.embed_dim {
         return Err(QueryError::flag(
             "--model",
             format!(
                 "{} has embedding dimension {}, the index {}: not the model it was embedded with",
-                m.manifest.name, m.manifest.embed_dim, index.embed_dim
+                m.name, m.embed_dim, index.embed_dim
             ),
-        )
-        .into());
+        ));
     }
     if let Some((name, sha)) = index.model() {
-        if name != m.manifest.name {
+        if name != m.name {
             return Err(Error::Usage(format!(
                 "the index was embedded with model `{name}` (vision graph sha256 {sha}), but --model is `{}`: \
                  text and image embeddings of different models are not comparable",
-                m.manifest.name
+                m.name
             )));
         }
     }
@@ -109,9 +106,9 @@ pub(crate) fn check_model(index: &Index, m: &ModelDir) -> Result<()> {
 }
 
 /// The prompt-ensembled query of `texts`.
-pub(super) fn text_query(m: &ModelDir, args: &SearchArgs, texts: &[String]) -> Result<Vec<f32>> {
-    let rows = crate::text::embed(m, &args.engine, texts)?;
-    let dim = m.manifest.embed_dim;
+pub(super) fn text_query(m: &dyn TextModel, texts: &[String]) -> Result<Vec<f32>> {
+    let rows = text::embed(m, texts)?;
+    let dim = m.manifest().embed_dim;
     let mut mean = vec![0f64; dim];
     for r in &rows {
         for (a, x) in mean.iter_mut().zip(r) {
@@ -146,8 +143,7 @@ pub(super) fn vector_query(path: &std::path::Path, dim: usize) -> Result<Vec<f32
                 path.display(),
                 v.len()
             ),
-        )
-        .into());
+        ));
     }
     normalize(&mut v)?;
     Ok(v)
@@ -194,9 +190,10 @@ pub(super) async fn find_chip(index: &Arc<Index>, id: &str) -> Result<(GroupRef,
         }
     }
     let Some((g, row)) = hit else {
-        return Err(
-            QueryError::flag("--like", format!("{id}: no chip with this id in the index")).into(),
-        );
+        return Err(QueryError::flag(
+            "--like",
+            format!("{id}: no chip with this id in the index"),
+        ));
     };
     let sel = selection_of(&[row], index.parts[g.part].group_rows(g.row_group));
     let mut s = index.stream(g, &[col::EMBEDDING], Some(sel)).await?;

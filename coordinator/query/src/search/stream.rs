@@ -20,9 +20,10 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::time::Instant;
 
-use super::{batch, SearchArgs, SearchResult, SearchStats, Searcher};
-use crate::error::{Error, Result};
-use rsembed_query::kernels::normalize;
+use super::{batch, Lent, SearchArgs, SearchResult, SearchStats, Searcher};
+use crate::kernels::normalize;
+use crate::text;
+use crate::{Error, Result};
 
 /// Bytes of one input line, at most: a vector of D = 1152 as JSON is about
 /// 25 KB. A longer line is answered with an error, and skipped unread.
@@ -108,7 +109,7 @@ fn bounded_line(
 
 /// Runs the resident search: answers every line of standard input, then
 /// prints the closing line of the whole session to stderr.
-pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
+pub(super) async fn run(args: &SearchArgs, lent: Lent<'_>, out: &mut dyn Write) -> Result<()> {
     super::one_query_source(args)?;
     if args.geojson || args.html.is_some() {
         return Err(Error::Usage(
@@ -120,17 +121,17 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
     let t0 = Instant::now();
     // Every footer held, and the chunks read kept (up to a budget): a resident
     // search reads each footer once, and the same lists again and again.
-    let searcher = Searcher::open(args, true).await?;
+    let searcher = Searcher::open(args, lent.model, true).await?;
     let dim = searcher.index.embed_dim;
     let mut texts = match &args.queries {
         Some(_) => {
-            let m = searcher.model.as_ref().ok_or_else(|| {
+            let m = searcher.model.ok_or_else(|| {
                 Error::Usage(
                     "rsembed search: --queries needs --model (the model the index was embedded with)"
                         .into(),
                 )
             })?;
-            Some(crate::text::encoder(m, &args.engine)?)
+            Some(m.encoder().map_err(Error::Text)?)
         }
         None => None,
     };
@@ -179,7 +180,7 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
                     }
                 }
                 let (numbers, strings): (Vec<usize>, Vec<String>) = good.into_iter().unzip();
-                let rows = crate::text::embed_with(enc, &strings)?;
+                let rows = text::embed_with(enc.as_mut(), &strings)?;
                 for (n, mut v) in numbers.into_iter().zip(rows) {
                     match normalize(&mut v) {
                         Ok(()) => queries.push((Some(n), v)),
@@ -226,7 +227,7 @@ pub(super) async fn run(args: &SearchArgs, out: &mut dyn Write) -> Result<()> {
             Ok(()) => {}
             // The client went away: the session is over, quietly.
             Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-            Err(e) => return Err(Error::Worker(rsembed_worker::Error::Io(e))),
+            Err(e) => return Err(Error::Io(e)),
         }
     }
     let p = &total.pruning;

@@ -11,16 +11,15 @@ use arrow_array::{
 use futures::StreamExt;
 use rsembed_schemas::chip::col;
 
-use crate::error::Result;
 use parquet::column::page::Page;
-use rsembed_query::format::answer;
-use rsembed_query::format::index::{GroupRef, Index};
-use rsembed_query::format::pages::Chunk;
-use rsembed_query::kernels::Hit;
-use rsembed_query::scan::selection_of;
 
 use super::SearchResult;
-use crate::query::Error as QueryError;
+use crate::format::answer;
+use crate::format::index::{GroupRef, Index};
+use crate::format::pages::Chunk;
+use crate::kernels::Hit;
+use crate::scan::selection_of;
+use crate::{Error as QueryError, Result};
 
 /// Reads the winners' columns (only their rows) and builds the results.
 pub(super) async fn details(
@@ -80,8 +79,7 @@ pub(super) async fn details(
             })?;
             r.rank = rank + 1;
             r.cosine = h.cosine;
-            r.score =
-                scale_bias.map(|(s, b)| rsembed_query::kernels::sigmoid_score(h.cosine, s, b));
+            r.score = scale_bias.map(|(s, b)| crate::kernels::sigmoid_score(h.cosine, s, b));
             Ok(r)
         })
         .collect()
@@ -113,7 +111,7 @@ pub(super) const ANSWER_STAC: [&str; 5] = [
 
 /// The answer columns of a part: those of every chip file, and those of
 /// schema version 2 it has.
-pub(super) fn answer_columns(part: &rsembed_query::format::index::Part) -> Vec<&'static str> {
+pub(super) fn answer_columns(part: &crate::format::index::Part) -> Vec<&'static str> {
     ANSWER_BASE
         .iter()
         .chain(ANSWER_STAC.iter().filter(|c| part.has_column(c)))
@@ -212,7 +210,7 @@ pub(super) async fn group_details(
             batch
                 .column_by_name(name)
                 .and_then(|c| c.as_any().downcast_ref::<Int32Array>())
-                .ok_or_else(|| QueryError::column(uri, name, "int32").into())
+                .ok_or_else(|| QueryError::column(uri, name, "int32"))
         };
         let (x, y, w, h) = (
             ints(col::X)?,
@@ -228,7 +226,7 @@ pub(super) async fn group_details(
             batch
                 .column_by_name(name)
                 .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
-                .ok_or_else(|| QueryError::column(uri, name, "float64").into())
+                .ok_or_else(|| QueryError::column(uri, name, "float64"))
         };
         let (lon, lat) = (f64s(col::CENTRE_LON)?, f64s(col::CENTRE_LAT)?);
         let geom = batch
@@ -276,7 +274,7 @@ pub(super) async fn group_details(
 type Found = ((GroupRef, usize), SearchResult);
 
 /// Whether column `name` of `part` has the arrow type [`answer_rows`] reads.
-pub(super) fn answer_type_ok(part: &rsembed_query::format::index::Part, name: &str) -> bool {
+pub(super) fn answer_type_ok(part: &crate::format::index::Part, name: &str) -> bool {
     use arrow_schema::{DataType, TimeUnit};
     let Ok(f) = part.schema.field_with_name(name) else {
         return false;
@@ -295,7 +293,7 @@ pub(super) fn answer_type_ok(part: &rsembed_query::format::index::Part, name: &s
 }
 
 /// The results of rows `wanted` of row group `g` from its answer columns'
-/// chunks (`columns[i]` in `chunks[i]`), read by [`rsembed_query::format::answer`];
+/// chunks (`columns[i]` in `chunks[i]`), read by [`crate::format::answer`];
 /// `Err` with the reason where that reader does not take them.
 pub(super) fn answer_rows(
     g: GroupRef,
@@ -458,7 +456,7 @@ pub(super) fn string_col<'a>(
     batch
         .column_by_name(name)
         .and_then(|c| c.as_any().downcast_ref::<StringArray>())
-        .ok_or_else(|| QueryError::column(uri, name, "a string column").into())
+        .ok_or_else(|| QueryError::column(uri, name, "a string column"))
 }
 
 #[cfg(test)]
@@ -611,7 +609,7 @@ mod tests {
             row_group: 0,
         };
         let clean = answer_chunks(&rows, WriterVersion::PARQUET_1_0);
-        let mut rng = rsembed_query::ivf::Rng(0x5eed);
+        let mut rng = crate::ivf::Rng(0x5eed);
         let mut next = move || rng.next_u64();
         let (mut ok, mut refused) = (0, 0);
         for _ in 0..1500 {

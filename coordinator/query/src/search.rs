@@ -29,31 +29,44 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
-use rsembed_worker::model::ModelDir;
-use rsembed_worker::store::StoreCache;
+use rsembed_store::StoreCache;
 use serde_json::{json, Value};
 
-use crate::cli::SearchArgs;
-use crate::error::{Error, Result};
-use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
-use rsembed_query::format::index::{GroupRef, Index, Pruning};
-use rsembed_query::format::pages::Stored;
-use rsembed_query::ivf::{Probe, Probed};
-use rsembed_query::kernels::{
+use crate::format::footer::FOOTER_BUDGET_GROUPS;
+use crate::format::index::{GroupRef, Index, Pruning};
+use crate::format::pages::Stored;
+use crate::html::ChipImages;
+use crate::ivf::{Probe, Probed};
+use crate::kernels::{
     dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8, normalize, Hit, TopK,
 };
-use rsembed_query::scan::filter::{Filters, Missing};
-use rsembed_query::scan::{default_concurrency, scan_embeddings};
+use crate::scan::filter::{Filters, Missing};
+use crate::scan::{default_concurrency, scan_embeddings};
+use crate::text::{self, TextModel};
+use crate::{Error, Result};
 
 mod answer;
+mod args;
 mod batch;
+mod result;
 mod select;
 mod stream;
 
 use self::answer::{details, read_ahead, read_ahead_groups, Ahead};
-pub(crate) use crate::query::result::SearchResult;
+pub use args::SearchArgs;
+pub use result::SearchResult;
 pub(crate) use select::check_model;
 use select::{find_chip, select_groups, text_query, vector_query};
+
+/// What the caller lends a search: the model of `--model`, which embeds
+/// text queries, and the reader of the chips an `--html` page shows.
+#[derive(Clone, Copy, Default)]
+pub struct Lent<'a> {
+    /// The model the index was embedded with, when given.
+    pub model: Option<&'a dyn TextModel>,
+    /// The hits' chips, for `--html`.
+    pub chips: Option<&'a dyn ChipImages>,
+}
 
 /// Rows scored against every query before the next rows: 256 rows of D =
 /// 768 float32 are 768 KiB, which stays in L2 while a batch of queries
@@ -124,18 +137,18 @@ impl SearchStats {
 /// A reader that stops early (`rsembed search … | head`) is not an error:
 /// on a broken pipe the output ends quietly, as in other Unix tools, with no
 /// statistics line either.
-pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
-    if let Some(w) = unfinished_job(&args.index).await {
-        eprintln!("rsembed search: {w}");
-    }
+pub async fn run(args: SearchArgs, lent: Lent<'_>, out: &mut dyn Write) -> Result<()> {
     let stdin = Some(std::path::Path::new("-"));
     if args.vectors.as_deref() == stdin || args.queries.as_deref() == stdin {
-        return stream::run(&args, out).await;
+        return stream::run(&args, lent, out).await;
     }
-    let (results, stats) = search(&args).await?;
+    let (results, stats) = search(&args, lent.model).await?;
     let printed = print_results(&args, &results, out).and_then(|()| out.flush());
     if let Some(path) = &args.html {
-        let missing = crate::query::html::write(&args, &results, path).await?;
+        let chips = lent.chips.ok_or_else(|| {
+            Error::Usage("rsembed search: --html needs a reader of the hits' chips".into())
+        })?;
+        let missing = crate::html::write(&args, &results, chips, path).await?;
         eprintln!(
             "rsembed search: wrote {} ({} hits, {missing} without a picture)",
             path.display(),
@@ -145,7 +158,7 @@ pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
     match printed {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
-        Err(e) => return Err(Error::Worker(rsembed_worker::Error::Io(e))),
+        Err(e) => return Err(Error::Io(e)),
     }
     let p = &stats.pruning;
     let filtered = args.bbox.is_some() || args.datetime.is_some() || args.max_cloud.is_some();
@@ -165,29 +178,6 @@ pub async fn run(args: SearchArgs, out: &mut dyn Write) -> Result<()> {
         stats.seconds
     );
     Ok(())
-}
-
-/// The warning for an index that is the output (or its `chips/` folder) of
-/// a job that has not finished: its results cover the tasks done so far.
-/// A failed check only logs: it must not stop a search.
-async fn unfinished_job(index: &str) -> Option<String> {
-    let stores = StoreCache::default();
-    let trimmed = index.trim_end_matches('/');
-    let root = match trimmed.rsplit_once('/') {
-        Some((parent, "chips")) => parent,
-        _ => trimmed,
-    };
-    let check = async {
-        let loc = stores.location(root)?;
-        crate::job::output::JobOutput::new(loc).unfinished().await
-    };
-    match check.await {
-        Ok(u) => u.map(|u| u.warning()),
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot tell whether the index's job is finished");
-            None
-        }
-    }
 }
 
 /// The closing line's counts of chips excluded for lacking the property a
@@ -303,14 +293,17 @@ fn print_results(
 }
 
 /// The top-K results of a search, best first, and what the scan did.
-pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, SearchStats)> {
+pub(crate) async fn search(
+    args: &SearchArgs,
+    model: Option<&dyn TextModel>,
+) -> Result<(Vec<SearchResult>, SearchStats)> {
     let t0 = Instant::now();
     one_query_source(args)?;
-    let searcher = Searcher::open(args, false).await?;
+    let searcher = Searcher::open(args, model, false).await?;
     let index = &searcher.index;
     let dim = index.embed_dim;
-    let need_model = |what: &str| -> Result<&ModelDir> {
-        searcher.model.as_ref().ok_or_else(|| {
+    let need_model = |what: &str| -> Result<&dyn TextModel> {
+        searcher.model.ok_or_else(|| {
             Error::Usage(format!(
                 "rsembed search: {what} needs --model (the model the index was embedded with)"
             ))
@@ -319,7 +312,7 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
     // (line number, unit vector) per query; the line is None for one query.
     let (queries, exclude): (Vec<(Option<usize>, Vec<f32>)>, _) = if !args.texts.is_empty() {
         let m = need_model("a text query")?;
-        (vec![(None, text_query(m, args, &args.texts)?)], None)
+        (vec![(None, text_query(m, &args.texts)?)], None)
     } else if let Some(id) = &args.like {
         let (g, row, v) = find_chip(index, id).await?;
         (vec![(None, v)], Some((g, row)))
@@ -331,7 +324,7 @@ pub(crate) async fn search(args: &SearchArgs) -> Result<(Vec<SearchResult>, Sear
         let path = args.queries.as_ref().expect("one query source");
         let m = need_model("--queries")?;
         let (lines, texts): (Vec<usize>, Vec<String>) = batch::texts(path)?.into_iter().unzip();
-        let rows = crate::text::embed(m, &args.engine, &texts)?;
+        let rows = text::embed(m, &texts)?;
         let mut qs = Vec::with_capacity(rows.len());
         for (line, mut v) in lines.into_iter().zip(rows) {
             normalize(&mut v)?;
@@ -363,8 +356,8 @@ fn one_query_source(args: &SearchArgs) -> Result<()> {
 
 /// An open search: the index, its centroids, the filters and the model,
 /// ready to answer queries, once (`search`) or line by line (`--vectors -`).
-struct Searcher {
-    model: Option<ModelDir>,
+struct Searcher<'m> {
+    model: Option<&'m dyn TextModel>,
     index: Arc<Index>,
     /// The IVF layout's centroids: held by a resident search, read as
     /// they are ranked by a single pass (held through the scan they were
@@ -375,13 +368,16 @@ struct Searcher {
     concurrency: usize,
 }
 
-impl Searcher {
+impl<'m> Searcher<'m> {
     /// Opens the index of `args`. A `resident` search (queries line by line)
     /// holds every footer, and keeps the column chunks it reads (up to a budget);
     /// another holds [`FOOTER_BUDGET_GROUPS`] row groups' footers beyond those
     /// being read.
-    async fn open(args: &SearchArgs, resident: bool) -> Result<Searcher> {
-        let model = args.model.as_ref().map(ModelDir::open).transpose()?;
+    async fn open(
+        args: &SearchArgs,
+        model: Option<&'m dyn TextModel>,
+        resident: bool,
+    ) -> Result<Searcher<'m>> {
         let stores = StoreCache::default();
         let footer_budget = if resident {
             usize::MAX
@@ -393,7 +389,7 @@ impl Searcher {
             index.keep_chunks();
         }
         let index = Arc::new(index);
-        if let Some(m) = &model {
+        if let Some(m) = model {
             check_model(&index, m)?;
         }
         let filters = Filters {
@@ -569,7 +565,7 @@ impl Searcher {
                     }
                 }
                 acc.scored += keep.map_or(n, |m| m.iter().filter(|&&k| k).count()) as u64;
-                Ok::<(), crate::Error>(())
+                Ok::<(), Error>(())
             },
         ));
         let mut tops = vec![TopK::new(k); nq];
@@ -584,8 +580,7 @@ impl Searcher {
         }
         let scale_bias = self
             .model
-            .as_ref()
-            .map(|m| (m.manifest.logit_scale, m.manifest.logit_bias));
+            .map(|m| (m.manifest().logit_scale, m.manifest().logit_bias));
         let per_query: Vec<Vec<Hit>> = tops.into_iter().map(TopK::into_sorted).collect();
         let all: Vec<Hit> = per_query.iter().flatten().copied().collect();
         let mut found = details(index, &all, scale_bias, concurrency, ahead)

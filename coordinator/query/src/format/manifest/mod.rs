@@ -1,5 +1,8 @@
 //! A dataset's `manifest.json` and its list of files, as a reader needs
-//! them: which chip files make the finished dataset.
+//! them: which chip files make the finished dataset; and, in [`build`],
+//! the manifest as a writer builds it.
+
+mod build;
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
@@ -11,6 +14,8 @@ use rsembed_store::Location;
 
 use crate::io::StoreReader;
 use crate::{Error, Result};
+
+pub use build::{Built, ManifestBuilder, SAMPLE};
 
 /// `manifest.json` of the dataset at `loc`, in either format, and its
 /// bytes; `None` when there is none.
@@ -64,7 +69,7 @@ fn reader(loc: &Location, entry: &ManifestFile) -> StoreReader {
 }
 
 /// The error of a list of the dataset at `loc`.
-fn list_error(loc: &Location, rel: &str, source: ListError) -> Error {
+pub fn list_error(loc: &Location, rel: &str, source: ListError) -> Error {
     Error::ManifestList {
         url: format!("{}/{rel}", loc.url.as_str().trim_end_matches('/')),
         source,

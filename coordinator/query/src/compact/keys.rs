@@ -11,10 +11,9 @@ use futures::StreamExt;
 use rsembed_schemas::chip::col;
 
 use super::{Progress, HILBERT_ORDER, NO_CENTRE, SAMPLE_ROWS};
-use crate::error::Result;
-use crate::query::Error as QueryError;
-use rsembed_query::format::index::{GroupRef, Index};
-use rsembed_query::scan::{default_concurrency, scan_groups};
+use crate::format::index::{GroupRef, Index};
+use crate::scan::{default_concurrency, scan_groups};
+use crate::{Error as QueryError, Result};
 
 /// A row's sort key: Hilbert index of its centre, then its chip id.
 pub type Key = (u64, u128);
@@ -80,7 +79,7 @@ pub fn parse_chip_id(s: &str) -> Option<u128> {
 /// than any chip, and chip ids break ties). Rows without a centre stay last
 /// within their list.
 pub(crate) fn list_key(list: u32, hilbert: u64) -> u64 {
-    debug_assert!(list < rsembed_query::ivf::MAX_LISTS);
+    debug_assert!(list < crate::ivf::MAX_LISTS);
     (u64::from(list) << 48) | (hilbert >> 16)
 }
 
@@ -92,11 +91,11 @@ pub(crate) fn key_list(key: u64) -> u32 {
 /// The sort keys of a batch's rows (it needs `chip_id` and the centres; a
 /// batch with a `list` column gets [`list_key`]s).
 pub(super) fn batch_keys(batch: &RecordBatch, uri: &str) -> Result<Vec<Key>> {
-    let lists = match batch.column_by_name(rsembed_query::ivf::LIST) {
+    let lists = match batch.column_by_name(crate::ivf::LIST) {
         None => None,
         Some(c) => Some(
             c.as_primitive_opt::<arrow_array::types::Int32Type>()
-                .ok_or_else(|| QueryError::column(uri, rsembed_query::ivf::LIST, "Int32"))?,
+                .ok_or_else(|| QueryError::column(uri, crate::ivf::LIST, "Int32"))?,
         ),
     };
     let ids = batch

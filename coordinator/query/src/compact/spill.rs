@@ -20,8 +20,7 @@ use rsembed_schemas::embedding::EmbeddingType;
 use super::keys::{batch_keys, bucket_of, Key};
 use super::source::{conform, convert_embeddings};
 use super::{SPILL_BUFFER_BYTES, SPILL_FRAME_BYTES};
-use crate::error::Result;
-use crate::query::Error as QueryError;
+use crate::{Error as QueryError, Result};
 
 pub(super) fn spill_err(p: &FsPath, source: std::io::Error) -> QueryError {
     QueryError::Spill {
@@ -183,7 +182,7 @@ impl Spill {
         let f = match File::open(path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(spill_err(path, e).into()),
+            Err(e) => return Err(spill_err(path, e)),
         };
         let mut left = f.metadata().map_err(|e| spill_err(path, e))?.len();
         let mut r = BufReader::new(f);
@@ -193,7 +192,7 @@ impl Spill {
             match r.read_exact(&mut len) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => break,
-                Err(e) => return Err(spill_err(path, e).into()),
+                Err(e) => return Err(spill_err(path, e)),
             }
             left = left.saturating_sub(8);
             let n = u64::from_le_bytes(len);
@@ -201,8 +200,7 @@ impl Spill {
                 return Err(QueryError::SpillCorrupt {
                     path: path.to_path_buf(),
                     problem: format!("a frame of {n} bytes, but {left} bytes are left in the file"),
-                }
-                .into());
+                });
             }
             left -= n;
             let mut frame = vec![0u8; n as usize];
@@ -274,9 +272,6 @@ mod tests {
             msg.contains("bucket-00000.spill") && msg.contains("4 bytes are left"),
             "{msg}"
         );
-        assert!(matches!(
-            err,
-            crate::Error::Query(QueryError::SpillCorrupt { .. })
-        ));
+        assert!(matches!(err, QueryError::SpillCorrupt { .. }));
     }
 }

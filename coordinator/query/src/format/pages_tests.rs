@@ -1,10 +1,14 @@
-//! The `embedding` column read in place (`rsembed_query::format::pages`)
+//! The `embedding` column read in place (`crate::format::pages`)
 //! against the arrow reader, through an index's scan.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::format::index::{GroupRef, Index};
+use crate::format::pages::{Chunk, Decode, Stored};
+use crate::scan::filter::Filters;
+use crate::scan::scan_embeddings;
 use arrow_array::RecordBatch;
 use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, Int8Array};
 use arrow_schema::{DataType, Field, Schema};
@@ -12,14 +16,10 @@ use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{WriterProperties, WriterVersion};
-use rsembed_query::format::index::{GroupRef, Index};
-use rsembed_query::format::pages::{Chunk, Decode, Stored};
-use rsembed_query::scan::filter::Filters;
-use rsembed_query::scan::scan_embeddings;
 use rsembed_schemas::chip::col;
 use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::embedding::SCALE_COLUMN;
-use rsembed_worker::store::StoreCache;
+use rsembed_store::StoreCache;
 
 const DIM: usize = 24;
 const ROWS: usize = 1100;
@@ -102,10 +102,7 @@ fn write(path: &std::path::Path, ty: EmbeddingType, w: Writer, null_row: Option<
 
 /// Every row the scan hands out, as float32, by row of the file; and
 /// how many row groups were read in place.
-async fn scan(
-    path: &std::path::Path,
-    ty: EmbeddingType,
-) -> crate::error::Result<(Vec<Vec<f32>>, usize)> {
+async fn scan(path: &std::path::Path, ty: EmbeddingType) -> crate::Result<(Vec<Vec<f32>>, usize)> {
     let index =
         Arc::new(Index::open(&StoreCache::default(), path.to_str().unwrap(), usize::MAX).await?);
     let (groups, _) = index.row_groups(None);

@@ -1,6 +1,6 @@
 //! `search --html FILE`: the results as one self-contained HTML page.
 //!
-//! Each hit shows its chip's picture ([`crate::query::thumbs`]), rank,
+//! Each hit shows its chip's picture (read by a [`ChipImages`]), rank,
 //! score, cosine, date, scene and window, centre and a link to its source;
 //! an SVG overview draws every footprint on lon/lat axes. Nothing is loaded
 //! from elsewhere: pictures are data URIs, styles inline, no script, no font,
@@ -20,13 +20,45 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
+use base64::Engine;
+use futures::future::BoxFuture;
+use futures::StreamExt;
+use rsembed_raster::image::Rgb8;
 use serde_json::Value;
 
-use crate::cli::SearchArgs;
-use crate::error::Result;
-use crate::query::result::SearchResult;
-use crate::query::thumbs::{thumbnails, Thumb};
-use crate::query::Error as QueryError;
+use crate::search::{SearchArgs, SearchResult};
+use crate::{Error, Result};
+
+/// Hits read at once: each is a few range reads (or one archive streamed).
+const CONCURRENCY: usize = 4;
+
+/// Most pictures on one page, whatever `--top-k` is: beyond this the page
+/// would be tens of megabytes of PNG and minutes of reads.
+pub const MAX_THUMBNAILS: usize = 200;
+
+/// The chip of a hit, read again from its source as the model saw it (the
+/// coordinator's reader: this crate reads no imagery); `Err` is why not.
+pub trait ChipImages: Send + Sync {
+    /// The 8-bit RGB picture of `r`'s chip.
+    fn chip<'a>(&'a self, r: &'a SearchResult) -> BoxFuture<'a, Result<Rgb8, String>>;
+}
+
+/// One hit's picture, or why there is none.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Thumb {
+    /// `data:image/png;base64,…` and its size in pixels.
+    Png {
+        /// The picture.
+        data_uri: String,
+        /// Width in pixels.
+        width: u32,
+        /// Height in pixels.
+        height: u32,
+    },
+    /// The source could not be read (the reason), or the hit is past
+    /// [`MAX_THUMBNAILS`].
+    Missing(String),
+}
 
 /// What the page says about the search besides its results.
 pub(crate) struct PageInfo {
@@ -38,22 +70,59 @@ pub(crate) struct PageInfo {
     pub(crate) created: String,
 }
 
+/// The pictures of `results`, in their order. A hit whose chip cannot be
+/// read is a placeholder with the reason, never a failed search: the
+/// results are already printed.
+pub async fn thumbnails(results: &[SearchResult], chips: &dyn ChipImages) -> Vec<Thumb> {
+    futures::stream::iter(results.iter().enumerate())
+        .map(|(i, r)| async move {
+            if i >= MAX_THUMBNAILS {
+                return Thumb::Missing(format!(
+                    "not drawn: pages show the first {MAX_THUMBNAILS} hits' pictures"
+                ));
+            }
+            let png = chips.chip(r).await.and_then(|img| {
+                Ok(Thumb::Png {
+                    data_uri: png_data_uri(&img)?,
+                    width: img.width,
+                    height: img.height,
+                })
+            });
+            png.unwrap_or_else(|reason| {
+                tracing::warn!(target: crate::LOG, uri = %r.source_uri, cause = %reason, "no thumbnail");
+                Thumb::Missing(reason)
+            })
+        })
+        .buffered(CONCURRENCY)
+        .collect()
+        .await
+}
+
+/// `img` as a `data:image/png;base64,` URI.
+pub(crate) fn png_data_uri(img: &Rgb8) -> Result<String, String> {
+    let mut out = Vec::new();
+    {
+        let mut e = png::Encoder::new(&mut out, img.width, img.height);
+        e.set_color(png::ColorType::Rgb);
+        e.set_depth(png::BitDepth::Eight);
+        let mut w = e.write_header().map_err(|e| e.to_string())?;
+        w.write_image_data(&img.data).map_err(|e| e.to_string())?;
+    }
+    Ok(format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(out)
+    ))
+}
+
 /// Reads the hits' pictures and writes the page to `path`; returns how many
 /// pictures could not be drawn.
 pub(crate) async fn write(
     args: &SearchArgs,
     results: &[SearchResult],
+    chips: &dyn ChipImages,
     path: &Path,
 ) -> Result<usize> {
-    let model = args
-        .model
-        .as_ref()
-        .map(rsembed_worker::model::ModelDir::open)
-        .transpose()?;
-    let pre = model
-        .as_ref()
-        .map(|m| rsembed_worker::preprocess::Preprocessor::new(&m.preprocessor));
-    let thumbs = thumbnails(results, pre.as_ref()).await;
+    let thumbs = thumbnails(results, chips).await;
     let query = if !args.texts.is_empty() {
         args.texts
             .iter()
@@ -70,10 +139,10 @@ pub(crate) async fn write(
     let info = PageInfo {
         query,
         index: args.index.clone(),
-        created: rsembed_worker::now_rfc3339(),
+        created: rsembed_schemas::datetime::now_rfc3339(),
     };
     let page = render(&info, results, &thumbs);
-    std::fs::write(path, page).map_err(|e| QueryError::Write {
+    std::fs::write(path, page).map_err(|e| Error::Write {
         path: path.display().to_string(),
         source: Box::new(e),
     })?;
@@ -547,5 +616,27 @@ mod tests {
         assert!((nice_step(0.03, 5.0) - 0.005).abs() < 1e-12);
         assert_eq!(decimals(0.005), 3);
         assert_eq!(decimals(2.0), 0);
+    }
+
+    #[test]
+    fn png_data_uris_decode_to_the_pixels() {
+        use base64::Engine;
+        let img = Rgb8 {
+            width: 2,
+            height: 1,
+            data: vec![1, 2, 3, 250, 251, 252],
+        };
+        let uri = png_data_uri(&img).unwrap();
+        let b64 = uri.strip_prefix("data:image/png;base64,").unwrap();
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap();
+        let mut r = png::Decoder::new(std::io::Cursor::new(bytes))
+            .read_info()
+            .unwrap();
+        let mut buf = vec![0; r.output_buffer_size().unwrap()];
+        let info = r.next_frame(&mut buf).unwrap();
+        assert_eq!((info.width, info.height), (2, 1));
+        assert_eq!(&buf[..info.buffer_size()], &img.data[..]);
     }
 }

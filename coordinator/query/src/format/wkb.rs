@@ -46,7 +46,7 @@ impl Reader<'_> {
     }
 }
 
-pub(crate) fn to_geojson(b: &[u8]) -> Result<Value, String> {
+pub fn to_geojson(b: &[u8]) -> Result<Value, String> {
     let mut r = Reader { b, at: 0 };
     let g = geometry(&mut r, 0)?;
     Ok(g)

@@ -104,24 +104,25 @@ use rsembed_schemas::job::{IvfLayout, Manifest, ManifestFile, MANIFEST_FILE};
 use rsembed_schemas::manifest::{task_id_of, FailureKind, FileKind, ListedFile};
 use rsembed_schemas::meta::FileMeta;
 use rsembed_schemas::SOFTWARE_VERSION;
-use rsembed_worker::store::{Location, StoreCache};
+use rsembed_store::{Location, StoreCache};
 use sha2::{Digest, Sha256};
 
-use crate::cli::CompactArgs;
-use crate::error::{Error, Result};
-use crate::job::manifest::ManifestBuilder;
-use crate::job::output::put_json;
-use crate::job::summary::human_bytes;
-use crate::query::Error as QueryError;
-use rsembed_query::format::footer::FOOTER_BUDGET_GROUPS;
-use rsembed_query::format::index::Index;
+use crate::format::footer::FOOTER_BUDGET_GROUPS;
+use crate::format::index::Index;
+use crate::format::manifest::ManifestBuilder;
+use crate::io::put_json;
+use crate::Error as QueryError;
+use crate::{Error, Result};
+use rsembed_schemas::units::human_bytes;
 
+pub use args::CompactArgs;
 use keys::{read_keys, split_keys};
 use lists::Lists;
 use source::{check_paths, check_source, chip_schema_of, copy_rest, duplicate, prepare_output};
 use spill::{spill_err, Spill};
 use write::{sort_bucket, write_part};
 
+mod args;
 mod keys;
 mod lists;
 mod source;
@@ -130,7 +131,6 @@ mod write;
 
 pub(crate) use keys::IdDigest;
 pub use keys::{hilbert_key, parse_chip_id, Key};
-pub(crate) use write::AtomicUpload;
 
 /// Hilbert curve order per axis: 2^32 cells of 8 mm of longitude at the equator.
 pub(crate) const HILBERT_ORDER: u32 = 32;
@@ -277,15 +277,14 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         sample = ?args.sample, seed = ?args.seed, "compact"
     );
     check_paths(&src, &out)?;
-    let Some((_, manifest_bytes)) = crate::job::manifest::read(&src).await? else {
+    let Some((_, manifest_bytes)) = crate::format::manifest::read(&src).await? else {
         return Err(QueryError::Dataset {
             uri: src.url.to_string(),
             problem: format!(
                 "has no {MANIFEST_FILE}: compact reads finished jobs only \
                  (run `rsembed finalize` first, or let `rsembed run` finish)"
             ),
-        }
-        .into());
+        });
     };
     let index = Arc::new(Index::open(&stores, &args.index, FOOTER_BUDGET_GROUPS).await?);
     let manifest = index
@@ -293,7 +292,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
         .clone()
         .expect("an index read from a folder with manifest.json has it: this is a bug");
     let (chips, errors): (Vec<ListedFile>, Vec<ListedFile>) =
-        crate::job::manifest::files(&index.root, &manifest)
+        crate::format::manifest::files(&index.root, &manifest)
             .try_collect::<Vec<_>>()
             .await?
             .into_iter()
@@ -317,11 +316,10 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
                  the dataset changed since it was finalized",
                 keys.digest.rows, manifest.rows
             ),
-        )
-        .into());
+        ));
     }
     if let Some(id) = keys.duplicate {
-        return Err(duplicate(&src, id).into());
+        return Err(duplicate(&src, id));
     }
     // Converted embeddings change the bytes per row by their element size
     // (and int8's 4-byte scale): files of int8 from f32 hold 4× the rows.
@@ -341,13 +339,12 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
                  (about {bytes_per_row} bytes each); the most is {MAX_FILES}",
                 args.target_size
             ),
-        )
-        .into());
+        ));
     }
     let (lists, schema, splits) = match args.lists {
         None => (None, schema, split_keys(&keys.sample, files)),
         Some(n) => {
-            let seed = args.seed.unwrap_or(rsembed_query::ivf::DEFAULT_SEED);
+            let seed = args.seed.unwrap_or(crate::ivf::DEFAULT_SEED);
             let (l, sample) = lists::train(&index, n, args.sample, seed, &progress).await?;
             (
                 Some(l),
@@ -417,8 +414,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
                  ({}, chip ids {}): no manifest written, the output is incomplete",
                 manifest.rows, keys.digest
             ),
-        }
-        .into());
+        });
     }
 
     let mut builder = ManifestBuilder::for_job(&out, &manifest.job_id, &manifest.fingerprint)?;
@@ -428,7 +424,7 @@ pub async fn compact(args: CompactArgs) -> Result<CompactSummary> {
     copy_rest(&src, &out, &errors, &mut builder).await?;
     // Failed inputs came with the error files; failed tasks and inputs
     // without chips are the source's, as its list has them.
-    let mut kept = crate::job::manifest::failures(&index.root, &manifest);
+    let mut kept = crate::format::manifest::failures(&index.root, &manifest);
     while let Some(row) = kept.try_next().await? {
         if row.kind != FailureKind::FailedInput {
             builder.failure_row(row).await?;
@@ -589,8 +585,7 @@ async fn spill_and_write(job: Rewrite) -> Result<Rewritten> {
                     "read back {} rows of {rows}: is the spill folder's disk full?",
                     sorted.order.len()
                 ),
-            }
-            .into());
+            });
         }
         if let (Some(prev), Some(first)) = (last, sorted.first) {
             assert!(prev < first, "buckets overlap: this is a bug");

@@ -6,7 +6,7 @@
 //!   slab (`--sample` × D floats), and rows above the running threshold are
 //!   dropped where they are read.
 //! - **Train**: spherical k-means on the sample, in chip-id order
-//!   ([`rsembed_query::ivf::kmeans`]). The sample's rows, with their lists,
+//!   ([`crate::ivf::kmeans`]). The sample's rows, with their lists,
 //!   are also the sample the output files are split by.
 //! - **Label** (pass 2): each row read gets its nearest list as a `list`
 //!   column, appended after the chip columns; its sort key is then (list,
@@ -25,17 +25,16 @@ use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_schemas::chip::col;
 use rsembed_schemas::job::{IvfLayout, ManifestFile, CENTROIDS_FILE};
-use rsembed_worker::store::Location;
+use rsembed_store::Location;
 use sha2::{Digest, Sha256};
 
 use super::keys::{batch_keys, list_key, Key};
 use super::Progress;
-use crate::error::Result;
-use crate::query::Error as QueryError;
-use rsembed_query::format::embeddings;
-use rsembed_query::format::index::{GroupRef, Index};
-use rsembed_query::ivf::{self, Centroids, LIST};
-use rsembed_query::scan::{default_concurrency, scan_groups};
+use crate::format::embeddings;
+use crate::format::index::{GroupRef, Index};
+use crate::ivf::{self, Centroids, LIST};
+use crate::scan::{default_concurrency, scan_groups};
+use crate::{Error as QueryError, Result};
 
 /// A trained IVF layout and the rows each list got.
 pub(super) struct Lists {
@@ -97,8 +96,7 @@ pub(super) async fn train(
                 m.min(rows),
                 sample.map_or(String::new(), |s| format!(", --sample {s}"))
             ),
-        )
-        .into());
+        ));
     }
     let cap = usize::try_from(m).unwrap_or(usize::MAX).min(rows as usize);
     progress.phase("sample");
@@ -228,12 +226,9 @@ impl Lists {
         let schema = with_list(&batch.schema());
         let mut columns = batch.columns().to_vec();
         columns.push(Arc::new(list));
-        RecordBatch::try_new(schema, columns).map_err(|source| {
-            QueryError::Rows {
-                uri: uri.to_owned(),
-                source,
-            }
-            .into()
+        RecordBatch::try_new(schema, columns).map_err(|source| QueryError::Rows {
+            uri: uri.to_owned(),
+            source,
         })
     }
 

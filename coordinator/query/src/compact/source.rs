@@ -9,20 +9,20 @@ use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_schemas::chip::{chip_schema, col, embedding_type_from, with_embedding_type};
+use rsembed_schemas::chip_file::read_error_rows;
+use rsembed_schemas::embedding::EmbeddingBuilder;
 use rsembed_schemas::embedding::{EmbeddingType, SCALE_COLUMN};
 use rsembed_schemas::job::{Manifest, ManifestFile, CENTROIDS_FILE, JOB_FILE, MANIFEST_FILE};
 use rsembed_schemas::manifest::{ListedFile, FAILURES_LIST, FILES_LIST};
 use rsembed_schemas::meta::FileMeta;
-use rsembed_worker::sink::parquet::read_error_rows;
-use rsembed_worker::sink::rows::EmbeddingBuilder;
-use rsembed_worker::store::Location;
+use rsembed_store::Location;
 use sha2::{Digest, Sha256};
 
-use crate::error::Result;
-use crate::job::manifest::ManifestBuilder;
-use crate::query::Error as QueryError;
-use rsembed_query::format::embeddings;
-use rsembed_query::format::index::Index;
+use crate::format::embeddings;
+use crate::format::index::Index;
+use crate::format::manifest::ManifestBuilder;
+use crate::Error as QueryError;
+use crate::Result;
 
 pub(super) fn check_paths(src: &Location, out: &Location) -> Result<()> {
     let s = src.url.as_str().trim_end_matches('/');
@@ -31,8 +31,7 @@ pub(super) fn check_paths(src: &Location, out: &Location) -> Result<()> {
         return Err(QueryError::flag(
             "--output",
             format!("{o} is the dataset being compacted: write the compaction elsewhere"),
-        )
-        .into());
+        ));
     }
     for dir in ["chips", "errors"] {
         if o.starts_with(&format!("{s}/{dir}/")) || o == format!("{s}/{dir}") {
@@ -41,8 +40,7 @@ pub(super) fn check_paths(src: &Location, out: &Location) -> Result<()> {
                 format!(
                     "{o} is inside the source's {dir}/, where readers of the source would find it"
                 ),
-            )
-            .into());
+            ));
         }
     }
     Ok(())
@@ -83,8 +81,7 @@ pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()
                 "already holds a dataset ({}): pass --overwrite to replace it, or pick another --output",
                 found.join(", ")
             ),
-        }
-        .into());
+        });
     }
     tracing::warn!(output = %out.url, "--overwrite: deleting the dataset there");
     for p in [
@@ -185,7 +182,6 @@ pub(super) fn convert_embeddings(
             uri: uri.to_owned(),
             source,
         }
-        .into()
     })
 }
 
@@ -210,8 +206,7 @@ pub(super) fn check_source(
                     part.rows(),
                     entry.rows
                 ),
-            )
-            .into());
+            ));
         }
         let fields = super::lists::without_list(part.schema.fields());
         let Some((version, ty)) = schema_version_of(&fields, index.embed_dim) else {
@@ -222,8 +217,7 @@ pub(super) fn check_source(
                     rsembed_schemas::SCHEMA_VERSION,
                     part.schema.fields()
                 ),
-            )
-            .into());
+            ));
         };
         let m = part.file_meta.as_ref().ok_or_else(|| {
             QueryError::dataset(&part.uri, "no `rsembed` metadata: not a chip file of a job")
@@ -235,8 +229,7 @@ pub(super) fn check_source(
                     "written by job {}, but the manifest is job {}'s",
                     m.job_id, manifest.job_id
                 ),
-            )
-            .into());
+            ));
         }
         if meta.is_none_or(|(_, v, _)| v < version) {
             meta = Some((m, version, ty));
@@ -354,8 +347,7 @@ pub(super) async fn copy_rest(
                     "sha256 {sha}, but the manifest says {}: the dataset changed since it was finalized",
                     f.sha256
                 ),
-            )
-            .into());
+            ));
         }
         let failed = read_error_rows(bytes.clone(), usize::MAX)?;
         out.store

@@ -1,31 +1,23 @@
 //! Pass 3: a bucket's rows sorted by key and written as one chip file through
 //! an atomic upload, hashed on the way.
 
-use std::sync::Arc;
-
 use arrow_array::cast::AsArray;
 use arrow_array::types::Float64Type;
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::SchemaRef;
 use arrow_select::interleave::interleave_record_batch;
-use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::FutureExt;
-use object_store::buffered::BufWriter;
-use parquet::arrow::async_writer::{AsyncArrowWriter, AsyncFileWriter};
+use parquet::arrow::async_writer::AsyncArrowWriter;
 use parquet::errors::ParquetError;
 use parquet::file::properties::WriterProperties;
 use rsembed_schemas::chip::col;
 use rsembed_schemas::chip_file::schema_with_file_metadata;
 use rsembed_schemas::job::ManifestFile;
-use rsembed_worker::store::Location;
-use sha2::{Digest, Sha256};
-use tokio::io::AsyncWriteExt;
+use rsembed_store::Location;
 
 use super::keys::{batch_keys, find_duplicate, key_list, IdDigest, Key};
 use super::{UPLOAD_CONCURRENCY, WRITE_BATCH_ROWS};
-use crate::error::Result;
-use crate::query::Error as QueryError;
+use crate::io::AtomicUpload;
+use crate::{Error as QueryError, Result};
 
 // ---- Pass 3: sort a bucket and write it --------------------------------------
 
@@ -59,8 +51,7 @@ pub(super) fn sort_bucket(batches: Vec<RecordBatch>, uri: &str) -> Result<Sorted
                 "chip_id {id:032x} is in it more than once: a dataset must hold each chip once \
                  (no manifest written, the output is incomplete)"
             ),
-        )
-        .into());
+        ));
     }
     let mut digest = IdDigest::default();
     keys.iter().for_each(|k| digest.add(k.1));
@@ -88,7 +79,7 @@ pub(super) fn sort_bucket(batches: Vec<RecordBatch>, uri: &str) -> Result<Sorted
     }
     let breaks = if batches
         .iter()
-        .any(|b| b.column_by_name(rsembed_query::ivf::LIST).is_some())
+        .any(|b| b.column_by_name(crate::ivf::LIST).is_some())
     {
         (1..keys.len())
             .filter(|&i| key_list(keys[i].0) != key_list(keys[i - 1].0))
@@ -105,72 +96,6 @@ pub(super) fn sort_bucket(batches: Vec<RecordBatch>, uri: &str) -> Result<Sorted
         first: keys.first().copied(),
         last: keys.last().copied(),
     })
-}
-
-/// An upload of one object for a Parquet writer: one put, or a multipart
-/// upload that appears whole on completion; hashes what it writes, and can
-/// be aborted whatever state it failed in.
-pub(crate) struct AtomicUpload {
-    inner: BufWriter,
-    sha: Sha256,
-    bytes: u64,
-    /// Set once completion starts: object_store's `BufWriter` panics
-    /// ("Already shut down") when a failed shutdown is then aborted.
-    closing: bool,
-}
-
-impl AtomicUpload {
-    /// An upload of `path`, `concurrency` parts of 10 MiB at once.
-    pub(crate) fn new(
-        store: &Arc<dyn object_store::ObjectStore>,
-        path: object_store::path::Path,
-        concurrency: usize,
-    ) -> AtomicUpload {
-        AtomicUpload {
-            inner: BufWriter::new(store.clone(), path).with_max_concurrency(concurrency),
-            sha: Sha256::new(),
-            bytes: 0,
-            closing: false,
-        }
-    }
-
-    /// Bytes written so far.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Hex SHA-256 of the bytes written so far.
-    pub(crate) fn sha256(&self) -> String {
-        hex::encode(self.sha.clone().finalize())
-    }
-
-    /// Gives up the upload, leaving no object; errors are of no use then.
-    pub(crate) async fn abort(&mut self) {
-        if !self.closing {
-            if let Err(e) = self.inner.abort().await {
-                tracing::warn!(error = %e, "aborting an upload failed");
-            }
-        }
-    }
-}
-
-impl AsyncFileWriter for AtomicUpload {
-    fn write(&mut self, bs: Bytes) -> BoxFuture<'_, parquet::errors::Result<()>> {
-        self.sha.update(&bs);
-        self.bytes += bs.len() as u64;
-        async move {
-            self.inner
-                .put(bs)
-                .await
-                .map_err(|e| ParquetError::External(Box::new(e)))
-        }
-        .boxed()
-    }
-
-    fn complete(&mut self) -> BoxFuture<'_, parquet::errors::Result<()>> {
-        self.closing = true;
-        async move { Ok(self.inner.shutdown().await?) }.boxed()
-    }
 }
 
 /// Writes a sorted bucket as the chip file `rel`; its manifest entry and row groups.
@@ -217,8 +142,7 @@ pub(super) async fn write_part(
             return Err(QueryError::Write {
                 path,
                 source: Box::new(e),
-            }
-            .into());
+            });
         }
     };
     let rows = md.file_metadata().num_rows().max(0) as u64;
@@ -229,14 +153,13 @@ pub(super) async fn write_part(
                 "its footer says {rows} rows, {} were written",
                 sorted.order.len()
             ),
-        }
-        .into());
+        });
     }
     let file = ManifestFile {
         path: rel.to_owned(),
         rows,
-        sha256: hex::encode(upload.sha.finalize_reset()),
-        bytes: upload.bytes,
+        sha256: upload.sha256(),
+        bytes: upload.bytes(),
         extent: None,
     };
     Ok((file, md.num_row_groups()))

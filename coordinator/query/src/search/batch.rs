@@ -9,9 +9,8 @@
 use std::io::Read;
 use std::path::Path;
 
-use crate::error::Result;
-use crate::query::Error as QueryError;
-use rsembed_query::kernels::normalize;
+use crate::kernels::normalize;
+use crate::{Error as QueryError, Result};
 
 /// Queries in one batch, at most: each keeps D floats and K hits for the
 /// whole scan, and is scored against every row.
@@ -40,8 +39,7 @@ fn read(flag: &'static str, path: &Path) -> Result<String> {
                 path.display(),
                 MAX_FILE_BYTES >> 20
             ),
-        )
-        .into());
+        ));
     }
     Ok(text)
 }
@@ -55,7 +53,10 @@ fn lines<'a>(flag: &'static str, path: &Path, text: &'a str) -> Result<Vec<(usiz
         .filter(|(_, l)| !l.is_empty())
         .collect();
     if lines.is_empty() {
-        return Err(QueryError::flag(flag, format!("{}: no queries in it", path.display())).into());
+        return Err(QueryError::flag(
+            flag,
+            format!("{}: no queries in it", path.display()),
+        ));
     }
     if lines.len() > MAX_QUERIES {
         return Err(QueryError::flag(
@@ -65,8 +66,7 @@ fn lines<'a>(flag: &'static str, path: &Path, text: &'a str) -> Result<Vec<(usiz
                 path.display(),
                 lines.len()
             ),
-        )
-        .into());
+        ));
     }
     Ok(lines)
 }
