@@ -8,7 +8,7 @@
 //! else, so a browser enforces that too.
 //!
 //! Decisions:
-//! - Every text and attribute value is escaped ([`esc`]); links are made
+//! - Every text and attribute value is escaped (`esc`); links are made
 //!   only for `http(s)://` and `file://` sources (anything else, `s3://`
 //!   included, is shown as text), so no source name or item id can inject
 //!   markup or a `javascript:` link.

@@ -66,7 +66,7 @@ pub struct SearchResult {
 
 impl SearchResult {
     /// The footprint as a GeoJSON geometry.
-    pub(crate) fn geometry(&self) -> Option<Value> {
+    pub fn geometry(&self) -> Option<Value> {
         self.wkb.as_deref().and_then(wkb_to_geojson)
     }
 }

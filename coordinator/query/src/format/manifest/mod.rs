@@ -1,6 +1,6 @@
 //! A dataset's `manifest.json` and its list of files, as a reader needs
-//! them: which chip files make the finished dataset; and, in [`build`],
-//! the manifest as a writer builds it.
+//! them: which chip files make the finished dataset; and, in `build.rs`, the
+//! manifest as a writer builds it.
 
 mod build;
 
