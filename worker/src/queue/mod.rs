@@ -25,7 +25,7 @@ pub use jetstream::context::{PublishAckFuture, PublishError};
 pub use jetstream::publish::PublishAck;
 
 /// The subjects of the task stream: `rsembed.tasks.<job_id>`.
-pub const SUBJECTS: &str = "rsembed.tasks.>";
+pub(crate) const SUBJECTS: &str = "rsembed.tasks.>";
 
 /// The oldest nats-server the queue runs on (async-nats 0.51's KV and the
 /// consumer features used here need 2.10).
