@@ -165,7 +165,7 @@ def fuse_dir(model_dir: str) -> dict:
     """Fuses a model directory's vision_model.onnx in place, converts vision_model_fp16.onnx
     again from it when the directory has one, and records the new digests."""
     sys.path.insert(0, HERE)
-    import export_onnx
+    import model_format
     import record_digests
 
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -174,11 +174,11 @@ def fuse_dir(model_dir: str) -> dict:
     stats = fuse(path, path, int(vc["num_attention_heads"]), int(vc["hidden_size"]))
     fp16 = os.path.join(model_dir, "vision_model_fp16.onnx")
     if os.path.exists(fp16):
-        export_onnx.convert_fp16(path, fp16)
+        model_format.convert_fp16(path, fp16)
     manifest = os.path.join(model_dir, "rsembed-model.json")
     with open(manifest) as f:
         m = json.load(f)
-    m["exporter_version"] = export_onnx.EXPORTER_VERSION
+    m["exporter_version"] = model_format.EXPORTER_VERSION
     with open(manifest, "w") as f:
         json.dump(m, f, indent=2)
         f.write("\n")

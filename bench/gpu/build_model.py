@@ -106,13 +106,14 @@ def load_float16_converter(float16_py: str | None):
     return mod.convert_float_to_float16, f"{path} (onnxruntime not importable: {why})"
 
 
-def convert_fp16(export_onnx, converter, src: str, dst: str) -> None:
-    """export_onnx.convert_fp16 with the converter passed in."""
+def convert_fp16(converter, src: str, dst: str) -> None:
+    """model_format.convert_fp16 (tools/) with the converter passed in."""
+    import model_format
     import onnx
 
     model = onnx.load(src)
     fp16 = converter(model, keep_io_types=True)
-    export_onnx._topological_sort(fp16.graph)
+    model_format.topological_sort(fp16.graph)
     onnx.save(fp16, dst)
     onnx.checker.check_model(dst)
 
@@ -223,7 +224,7 @@ def main(argv=None) -> int:
         info["skipped"].append("attention/GELU fusion (tools/fuse_graph.py): --no-fuse")
     if args.fp16:
         t = time.time()
-        convert_fp16(export_onnx, converter, os.path.join(out, "vision_model.onnx"),
+        convert_fp16(converter, os.path.join(out, "vision_model.onnx"),
                      os.path.join(out, "vision_model_fp16.onnx"))
         info["seconds"]["convert_fp16"] = time.time() - t
         print(f"vision_model_fp16.onnx: {info['seconds']['convert_fp16']:.1f} s ({converter_from})", flush=True)

@@ -23,7 +23,7 @@ use async_nats::jetstream;
 use bytes::Bytes;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rsembed_coordinator::cli::TilingArgs;
-use rsembed_coordinator::job::run::tiling_spec;
+use rsembed_coordinator::job::setup::tiling_spec;
 use rsembed_coordinator::job::submit::{publish_tasks, PublishJob, SubmitSummary};
 use rsembed_coordinator::queue::{self, Queue, QueueConfig};
 use rsembed_schemas::job::{ModelRef, TilingSpec};

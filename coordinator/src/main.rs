@@ -222,12 +222,12 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         assets: args.tiling.assets.clone(),
         cloud_mask: args.tiling.cloud_mask.clone(),
         max_cloud: args.tiling.max_cloud,
-        footprint_tolerance: Some(rsembed_coordinator::job::run::footprint_tolerance(
+        footprint_tolerance: Some(rsembed_coordinator::job::setup::footprint_tolerance(
             &args.tiling,
         )?),
         embedding_type: args.tiling.embedding_type,
     };
-    rsembed_coordinator::job::run::check_stac_tiling(&args.tiling)?;
+    rsembed_coordinator::job::setup::check_stac_tiling(&args.tiling)?;
     let resolved =
         rsembed_coordinator::stac::resolve(&stores, &args.input, &tiling, &args.tiling.stac)
             .await?;

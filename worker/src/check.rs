@@ -21,7 +21,7 @@ use crate::model::ModelDir;
 /// `rsembed-worker check`: load the model, run one batch, print the execution provider.
 #[derive(Debug, Parser)]
 #[command(name = "rsembed-worker check", version, args_override_self = true)]
-pub struct CheckArgs {
+pub(crate) struct CheckArgs {
     /// Model directory (in the image: `/models/<name>`).
     #[arg(long, env = "RSEMBED_MODEL")]
     pub model: PathBuf,
@@ -38,7 +38,7 @@ pub struct CheckArgs {
 
 /// What the check found.
 #[derive(Debug, Clone, Serialize)]
-pub struct CheckReport {
+pub(crate) struct CheckReport {
     /// Model name.
     pub model: String,
     /// Embedding dimension.
@@ -80,7 +80,7 @@ impl CheckReport {
 }
 
 /// Runs the check.
-pub fn check(args: &CheckArgs) -> Result<CheckReport> {
+pub(crate) fn check(args: &CheckArgs) -> Result<CheckReport> {
     if args.batch == 0 || args.batch > 1024 {
         return Err(Error::Usage(format!(
             "--batch {}: want 1 to 1024",

@@ -133,7 +133,7 @@ impl Error {
 /// - `CUBLAS_STATUS_ALLOC_FAILED`: cuBLAS could not get its workspace;
 /// - `std::bad_alloc`: a host allocation outside any arena (the CPU provider
 ///   with its arena disabled), which ORT reports by the exception's text.
-pub const OUT_OF_MEMORY_TEXTS: [&str; 5] = [
+pub(crate) const OUT_OF_MEMORY_TEXTS: [&str; 5] = [
     "Failed to allocate memory",
     "Available memory of",
     "out of memory",

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub(crate) static CUDA_LOADED: AtomicBool = AtomicBool::new(false);
 
 /// Whether this process opened a CUDA session.
-pub fn cuda_loaded() -> bool {
+pub(crate) fn cuda_loaded() -> bool {
     CUDA_LOADED.load(Ordering::Relaxed)
 }
 

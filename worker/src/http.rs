@@ -28,7 +28,7 @@ use crate::metrics::Registry;
 use crate::queue::{ConnectionProblem, ConnectionWatch};
 
 /// The content type of the text exposition format.
-pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+pub(crate) const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// Liveness: the process answers. Probes and the Helm chart use these paths.
 pub const HEALTHZ_PATH: &str = "/healthz";
@@ -140,7 +140,7 @@ pub async fn start(
 }
 
 /// Accepts connections on `listener` until `shutdown` is cancelled.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     registry: &'static Registry,
     health: Option<Arc<Health>>,

@@ -5,9 +5,12 @@
 //! `rsembed-worker` pull worker.
 #![warn(missing_docs)]
 
+// Public is what the `rsembed-worker` binary, the coordinator, `bench/` and
+// the tests use of the worker; everything else is `pub(crate)` (docs/decisions.md,
+// "Query crate"). `input` and `sink` show only what their own files make public.
 pub mod batch;
 pub mod check;
-pub mod context;
+pub(crate) mod context;
 pub mod engine;
 pub mod error;
 pub mod exit;
@@ -23,6 +26,6 @@ pub mod sink;
 pub mod store;
 pub mod task;
 
-pub use error::{Error, Result};
+pub use error::Error;
 
 pub use rsembed_schemas::datetime::now_rfc3339;

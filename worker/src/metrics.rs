@@ -33,7 +33,7 @@ use crate::engine::adaptive::StatsHandle;
 use crate::engine::{Backend, DeviceMemory};
 
 /// Metric names, Prometheus style: base units, `_total` on counters.
-pub mod names {
+pub(crate) mod names {
     /// Counter: chips embedded.
     pub const CHIPS_TOTAL: &str = "rsembed_worker_chips_total";
     /// Counter: inputs recorded as failed (error rows).
@@ -63,13 +63,13 @@ pub mod names {
 
 /// Upper bounds of the inference histogram, in seconds: Prometheus' default
 /// buckets, extended for large CPU batches.
-pub const INFERENCE_BUCKETS: [f64; 14] = [
+pub(crate) const INFERENCE_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 ];
 
 /// A monotonic counter.
 #[derive(Debug, Default, Clone)]
-pub struct Counter(prometheus_client::metrics::counter::Counter<u64, AtomicU64>);
+pub(crate) struct Counter(prometheus_client::metrics::counter::Counter<u64, AtomicU64>);
 
 impl Counter {
     /// Zero.
@@ -84,10 +84,6 @@ impl Counter {
     pub(crate) fn raise_to(&self, v: u64) {
         self.0.inner().fetch_max(v, Ordering::Relaxed);
     }
-    /// The value now.
-    pub fn get(&self) -> u64 {
-        self.0.get()
-    }
 }
 
 /// An integer gauge.
@@ -96,15 +92,15 @@ pub struct Gauge(prometheus_client::metrics::gauge::Gauge<i64, AtomicI64>);
 
 impl Gauge {
     /// Zero.
-    pub fn new() -> Gauge {
+    pub(crate) fn new() -> Gauge {
         Gauge::default()
     }
     /// Sets the value.
-    pub fn set(&self, v: i64) {
+    pub(crate) fn set(&self, v: i64) {
         self.0.set(v);
     }
     /// Adds `d` (negative to subtract).
-    pub fn add(&self, d: i64) {
+    pub(crate) fn add(&self, d: i64) {
         self.0.inner().fetch_add(d, Ordering::Relaxed);
     }
     /// The value now.
@@ -113,7 +109,7 @@ impl Gauge {
     }
     /// Adds `n` now and subtracts it when the guard is dropped or released, so
     /// a queue depth stays right when a task is dropped half way.
-    pub fn hold(&self, n: i64) -> Held<'_> {
+    pub(crate) fn hold(&self, n: i64) -> Held<'_> {
         self.add(n);
         Held { gauge: self, n }
     }
@@ -121,7 +117,7 @@ impl Gauge {
 
 /// What [`Gauge::hold`] added, taken back on drop.
 #[derive(Debug)]
-pub struct Held<'a> {
+pub(crate) struct Held<'a> {
     gauge: &'a Gauge,
     n: i64,
 }
@@ -142,7 +138,7 @@ impl Drop for Held<'_> {
 
 /// A histogram with the fixed bounds [`INFERENCE_BUCKETS`].
 #[derive(Debug, Clone)]
-pub struct Histogram(prometheus_client::metrics::histogram::Histogram);
+pub(crate) struct Histogram(prometheus_client::metrics::histogram::Histogram);
 
 impl Default for Histogram {
     fn default() -> Self {
@@ -205,24 +201,24 @@ impl Collector for GpuMemory {
 /// Every metric of the process. See the module documentation.
 pub struct Registry {
     /// [`names::CHIPS_TOTAL`].
-    pub chips: Counter,
+    pub(crate) chips: Counter,
     /// [`names::FAILED_INPUTS_TOTAL`].
-    pub failed_inputs: Counter,
+    pub(crate) failed_inputs: Counter,
     /// [`names::CLOUDY_CHIPS_DROPPED_TOTAL`].
-    pub cloudy_chips_dropped: Counter,
+    pub(crate) cloudy_chips_dropped: Counter,
     /// [`names::OOM_TOTAL`].
-    pub ooms: Counter,
+    pub(crate) ooms: Counter,
     /// [`names::BATCH_SIZE`].
-    pub batch_size: Gauge,
+    pub(crate) batch_size: Gauge,
     /// [`names::BATCH_CEILING`].
-    pub batch_ceiling: Gauge,
+    pub(crate) batch_ceiling: Gauge,
     /// [`names::INFERENCE_SECONDS`].
-    pub inference_seconds: Histogram,
-    /// [`names::QUEUE_CHIPS`].
+    pub(crate) inference_seconds: Histogram,
+    /// `rsembed_worker_queue_chips`.
     pub queue_chips: Gauge,
-    /// [`names::QUEUE_BATCHES`].
+    /// `rsembed_worker_queue_batches`.
     pub queue_batches: Gauge,
-    /// [`names::QUEUE_TASKS`].
+    /// `rsembed_worker_queue_tasks`.
     pub queue_tasks: Gauge,
     gpu: Arc<GpuMemory>,
     adaptive: Mutex<Option<StatsHandle>>,
@@ -375,8 +371,8 @@ impl Registry {
         self.publish_adaptive();
     }
 
-    /// The text exposition format, version 0.0.4
-    /// ([`crate::http::CONTENT_TYPE`]).
+    /// The text exposition format, version 0.0.4 (the content type
+    /// `/metrics` answers with).
     pub fn render(&self) -> String {
         self.publish_adaptive();
         let mut out = String::with_capacity(4096);

@@ -10,7 +10,7 @@ use futures::FutureExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use rsembed_raster::tiff::RangeRead;
-pub use rsembed_store::{canonical_url, Location, StoreCache};
+pub use rsembed_store::{Location, StoreCache};
 
 /// Range reads of one object, counted.
 pub struct StoreRange {

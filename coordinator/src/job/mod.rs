@@ -3,7 +3,8 @@
 //! A job is an input, an output, a model and a tiling ([`output`] decides which
 //! job an output holds). [`plan`] streams the input's listing into
 //! deterministic tasks; [`run`] executes them in one process, or [`submit`]
-//! publishes them to the NATS work queue for pull workers. [`status`] reads
+//! publishes them to the NATS work queue for pull workers, both after the
+//! same [`setup`] (flags, model, the job at the output, the first task). [`status`] reads
 //! the job's progress from the job state and the stream; `deadletter` turns
 //! tasks JetStream gave up on into failures; [`finalize`] checks that every
 //! planned task is done or failed and writes `manifest.json`. [`summary`]
@@ -19,6 +20,7 @@ pub mod plan;
 pub(crate) mod progress;
 pub(crate) mod resume;
 pub mod run;
+pub mod setup;
 pub mod status;
 pub mod submit;
 pub mod summary;

@@ -29,9 +29,16 @@ use crate::error::{Error, OtherJob, Result};
 /// The plan's task ids, one per line, in plan order (distributed mode).
 pub(crate) const TASKS_FILE: &str = "tasks.txt";
 
+/// The folder of an embedded run's done records, one a finished task
+/// (`job::resume` writes and reads them).
+pub(crate) const STATE_DIR: &str = "state/";
+
+/// The suffix of a done record's name.
+pub(crate) const RECORD_SUFFIX: &str = ".done";
+
 /// Folders of the output that hold one file per task: its rows, its failed
-/// inputs, and the done records of an embedded run (see `job::resume`).
-const TASK_DIRS: [&str; 3] = ["chips/", "errors/", crate::job::resume::STATE_DIR];
+/// inputs, and the done records of an embedded run.
+const TASK_DIRS: [&str; 3] = ["chips/", "errors/", STATE_DIR];
 
 /// What a command found at the output, once it may go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,7 +275,7 @@ impl JobOutput {
                 let name = meta.location.filename().unwrap_or_default();
                 let id = name
                     .strip_suffix(".parquet")
-                    .or_else(|| name.strip_suffix(crate::job::resume::RECORD_SUFFIX))
+                    .or_else(|| name.strip_suffix(RECORD_SUFFIX))
                     .unwrap_or(name);
                 if !plan.contains(id) {
                     stale.push(meta.location);

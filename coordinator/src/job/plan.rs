@@ -23,6 +23,7 @@ use crate::stac::scene::{scene_of, Selection};
 
 mod measure;
 use crate::stac::source::{stream_items, Found, SourceStats, StacInput};
+pub use measure::Sharding;
 use measure::{measure, Measure, MEASURE_IN_FLIGHT};
 
 /// How inputs are grouped into tasks.
@@ -54,24 +55,6 @@ impl Grouping {
             chips: files,
         }
     }
-}
-
-/// How the planner splits large scenes into tasks of chip blocks.
-#[derive(Clone)]
-pub struct Sharding {
-    /// Stores for reading TIFF headers.
-    pub stores: StoreCache,
-    /// The job's tiling (chip size and stride decide the grid).
-    pub tiling: TilingSpec,
-    /// TIFFs smaller than this are not opened by the planner: they stay one task
-    /// input, and the worker cuts them.
-    pub min_bytes: u64,
-    /// Reader bounds for the header read.
-    pub limits: TiffLimits,
-    /// Measure every input for the plan's estimate (`rsembed plan`): read
-    /// the headers of TIFFs too small to split, and ask the store for the
-    /// size of STAC assets without `file:size`. The tasks are the same.
-    pub estimate: bool,
 }
 
 /// What a job reads: a listing of a folder or prefix, or the items a STAC

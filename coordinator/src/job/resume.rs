@@ -21,12 +21,7 @@ use rsembed_worker::store::Location;
 use rsembed_worker::task::TaskReport;
 
 use crate::error::{Error, Result};
-
-/// The folder of the tasks' done records.
-pub(crate) const STATE_DIR: &str = "state/";
-
-/// The suffix of a done record's name.
-pub(crate) const RECORD_SUFFIX: &str = ".done";
+use crate::job::output::{delete_if_present, size_of, RECORD_SUFFIX, STATE_DIR};
 
 /// A record is a hundred-odd bytes: anything much larger is not one, and is
 /// not read into memory.
@@ -109,7 +104,7 @@ async fn files_match(out: &Location, task: &Task, record: &DoneRecord) -> Result
     ];
     for (path, bytes) in files {
         let Some(bytes) = bytes else { continue };
-        if crate::job::output::size_of(out, &path).await? != Some(bytes) {
+        if size_of(out, &path).await? != Some(bytes) {
             return Ok(false);
         }
     }
@@ -131,7 +126,7 @@ pub(crate) async fn write_record(out: &Location, report: &TaskReport, seconds: f
 /// Removes a task's done record before the task runs again, so a run cut
 /// off while it writes the new files finds them, not the old record.
 pub(crate) async fn forget(out: &Location, task: &Task) -> Result<()> {
-    crate::job::output::delete_if_present(out, &record_path(&task.task_id)).await
+    delete_if_present(out, &record_path(&task.task_id)).await
 }
 
 /// A task's done record; `None` when it has none, or one that does not read

@@ -20,21 +20,20 @@ use std::time::Instant;
 
 use futures::StreamExt;
 
-use rsembed_schemas::job::{JobSpec, ModelRef, TilingSpec};
+use rsembed_schemas::job::{ModelRef, TilingSpec};
 use rsembed_schemas::queue::{JobRecord, TaskDone, TaskFailed, TaskMessage, MESSAGE_FORMAT};
 use rsembed_schemas::task::Task;
-use rsembed_worker::model::ModelDir;
+use rsembed_worker::now_rfc3339;
 use rsembed_worker::queue::{self, Queue};
-use rsembed_worker::store::StoreCache;
 use serde::Serialize;
 use tokio::io::AsyncWriteExt;
 
 use crate::cli::SubmitArgs;
 use crate::error::{Error, Result};
 use crate::job::deadletter;
-use crate::job::output::{self, Claim, JobOutput, Replace};
+use crate::job::output::{Claim, JobOutput, Replace};
 use crate::job::plan;
-use crate::job::run::{check_output, now_rfc3339, tiling_spec};
+use crate::job::setup::{first_task, setup, JobFlags, JobSetup};
 
 pub(crate) use crate::job::output::TASKS_FILE;
 
@@ -121,70 +120,49 @@ impl SubmitSummary {
 pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let started = Instant::now();
     super::log_config("submit", &super::redacted_submit(&args));
-    let stores = StoreCache::default();
-    let output = stores.location(&args.output)?;
-    let model = ModelDir::open(&args.model)?;
-    let tiling = tiling_spec(&args.tiling, &model)?;
-    let resolved = crate::stac::resolve(&stores, &args.input, &tiling, &args.tiling.stac).await?;
-    let input = resolved.location.clone();
-    // Refused here rather than by every worker.
-    tiling
-        .scale
-        .parse::<rsembed_raster::scale::ScaleSpec>()
-        .map_err(Error::Usage)?;
-    let model_ref = model.model_ref(args.fp16)?;
+    // Flags of its own first, then the setup `run` shares.
     let qcfg = args.queue.config().map_err(Error::Usage)?;
-    let out = JobOutput::new(output.clone());
-    let spec = JobSpec::new(
-        input.url.to_string(),
-        output.url.to_string(),
-        model_ref.clone(),
+    let JobSetup {
+        stores,
+        input,
+        source,
+        output,
+        model_ref,
+        out,
+        spec,
         tiling,
-        args.tiling.grouping_spec(),
-        now_rfc3339(),
-    )
-    .with_search(resolved.search.clone());
-    let replace = if args.force_new_job {
-        Replace::OtherJob
-    } else {
-        Replace::No
-    };
-    let given = output::Given {
-        footprint_tolerance: args.tiling.footprint_tolerance.is_some(),
-        grouping: args.tiling.grouping_given(),
-    };
-    let mut spec = out.as_resumed(spec, given, replace).await?;
-    let grouping = spec.grouping.unwrap_or_else(|| args.tiling.grouping_spec());
-    let tiling = spec.tiling.clone();
-    // A mistyped --input is named as such, not as another job.
-    crate::job::run::check_input_exists(&stores, &args.input).await?;
-    let claim = out.check(&spec, replace, "--force-new-job").await?;
-    if let Some(t) = claim.created_at() {
-        spec.created_at = t.to_owned();
-    }
+        grouping,
+        claim,
+        mut created_dir,
+        ..
+    } = setup(JobFlags {
+        input: &args.input,
+        output: &args.output,
+        model: &args.model,
+        fp16: args.fp16,
+        tiling: &args.tiling,
+        replace: if args.force_new_job {
+            Replace::OtherJob
+        } else {
+            Replace::No
+        },
+        replace_flag: "--force-new-job",
+    })
+    .await?;
     let job_id = spec.job_id.clone();
-    let mut created_dir = check_output(&output).await?;
 
     let client = args.nats.connect("rsembed-submit").await?;
     let q = Queue::open(client, &qcfg, true).await?;
 
     let mut planner = plan::start(
         &stores,
-        resolved.source,
+        source,
         job_id.clone(),
         tiling.clone(),
         &grouping,
         256,
     );
-    // The job exists once its plan has found an input: a mistyped --input
-    // must leave the output (and the job it holds) as it was.
-    let Some(first) = planner.tasks.recv().await else {
-        planner.done.await.map_err(|source| Error::Panicked {
-            what: "planner",
-            source,
-        })??;
-        return Err(crate::job::run::no_inputs(&input.url, &planner.stats));
-    };
+    let first = first_task(&mut planner, &input.url).await?;
     if let Claim::Replace(old) = &claim {
         forget_job(&q, old).await?;
     }

@@ -244,7 +244,7 @@ fn first_request(
         .transpose()?;
     // Where the cloud cover goes is the one rule job.json records
     // (`cloud_cover_by`), so the collection's source link repeats this request.
-    let by = super::cloud_cover_by(conf);
+    let by = cloud_cover_by(conf);
     let sent_as = |how: CloudCoverBy| search.cloud_cover_max.filter(|_| by == how);
     // `--filter` is refused above unless the server takes CQL2.
     let filter = match (
@@ -405,6 +405,21 @@ fn item_under(items: &Url, feature: &Value) -> Option<String> {
     u.set_fragment(None);
     u.path_segments_mut().ok()?.pop_if_empty().push(id);
     Some(u.to_string())
+}
+
+/// How a search of an API that conforms to `c` sends `--cloud-cover-max`, as
+/// `api::first_request` builds it: CQL2 when the server has the filter
+/// extension, else the query extension, else not at all (rsembed judges
+/// each item). Recorded in the job's search, so the output's
+/// `emb:source-data` link is the request as it was sent.
+pub(crate) fn cloud_cover_by(c: Conformance) -> CloudCoverBy {
+    if c.filter {
+        CloudCoverBy::Filter
+    } else if c.query {
+        CloudCoverBy::Query
+    } else {
+        CloudCoverBy::Client
+    }
 }
 
 #[cfg(test)]

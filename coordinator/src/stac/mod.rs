@@ -24,7 +24,7 @@ pub mod scene;
 pub mod search;
 pub mod source;
 
-use rsembed_schemas::job::{CloudCoverBy, StacSearch, TilingSpec};
+use rsembed_schemas::job::{StacSearch, TilingSpec};
 use rsembed_worker::store::{Location, StoreCache};
 
 use crate::cli::StacArgs;
@@ -69,7 +69,7 @@ pub async fn resolve(
     };
     let mut search = flags.search().map_err(Error::Usage)?;
     if let (source::StacInput::Api { conformance, .. }, Some(_)) = (&stac, search.cloud_cover_max) {
-        search.cloud_cover_by = Some(cloud_cover_by(*conformance));
+        search.cloud_cover_by = Some(api::cloud_cover_by(*conformance));
     }
     let selection = scene::Selection {
         assets: tiling.assets.clone(),
@@ -88,19 +88,4 @@ pub async fn resolve(
         })),
         search: Some(search),
     })
-}
-
-/// How a search of an API that conforms to `c` sends `--cloud-cover-max`, as
-/// `api::first_request` builds it: CQL2 when the server has the filter
-/// extension, else the query extension, else not at all (rsembed judges
-/// each item). Recorded in the job's search, so the output's
-/// `emb:source-data` link is the request as it was sent.
-pub(crate) fn cloud_cover_by(c: source::Conformance) -> CloudCoverBy {
-    if c.filter {
-        CloudCoverBy::Filter
-    } else if c.query {
-        CloudCoverBy::Query
-    } else {
-        CloudCoverBy::Client
-    }
 }

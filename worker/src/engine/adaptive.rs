@@ -2,7 +2,7 @@
 //! backend in power-of-two buckets, finds the fastest bucket at start, and
 //! recovers from out-of-memory errors without losing or duplicating a chip.
 //!
-//! The decisions live in [`crate::engine::controller::Controller`]; this file
+//! The decisions live in the controller (`engine/controller.rs`); this file
 //! does the running: cutting a batch into pieces, padding, splitting on OOM,
 //! the warm-up probe, and the statistics.
 //!
@@ -46,7 +46,7 @@ pub trait Clock: Send + Sync {
 
 /// The monotonic wall clock.
 #[derive(Debug, Clone, Copy)]
-pub struct WallClock {
+pub(crate) struct WallClock {
     origin: Instant,
 }
 
@@ -185,7 +185,7 @@ struct Shared {
 /// A cloneable, thread-safe view of an [`Adaptive`]'s statistics, for a
 /// metrics exporter on another thread than the engine's.
 #[derive(Clone)]
-pub struct StatsHandle(Arc<Shared>);
+pub(crate) struct StatsHandle(Arc<Shared>);
 
 impl StatsHandle {
     /// The statistics now.

@@ -60,7 +60,7 @@ pub fn buckets(max_batch: usize) -> Vec<usize> {
 
 /// What a reported run did to the bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// Same bucket as before.
     None,
     /// The bucket grew (a climb).
@@ -71,7 +71,7 @@ pub enum Change {
 
 /// The controller's state.
 #[derive(Debug, Clone)]
-pub struct Controller {
+pub(crate) struct Controller {
     max: usize,
     target: usize,
     ceiling: usize,
@@ -143,11 +143,13 @@ impl Controller {
     }
 
     /// Consecutive successes at the current bucket.
+    #[cfg(test)]
     pub fn streak(&self) -> u32 {
         self.streak
     }
 
     /// Confirmed failures of `size` (a bucket).
+    #[cfg(test)]
     pub fn failures(&self, size: usize) -> u32 {
         self.failures[bucket_for(size).trailing_zeros() as usize]
     }
@@ -300,7 +302,7 @@ pub(crate) fn keep_probing(rows: &[ProbeRow], tolerance: f64) -> bool {
 
 /// The smallest measured bucket within `tolerance` of the best throughput;
 /// `None` when nothing was measured.
-pub fn choose(rows: &[ProbeRow], tolerance: f64) -> Option<usize> {
+pub(crate) fn choose(rows: &[ProbeRow], tolerance: f64) -> Option<usize> {
     let measured = || rows.iter().filter(|r| r.outcome == ProbeOutcome::Measured);
     let best = measured().map(|r| r.images_per_s).fold(0.0, f64::max);
     measured()

@@ -17,7 +17,7 @@ use crate::engine::{Backend, DeviceMemory, Embeddings, PixelBatch, RunHints};
 use crate::error::Result;
 
 /// A backend whose runs are `size` images, or a power of two below it.
-pub struct FixedShapes<B> {
+pub(crate) struct FixedShapes<B> {
     inner: B,
     size: usize,
 }

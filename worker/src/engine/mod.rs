@@ -2,7 +2,7 @@
 
 pub mod adaptive;
 pub mod controller;
-pub mod fixed;
+pub(crate) mod fixed;
 pub mod flags;
 pub mod handle;
 pub mod nvml;

@@ -70,7 +70,7 @@ impl std::fmt::Debug for Nvml {
 
 /// Which NVML device a CUDA device is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NvmlDevice {
+pub(crate) enum NvmlDevice {
     /// NVML's index (PCI bus order).
     Index(u32),
     /// A `GPU-…` or `MIG-…` UUID, as `CUDA_VISIBLE_DEVICES` may name devices.

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 
 /// The ONNX Runtime release the build is made for.
-pub const ORT_VERSION: &str = "1.31.1";
+pub(crate) const ORT_VERSION: &str = "1.31.1";
 
 /// File names tried next to the executable, most specific first.
 const LIB_NAMES: [&str; 3] = [

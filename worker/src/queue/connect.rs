@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{QueueError, MIN_SERVER};
+use super::config::{QueueError, MIN_SERVER};
 
 /// Connects to NATS without authentication, reconnecting forever after a
 /// connection loss, and refuses a server older than [`MIN_SERVER`].

@@ -36,7 +36,7 @@ use rsembed_schemas::queue::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{QueueConfig, QueueError};
+use super::config::{QueueConfig, QueueError};
 
 /// The kinds of per-task records.
 const DONE: &str = "d";

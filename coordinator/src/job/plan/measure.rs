@@ -8,12 +8,29 @@ use std::sync::Arc;
 
 use object_store::ObjectStoreExt;
 use rsembed_raster::scene::{plan_band_grid, plan_grid};
-use rsembed_raster::tiff::RangeRead;
+use rsembed_raster::tiff::{RangeRead, TiffLimits};
+use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::{ChipBlock, TaskInput};
 use rsembed_worker::input::InputKind;
-use rsembed_worker::store::StoreRange;
+use rsembed_worker::store::{StoreCache, StoreRange};
 
-use super::Sharding;
+/// How the planner splits large scenes into tasks of chip blocks.
+#[derive(Clone)]
+pub struct Sharding {
+    /// Stores for reading TIFF headers.
+    pub stores: StoreCache,
+    /// The job's tiling (chip size and stride decide the grid).
+    pub tiling: TilingSpec,
+    /// TIFFs smaller than this are not opened by the planner: they stay one task
+    /// input, and the worker cuts them.
+    pub min_bytes: u64,
+    /// Reader bounds for the header read.
+    pub limits: TiffLimits,
+    /// Measure every input for the plan's estimate (`rsembed plan`): read
+    /// the headers of TIFFs too small to split, and ask the store for the
+    /// size of STAC assets without `file:size`. The tasks are the same.
+    pub estimate: bool,
+}
 
 /// What the planner knows of one input's size.
 #[derive(Debug, Default, PartialEq)]

@@ -43,3 +43,7 @@ impl std::error::Error for Error {}
 pub(crate) fn corrupt(msg: impl Into<String>) -> Error {
     Error::Corrupt(msg.into())
 }
+
+pub(crate) fn coef_overflow() -> Error {
+    corrupt("coefficient index past the end of a block")
+}

@@ -58,6 +58,11 @@ fn limit(x: i64) -> u8 {
     RANGE_LIMIT[(x & RANGE_MASK) as usize]
 }
 
+/// `jddctmgr.c` stores ISLOW multipliers as `short`.
+pub(crate) fn quant_for_idct(q: [u16; 64]) -> [i32; 64] {
+    q.map(|v| i32::from(v as i16))
+}
+
 /// Output value of a block whose AC coefficients are all zero: both passes
 /// take their zero-AC shortcuts, so every sample is the same.
 #[inline(always)]

@@ -2,9 +2,9 @@
 //! restart interval, JFIF/Adobe markers and scan headers, with every length
 //! and index checked before use.
 
-use super::decoder::{Component, Decoder, Frame, Header, Scan, ScanComp, MAX_DIMENSION, ZIGZAG};
 use super::error::{corrupt, Error};
 use super::huffman::HuffTable;
+use super::state::{Component, Decoder, Frame, Header, Scan, ScanComp, MAX_DIMENSION, ZIGZAG};
 use super::upsample;
 
 /// libjpeg's `D_MAX_BLOCKS_IN_MCU`.

@@ -22,12 +22,15 @@ mod huffman;
 mod idct;
 mod markers;
 mod progressive;
+mod scan;
 mod sequential;
+mod state;
 mod upsample;
 
-pub use decoder::{decode, ColorTransform, Header, Image, Limits};
+pub use decoder::{decode, ColorTransform, Image};
 pub use error::Error;
 pub use markers::read_header;
+pub use state::{Header, Limits};
 
 #[cfg(test)]
 mod tests;

@@ -6,11 +6,10 @@
 //! exact (`jdcoefct.c` block smoothing); that case is reported as
 //! unsupported instead of being approximated.
 
-use super::decoder::{Decoder, Frame, Scan, ZIGZAG};
-use super::error::{corrupt, Error};
+use super::error::{coef_overflow, corrupt, Error};
 use super::huffman::{BitReader, HuffTable, Restarts};
 use super::idct::idct_islow;
-use super::sequential::{coef_overflow, huff_table};
+use super::state::{huff_table, Decoder, Frame, Scan, ZIGZAG};
 
 /// Coefficients 1..SAVED_COEFS decide libjpeg-turbo's `smoothing_ok`.
 const SAVED_COEFS: usize = 10;

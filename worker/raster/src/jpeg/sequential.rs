@@ -1,13 +1,11 @@
 //! Sequential (baseline and extended) Huffman scan decoding (`jdhuff.c`,
 //! `jdcoefct.c`): each block's coefficients, dequantized through the IDCT
-//! straight into its component's plane. Progressive scans share the table
-//! and coefficient helpers here.
+//! straight into its component's plane.
 
-use super::decoder::{Decoder, HuffSlot, Scan, ZIGZAG};
-use super::error::{corrupt, Error};
+use super::error::{coef_overflow, corrupt, Error};
 use super::huffman::{BitReader, HuffTable, Restarts};
-use super::idct::{dc_only_value, idct_islow};
-use super::progressive;
+use super::idct::{dc_only_value, idct_islow, quant_for_idct};
+use super::state::{huff_table, Decoder, HuffSlot, Scan, ZIGZAG};
 
 /// Standard tables from ITU-T T.81 Annex K.3, which libjpeg-turbo's
 /// `jinit_huff_decoder` installs in empty slots 0 and 1 (Motion-JPEG streams
@@ -48,80 +46,30 @@ fn std_table(bits: &[u8; 16], vals: &[u8], is_dc: bool) -> HuffSlot {
     Some(HuffTable::new(bits, vals, is_dc).map(Box::new))
 }
 
-pub(crate) fn huff_table<'t>(
-    slot: &'t HuffSlot,
-    kind: &str,
-    n: usize,
-) -> Result<&'t HuffTable, Error> {
-    match slot {
-        Some(Ok(t)) => Ok(t),
-        Some(Err(e)) => Err(e.clone()),
-        None => Err(corrupt(format!(
-            "scan uses undefined {kind} Huffman table {n}"
-        ))),
+/// Sequential decoding gets libjpeg-turbo's default tables for empty slots
+/// 0 and 1 (jdhuff.c jinit_huff_decoder).
+pub(super) fn default_tables(d: &mut Decoder<'_>) {
+    if d.dc[0].is_none() {
+        d.dc[0] = std_table(&STD_DC_LUMA_BITS, &STD_DC_VALS, true);
+    }
+    if d.dc[1].is_none() {
+        d.dc[1] = std_table(&STD_DC_CHROMA_BITS, &STD_DC_VALS, true);
+    }
+    if d.ac[0].is_none() {
+        d.ac[0] = std_table(&STD_AC_LUMA_BITS, &STD_AC_LUMA_VALS, false);
+    }
+    if d.ac[1].is_none() {
+        d.ac[1] = std_table(&STD_AC_CHROMA_BITS, &STD_AC_CHROMA_VALS, false);
     }
 }
 
 impl Decoder<'_> {
-    pub(super) fn decode_scan(
+    pub(super) fn decode_sequential(
         &mut self,
         data: &[u8],
         pos: usize,
         scan: &Scan,
     ) -> Result<usize, Error> {
-        if !self.seen_sos {
-            self.seen_sos = true;
-            // Sequential decoding gets libjpeg-turbo's default tables for
-            // empty slots 0 and 1 (jdhuff.c jinit_huff_decoder).
-            let progressive = self.frame.as_ref().is_some_and(|f| f.progressive);
-            if !progressive {
-                if self.dc[0].is_none() {
-                    self.dc[0] = std_table(&STD_DC_LUMA_BITS, &STD_DC_VALS, true);
-                }
-                if self.dc[1].is_none() {
-                    self.dc[1] = std_table(&STD_DC_CHROMA_BITS, &STD_DC_VALS, true);
-                }
-                if self.ac[0].is_none() {
-                    self.ac[0] = std_table(&STD_AC_LUMA_BITS, &STD_AC_LUMA_VALS, false);
-                }
-                if self.ac[1].is_none() {
-                    self.ac[1] = std_table(&STD_AC_CHROMA_BITS, &STD_AC_CHROMA_VALS, false);
-                }
-            }
-        }
-        let frame = self
-            .frame
-            .as_mut()
-            .ok_or_else(|| corrupt("scan before frame header"))?;
-        if !frame.allocated {
-            frame.allocated = true;
-            for c in &mut frame.comps {
-                c.plane = vec![0; c.bw * c.bh * 64];
-                if frame.progressive {
-                    c.coefs = vec![0; c.bw * c.bh * 64];
-                }
-            }
-        }
-        for sc in &scan.comps {
-            let c = &frame.comps[sc.ci];
-            if self.qt[c.tq].is_none() {
-                return Err(corrupt(format!("missing quantization table {}", c.tq)));
-            }
-        }
-        if frame.progressive {
-            for sc in &scan.comps {
-                let c = &mut frame.comps[sc.ci];
-                if c.quant.is_none() {
-                    c.quant = self.qt[c.tq].map(quant_for_idct);
-                }
-                c.scanned = true;
-            }
-            return progressive::decode_scan(self, data, pos, scan);
-        }
-        self.decode_sequential(data, pos, scan)
-    }
-
-    fn decode_sequential(&mut self, data: &[u8], pos: usize, scan: &Scan) -> Result<usize, Error> {
         let frame = self
             .frame
             .as_mut()
@@ -192,11 +140,6 @@ impl Decoder<'_> {
     }
 }
 
-/// `jddctmgr.c` stores ISLOW multipliers as `short`.
-pub(crate) fn quant_for_idct(q: [u16; 64]) -> [i32; 64] {
-    q.map(|v| i32::from(v as i16))
-}
-
 /// One sequential-mode block per `jdhuff.c decode_mcu`, coefficients to
 /// natural order. Returns the zigzag index of the last nonzero AC
 /// coefficient (0 when there is none).
@@ -251,8 +194,4 @@ fn decode_block(
         }
     }
     Ok(last)
-}
-
-pub(crate) fn coef_overflow() -> Error {
-    corrupt("coefficient index past the end of a block")
 }
