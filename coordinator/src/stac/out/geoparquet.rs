@@ -31,10 +31,11 @@ use rsembed_schemas::chip::{bbox_fields, timestamp_type};
 use rsembed_schemas::meta::{geo_metadata, GEO_KEY};
 use rsembed_worker::store::Location;
 use serde_json::{json, Map, Value};
-use stac::Collection;
+use stac::{Asset, Collection};
 
+use super::item::{FILE_EXTENSION, ITEMS_PARQUET_ASSET};
 use super::rows::{Columns, JobColumns, Row};
-use super::Context;
+use super::{Context, PARQUET};
 use crate::error::{Error, Result};
 use rsembed_query::io::AtomicUpload;
 
@@ -344,5 +345,34 @@ fn write_error(path: &str, e: parquet::errors::ParquetError) -> Error {
     Error::WriteOutput {
         path: path.to_owned(),
         source: std::io::Error::other(e),
+    }
+}
+
+/// Points the collection at `stac/items.parquet`, as the stac-geoparquet
+/// spec says a collection refers to its mirror: an asset of type
+/// `application/vnd.apache.parquet` and role `collection-mirror`. The key
+/// and the `stac-items` role are the Planetary Computer's, which clients of
+/// its collections look for.
+pub(crate) fn link_items_parquet(c: &mut Collection, written: &ParquetWritten) {
+    let mut a = Asset::new("./items.parquet")
+        .role("collection-mirror")
+        .role("stac-items");
+    a.r#type = Some(PARQUET.to_owned());
+    a.title = Some("The items as stac-geoparquet".into());
+    a.description = Some(format!(
+        "Every item of this collection ({} items), one row each in the order of the \
+         job's chip files; not spatially partitioned: the bbox columns (the GeoParquet \
+         covering) select.",
+        written.rows
+    ));
+    a.additional_fields
+        .insert("file:size".into(), written.bytes.into());
+    a.additional_fields.insert(
+        "file:checksum".into(),
+        format!("1220{}", written.sha256).into(),
+    );
+    c.assets.insert(ITEMS_PARQUET_ASSET.into(), a);
+    if !c.extensions.iter().any(|e| e == FILE_EXTENSION) {
+        c.extensions.push(FILE_EXTENSION.to_owned());
     }
 }

@@ -7,7 +7,6 @@ use rsembed_schemas::job::{JobSpec, ManifestFile};
 use serde_json::{json, Map, Value};
 use stac::{Asset, Bbox, Collection, Item, ItemAsset, Link};
 
-use super::geoparquet::ParquetWritten;
 use super::link::{client_filter, source_link};
 use super::{chrono_of, times_of, Context, Totals, EMBEDDINGS_EXTENSION, GEOJSON, JSON, PARQUET};
 use crate::error::{Error, Result};
@@ -16,7 +15,7 @@ use crate::error::{Error, Result};
 const PROCESSING_EXTENSION: &str =
     "https://stac-extensions.github.io/processing/v1.2.0/schema.json";
 /// `file:size` and `file:checksum` of the embeddings asset, from the manifest.
-const FILE_EXTENSION: &str = "https://stac-extensions.github.io/file/v2.1.0/schema.json";
+pub(super) const FILE_EXTENSION: &str = "https://stac-extensions.github.io/file/v2.1.0/schema.json";
 /// The collection's asset that is `stac/items.parquet`.
 pub(crate) const ITEMS_PARQUET_ASSET: &str = "geoparquet-items";
 
@@ -170,35 +169,6 @@ pub(crate) fn runtime_params(spec: &JobSpec) -> Result<Value> {
         o.insert("client_filter".into(), cf.into());
     }
     Ok(params)
-}
-
-/// Points the collection at `stac/items.parquet`, as the stac-geoparquet
-/// spec says a collection refers to its mirror: an asset of type
-/// `application/vnd.apache.parquet` and role `collection-mirror`. The key
-/// and the `stac-items` role are the Planetary Computer's, which clients of
-/// its collections look for.
-pub(crate) fn link_items_parquet(c: &mut Collection, written: &ParquetWritten) {
-    let mut a = Asset::new("./items.parquet")
-        .role("collection-mirror")
-        .role("stac-items");
-    a.r#type = Some(PARQUET.to_owned());
-    a.title = Some("The items as stac-geoparquet".into());
-    a.description = Some(format!(
-        "Every item of this collection ({} items), one row each in the order of the \
-         job's chip files; not spatially partitioned: the bbox columns (the GeoParquet \
-         covering) select.",
-        written.rows
-    ));
-    a.additional_fields
-        .insert("file:size".into(), written.bytes.into());
-    a.additional_fields.insert(
-        "file:checksum".into(),
-        format!("1220{}", written.sha256).into(),
-    );
-    c.assets.insert(ITEMS_PARQUET_ASSET.into(), a);
-    if !c.extensions.iter().any(|e| e == FILE_EXTENSION) {
-        c.extensions.push(FILE_EXTENSION.to_owned());
-    }
 }
 
 /// The collection over the items `ids` whose chips `totals` covers.

@@ -50,9 +50,10 @@ use rsembed_worker::store::Location;
 
 use crate::error::{Error, Result};
 
+use geoparquet::link_items_parquet;
 use geoparquet::ItemsParquet;
 pub(crate) use geoparquet::ITEMS_PARQUET;
-use item::{collection, item, link_items_parquet, runtime_params};
+use item::{collection, item, runtime_params};
 use rows::Row;
 
 /// The folder of the output that holds the STAC documents.
