@@ -22,19 +22,18 @@ use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 use clap::Args;
 use futures::StreamExt;
-use object_store::ObjectStoreExt;
 use parquet::arrow::AsyncArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 use rsembed_schemas::chip::col;
-use rsembed_store::{Location, StoreCache};
+use rsembed_store::StoreCache;
 use serde_json::json;
 
 use crate::format::embeddings;
 use crate::format::footer::FOOTER_BUDGET_GROUPS;
 use crate::format::index::{GroupRef, Index};
-use crate::io::AtomicUpload;
+use crate::io::{check_output_file, AtomicUpload};
 use crate::kernels::{dots, sigmoid_score};
 use crate::scan::{default_concurrency, scan_groups};
 use crate::search::check_model;
@@ -184,7 +183,7 @@ pub async fn classify(args: ClassifyArgs, model: &dyn TextModel) -> Result<Class
     let labels = read_labels(&text)?;
     let stores = StoreCache::default();
     let out_loc = stores.location(&args.output)?;
-    check_output(&out_loc, args.overwrite).await?;
+    check_output_file(&out_loc, args.overwrite).await?;
     let index = Arc::new(Index::open(&stores, &args.index, FOOTER_BUDGET_GROUPS).await?);
     check_model(&index, model)?;
     let dim = index.embed_dim;
@@ -332,37 +331,6 @@ pub async fn classify(args: ClassifyArgs, model: &dyn TextModel) -> Result<Class
         labels: labels.len(),
         best_counts,
         seconds: t0.elapsed().as_secs_f64(),
-    })
-}
-
-/// Refuses an existing output unless `overwrite`, and checks that a local
-/// output can be created, before any work.
-async fn check_output(out: &Location, overwrite: bool) -> Result<()> {
-    match out.store.head(&out.prefix).await {
-        Ok(_) if !overwrite => {
-            return Err(QueryError::OutputRefused {
-                path: out.url.to_string(),
-                problem: "already exists: pass --overwrite to replace it, or pick another --output"
-                    .into(),
-            })
-        }
-        Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
-        Err(e) => {
-            return Err(QueryError::Write {
-                path: out.url.to_string(),
-                source: Box::new(e),
-            })
-        }
-    }
-    if out.local_dir().is_some_and(|p| p.is_dir()) {
-        return Err(QueryError::OutputRefused {
-            path: out.url.to_string(),
-            problem: "is a folder: --output names the Parquet file to write".into(),
-        });
-    }
-    out.probe_local_write("").map_err(|e| QueryError::Write {
-        path: out.url.to_string(),
-        source: Box::new(e),
     })
 }
 

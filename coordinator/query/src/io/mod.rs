@@ -17,7 +17,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use rsembed_store::Location;
 
 pub use cache::CACHE_BYTES;
-pub use store::{delete_if_present, put_json, StoreReader};
+pub use store::{check_output_file, delete_if_present, put_json, StoreReader};
 pub use upload::AtomicUpload;
 
 use cache::ChunkCache;

@@ -116,3 +116,34 @@ pub async fn delete_if_present(out: &rsembed_store::Location, rel: &str) -> crat
         Err(e) => Err(e.into()),
     }
 }
+
+/// Refuses an existing output file unless `overwrite`, and checks that a
+/// local one can be created, before any work (`classify`, `change`).
+pub async fn check_output_file(out: &rsembed_store::Location, overwrite: bool) -> crate::Result<()> {
+    match out.store.head(&out.prefix).await {
+        Ok(_) if !overwrite => {
+            return Err(crate::Error::OutputRefused {
+                path: out.url.to_string(),
+                problem: "already exists: pass --overwrite to replace it, or pick another --output"
+                    .into(),
+            })
+        }
+        Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+        Err(e) => {
+            return Err(crate::Error::Write {
+                path: out.url.to_string(),
+                source: Box::new(e),
+            })
+        }
+    }
+    if out.local_dir().is_some_and(|p| p.is_dir()) {
+        return Err(crate::Error::OutputRefused {
+            path: out.url.to_string(),
+            problem: "is a folder: --output names the Parquet file to write".into(),
+        });
+    }
+    out.probe_local_write("").map_err(|e| crate::Error::Write {
+        path: out.url.to_string(),
+        source: Box::new(e),
+    })
+}
