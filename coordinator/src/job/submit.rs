@@ -21,7 +21,7 @@ use std::time::Instant;
 use futures::StreamExt;
 
 use rsembed_schemas::job::{JobSpec, ModelRef, TilingSpec};
-use rsembed_schemas::queue::{JobRecord, TaskDone, TaskFailed, TaskMessage, MESSAGE_FORMAT};
+use rsembed_schemas::queue::{JobRecord, TaskDone, TaskFailed, TaskMessage};
 use rsembed_schemas::task::Task;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::queue::{self, Queue};
@@ -362,7 +362,7 @@ pub async fn publish_tasks(
                 reopened = true;
             }
             let msg = TaskMessage {
-                format: MESSAGE_FORMAT,
+                format: TaskMessage::format_for(&job.tiling),
                 model_fingerprint: fingerprint.clone(),
                 model_name: job.model.name.clone(),
                 output: output.clone(),

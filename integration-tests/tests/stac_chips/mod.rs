@@ -139,6 +139,8 @@ pub fn write_job(root: &Path, files: &[FileSpec]) {
             max_cloud: None,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: Default::default(),
+            align: Default::default(),
+            schema_version: rsembed_schemas::SCHEMA_VERSION,
         };
         let model = ModelRef {
             // The committed test model's name and dimension, so `classify` takes it.
