@@ -337,7 +337,6 @@ async fn main() {
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: Default::default(),
         align: Default::default(),
-        schema_version: rsembed_schemas::SCHEMA_VERSION,
         shard_bytes: Some(16 << 20),
         stac: Default::default(),
     };

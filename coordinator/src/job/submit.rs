@@ -362,7 +362,7 @@ pub async fn publish_tasks(
                 reopened = true;
             }
             let msg = TaskMessage {
-                format: TaskMessage::format_for(&job.tiling),
+                format: TaskMessage::format_for(job.tiling),
                 model_fingerprint: fingerprint.clone(),
                 model_name: job.model.name.clone(),
                 output: output.clone(),

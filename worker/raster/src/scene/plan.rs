@@ -502,8 +502,9 @@ fn layout(width: u32, height: u32, georeferenced: bool, tiling: &TilingSpec) -> 
 }
 
 /// The chip grid the planner splits a `width` × `height` raster by, as the
-/// worker will cut it: [`layout`]'s under `--align scene`; under `--align
-/// crs` every georeferenced raster is cut on its lattice, whose grid the
+/// worker will cut it: under `--align scene` the scene's own (none for a
+/// whole-image chip: no georeferencing, or no larger than a chip); under
+/// `--align crs` every georeferenced raster is cut on its lattice, whose grid the
 /// planner bounds without knowing where the raster lies
 /// ([`ChipGrid::lattice_bound`]), and a raster without georeferencing is
 /// one input the worker refuses.
