@@ -347,3 +347,38 @@ fn scene_alignment_keeps_its_chip_ids_and_a_schema_2_job_stays_schema_2() {
     ));
     assert_eq!(rows[0][0].as_u64(), Some(d.len() as u64));
 }
+
+#[test]
+fn a_scene_split_into_blocks_gives_each_lattice_chip_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let input = scenes(tmp.path(), false);
+    // The planner does not read where a scene lies on the lattice, and
+    // splits the largest grid any place gives: a.tif (320², 45 and 28 pixels
+    // in from its first lattice chip) has 6 × 6 chips, one more each way than
+    // cut from its corner, as many as the bound; the crop (200 × 210, 5 and
+    // 17 in) 4 × 4, where the bound has 5 × 5.
+    let whole = tmp.path().join("whole");
+    let split = tmp.path().join("split");
+    assert_eq!(embed(&input, &whole, &["--align", "crs"]), Some(0));
+    // Blocks of about 4 chips of the bound: the worker's grid, a column and
+    // a row smaller, is split exactly (the blocks past it are empty).
+    assert_eq!(
+        embed(
+            &input,
+            &split,
+            &["--align", "crs", "--shard-bytes", "1", "--task-chips", "4"]
+        ),
+        Some(0)
+    );
+    let files = std::fs::read_dir(split.join("chips")).unwrap().count();
+    assert!(files >= 8, "the scenes were split into {files} tasks");
+    let key = |c: &Chip| (c.cell.clone().unwrap(), c.chip_id.clone(), c.x, c.y);
+    let (mut w, mut s): (Vec<_>, Vec<_>) = (
+        chips(&whole).iter().map(key).collect(),
+        chips(&split).iter().map(key).collect(),
+    );
+    w.sort();
+    s.sort();
+    assert_eq!(w.len(), 36 + 16);
+    assert_eq!(s, w, "each chip once, none lost");
+}
