@@ -175,6 +175,8 @@ async fn main() {
             max_cloud: None,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: Default::default(),
+            align: Default::default(),
+            schema_version: rsembed_schemas::SCHEMA_VERSION,
         },
         min_bytes: 16 << 20,
         limits: TiffLimits::default(),

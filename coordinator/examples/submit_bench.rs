@@ -336,6 +336,7 @@ async fn main() {
         max_cloud: None,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: Default::default(),
+        align: Default::default(),
         shard_bytes: Some(16 << 20),
         stac: Default::default(),
     };

@@ -346,6 +346,8 @@ async fn main() -> anyhow::Result<()> {
         max_cloud: None,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: args.embedding_type,
+        align: Default::default(),
+        schema_version: rsembed_schemas::SCHEMA_VERSION,
     };
     let model = ModelRef {
         name: "synthetic".into(),

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use rsembed_schemas::align::Align;
 use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_worker::engine::flags::EngineArgs;
 use rsembed_worker::engine::session::{parse_byte_size, Device, SessionConfig};
@@ -286,6 +287,12 @@ pub struct TilingArgs {
     /// with a per-row `embedding_scale`: value = `embedding[i] * embedding_scale`).
     #[arg(long, env = "RSEMBED_EMBEDDING_TYPE", default_value = "f32")]
     pub embedding_type: EmbeddingType,
+    /// Where chips start: `scene` (each scene's own corner) or `crs` (the
+    /// CRS's pixel lattice, counted from the CRS origin, so scenes on one
+    /// lattice cut identical chips; each chip gets a `cell`). A scene off the
+    /// lattice (a sub-pixel phase, no EPSG code, rotated) is an error record.
+    #[arg(long, env = "RSEMBED_ALIGN", default_value = "scene")]
+    pub align: Align,
     /// STAC search.
     #[command(flatten)]
     pub stac: StacArgs,

@@ -226,6 +226,8 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             &args.tiling,
         )?),
         embedding_type: args.tiling.embedding_type,
+        align: args.tiling.align,
+        schema_version: rsembed_schemas::SCHEMA_VERSION,
     };
     rsembed_coordinator::job::setup::check_stac_tiling(&args.tiling)?;
     let resolved =

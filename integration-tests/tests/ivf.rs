@@ -92,6 +92,8 @@ fn write_job(root: &Path, embeddings: &[Vec<f32>], files: usize) {
             cloud_mask: None,
             max_cloud: None,
             embedding_type: Default::default(),
+            align: Default::default(),
+            schema_version: rsembed_schemas::SCHEMA_VERSION,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         };
         let model = ModelRef {

@@ -79,6 +79,8 @@ async fn publish(js: &jetstream::Context, t: &Task) -> queue::PublishOutcome {
             max_cloud: None,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: Default::default(),
+            align: Default::default(),
+            schema_version: rsembed_schemas::SCHEMA_VERSION,
         },
         task: t.clone(),
     };

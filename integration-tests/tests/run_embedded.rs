@@ -113,7 +113,7 @@ fn fixtures_run_writes_dataset_duckdb_reads() {
     assert_eq!(geo["version"], "1.1.0");
     assert_eq!(geo["primary_column"], "geometry");
     let meta: Value = serde_json::from_str(kv[1][1].as_str().unwrap()).unwrap();
-    assert_eq!(meta["schema_version"], 2);
+    assert_eq!(meta["schema_version"], rsembed_schemas::SCHEMA_VERSION);
     assert_eq!(meta["job_id"], manifest["job_id"]);
     assert_eq!(meta["model_sha256"], job["model"]["sha256"]);
 }

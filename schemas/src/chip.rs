@@ -46,7 +46,30 @@ pub mod col {
     pub const CLOUD_FRACTION: &str = "cloud_fraction";
     /// Schema 2: the end of the acquisition range, for items that give one.
     pub const END_DATETIME: &str = "end_datetime";
+    /// Schema 3: the chip's cell of the CRS lattice (`--align crs`),
+    /// `EPSG:<code>/<res>/<stride>/<col>/<row>`; null under `--align scene`.
+    pub const CELL: &str = "cell";
+    /// Schema 3: the Major TOM 10 km cell holding the chip's centre
+    /// (`434U_876L`); null when the chip has no centre lon/lat.
+    pub const GRID_CELL: &str = "grid_cell";
+    /// Schema 3: the start of the row's time window (`--windows`), UTC.
+    pub const WINDOW_START: &str = "window_start";
+    /// Schema 3: the end of the row's time window (exclusive), UTC.
+    pub const WINDOW_END: &str = "window_end";
+    /// Schema 3: the acquisitions that covered the cell in the window.
+    pub const SCENES: &str = "scenes";
 }
+
+/// Columns of chip schema version 1.
+pub const V1_COLUMNS: usize = 14;
+/// Columns of chip schema version 2: version 1's, then five STAC columns.
+pub const V2_COLUMNS: usize = 19;
+/// Columns of chip schema version 3: version 2's, then five grid and window
+/// columns.
+pub const V3_COLUMNS: usize = 24;
+
+/// The chip schema versions rsembed reads, newest first.
+pub const SCHEMA_VERSIONS: [u32; 3] = [3, 2, 1];
 
 /// The Arrow type of `datetime` and `end_datetime`.
 #[cfg(feature = "arrow")]
@@ -139,13 +162,41 @@ pub fn embedding_type_from(t: &DataType) -> Option<(crate::embedding::EmbeddingT
     Some((ty, usize::try_from(*d).ok().filter(|&d| d > 0)?))
 }
 
-/// The chip row schema of embeddings stored as `ty`.
+/// The chip row schema of embeddings stored as `ty`, version
+/// [`crate::SCHEMA_VERSION`].
 #[cfg(feature = "arrow")]
 pub fn chip_schema_typed(embed_dim: usize, ty: crate::embedding::EmbeddingType) -> SchemaRef {
-    if ty.is_f32() {
-        return chip_schema(embed_dim);
-    }
-    with_embedding_type(&chip_schema(embed_dim), embed_dim, ty)
+    chip_schema_of(embed_dim, crate::SCHEMA_VERSION, ty).expect("the current version is known")
+}
+
+/// The chip row schema of `version` (1, 2 or 3) with embeddings stored as
+/// `ty`; `None` for a version rsembed does not know. Each version's columns
+/// are the previous version's with its own appended, so a reader by
+/// position of an older version still finds its columns (int8's
+/// `embedding_scale` comes last in every version).
+#[cfg(feature = "arrow")]
+pub fn chip_schema_of(
+    embed_dim: usize,
+    version: u32,
+    ty: crate::embedding::EmbeddingType,
+) -> Option<SchemaRef> {
+    let n = match version {
+        1 => V1_COLUMNS,
+        2 => V2_COLUMNS,
+        3 => V3_COLUMNS,
+        _ => return None,
+    };
+    let all = chip_schema(embed_dim);
+    let base = if n == all.fields().len() {
+        all
+    } else {
+        Arc::new(Schema::new(all.fields()[..n].to_vec()))
+    };
+    Some(if ty.is_f32() {
+        base
+    } else {
+        with_embedding_type(&base, embed_dim, ty)
+    })
 }
 
 /// The chip row schema, version [`crate::SCHEMA_VERSION`], float32 embeddings.
@@ -173,6 +224,12 @@ pub fn chip_schema(embed_dim: usize) -> SchemaRef {
         Field::new(DATETIME, timestamp_type(), true),
         Field::new(CLOUD_FRACTION, DataType::Float32, true),
         Field::new(END_DATETIME, timestamp_type(), true),
+        // Schema 3, appended likewise.
+        Field::new(CELL, DataType::Utf8, true),
+        Field::new(GRID_CELL, DataType::Utf8, true),
+        Field::new(WINDOW_START, timestamp_type(), true),
+        Field::new(WINDOW_END, timestamp_type(), true),
+        Field::new(SCENES, DataType::Int32, true),
     ]))
 }
 
@@ -251,9 +308,15 @@ mod tests {
                 "collection",
                 "datetime",
                 "cloud_fraction",
-                "end_datetime"
+                "end_datetime",
+                "cell",
+                "grid_cell",
+                "window_start",
+                "window_end",
+                "scenes"
             ]
         );
+        assert_eq!(names.len(), V3_COLUMNS);
         assert_eq!(
             schema.field_with_name("embedding").unwrap().data_type(),
             &embedding_type(768)
@@ -278,5 +341,49 @@ mod tests {
         let f16s = chip_schema_typed(8, EmbeddingType::F16);
         assert_eq!(f16s.fields().len(), f32s.fields().len());
         assert_eq!(chip_schema_typed(8, EmbeddingType::F32), f32s);
+    }
+
+    #[test]
+    fn each_version_is_the_one_before_with_its_columns_appended() {
+        use crate::embedding::EmbeddingType;
+        let names = |v: u32, t: EmbeddingType| -> Vec<String> {
+            chip_schema_of(8, v, t)
+                .unwrap()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect()
+        };
+        let (v1, v2, v3) = (
+            names(1, EmbeddingType::F32),
+            names(2, EmbeddingType::F32),
+            names(3, EmbeddingType::F32),
+        );
+        assert_eq!((v1.len(), v2.len(), v3.len()), (14, 19, 24));
+        assert_eq!(v2[..14], v1[..]);
+        assert_eq!(v3[..19], v2[..]);
+        assert_eq!(v1.last().unwrap(), "embedding");
+        assert_eq!(v2.last().unwrap(), "end_datetime");
+        assert_eq!(
+            chip_schema_of(8, crate::SCHEMA_VERSION, EmbeddingType::F32).unwrap(),
+            chip_schema(8)
+        );
+        for v in SCHEMA_VERSIONS {
+            let i8s = names(v, EmbeddingType::Int8);
+            assert_eq!(i8s.last().unwrap(), "embedding_scale", "{v}");
+            assert_eq!(i8s.len(), names(v, EmbeddingType::F32).len() + 1);
+        }
+        assert!(chip_schema_of(8, 4, EmbeddingType::F32).is_none());
+        assert!(chip_schema_of(8, 0, EmbeddingType::F32).is_none());
+        let s = chip_schema(8);
+        for c in [
+            col::CELL,
+            col::GRID_CELL,
+            col::WINDOW_START,
+            col::WINDOW_END,
+            col::SCENES,
+        ] {
+            assert!(s.field_with_name(c).unwrap().is_nullable(), "{c}");
+        }
     }
 }

@@ -2,8 +2,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::align::Align;
 use crate::embedding::EmbeddingType;
 use crate::ids::IdHasher;
+
+mod resume;
 
 /// File name of the job spec at the output root.
 pub const JOB_FILE: &str = "job.json";
@@ -75,6 +78,31 @@ pub struct TilingSpec {
     /// in the job id: one job's files hold one type.
     #[serde(default, skip_serializing_if = "EmbeddingType::is_f32")]
     pub embedding_type: EmbeddingType,
+    /// `--align`: chips from each scene's own corner (`scene`, left out of
+    /// `job.json`, so jobs of earlier versions keep their ids) or on the CRS
+    /// lattice (`crs`, in [`TilingSpec::fingerprint`]: other windows, other
+    /// chips).
+    #[serde(default, skip_serializing_if = "Align::is_scene")]
+    pub align: Align,
+    /// The chip schema version the job's files are written in:
+    /// [`crate::SCHEMA_VERSION`] for a new job, kept when it resumes, so one
+    /// job never mixes schemas. Absent from `job.json` (and task messages)
+    /// of jobs written before version 3, which are version 2. Not in
+    /// [`TilingSpec::fingerprint`] (chip ids do not change with it); in the
+    /// job fingerprint.
+    #[serde(
+        default = "schema_version_unrecorded",
+        skip_serializing_if = "is_schema_version_unrecorded"
+    )]
+    pub schema_version: u32,
+}
+
+fn schema_version_unrecorded() -> u32 {
+    crate::SCHEMA_VERSION_UNRECORDED
+}
+
+fn is_schema_version_unrecorded(v: &u32) -> bool {
+    *v == crate::SCHEMA_VERSION_UNRECORDED
 }
 
 impl TilingSpec {
@@ -105,6 +133,10 @@ impl TilingSpec {
             for a in assets {
                 h.str(a);
             }
+        }
+        // Absent for `scene`, so chip ids stay as they were.
+        if self.align != Align::Scene {
+            h.str("align").str(self.align.as_str());
         }
         h.hex128()
     }
@@ -302,12 +334,13 @@ pub struct JobSpec {
 }
 
 impl JobSpec {
-    /// The job fingerprint for a model and tiling.
+    /// The job fingerprint for a model and tiling (whose
+    /// [`TilingSpec::schema_version`] is the job's chip schema).
     pub fn fingerprint_of(model: &ModelRef, tiling: &TilingSpec) -> String {
         IdHasher::new("rsembed.job.v1")
             .str(&model.fingerprint())
             .str(&tiling.fingerprint())
-            .i64(crate::SCHEMA_VERSION.into())
+            .i64(tiling.schema_version.into())
             .hex128()
     }
 
@@ -429,54 +462,6 @@ impl JobSpec {
         }
     }
 
-    /// The same job with footprints to `tolerance` (`None`: the absolute
-    /// 5e-8 degrees of older jobs), its id computed again.
-    pub fn with_footprint_tolerance(mut self, tolerance: Option<f64>) -> JobSpec {
-        self.tiling.footprint_tolerance = tolerance;
-        self.job_id = self.id();
-        self
-    }
-
-    /// The job a command asks for, given the job `theirs` at its output, when
-    /// `--footprint-tolerance` was not given: `theirs`'s precision when
-    /// `theirs` was written before the flag existed and is otherwise this
-    /// job (so resuming it never mixes footprints of two precisions), else
-    /// `self` with its default unchanged.
-    pub fn resuming_old_footprints(self, theirs: Option<&JobSpec>) -> JobSpec {
-        match theirs {
-            Some(t) if t.tiling.footprint_tolerance.is_none() => {
-                let old = self.clone().with_footprint_tolerance(None);
-                if old.job_id == t.job_id {
-                    old
-                } else {
-                    self
-                }
-            }
-            _ => self,
-        }
-    }
-
-    /// The job a command asks for, given the job `theirs` at its output, when
-    /// no grouping flag was given: `theirs`'s grouping when the two are
-    /// otherwise one job. A job planned under an older version's defaults
-    /// (64 files a task) resumes with them instead of being refused as
-    /// another job.
-    pub fn resuming_grouping(self, theirs: Option<&JobSpec>) -> JobSpec {
-        match theirs.and_then(|t| t.grouping.map(|g| (t, g))) {
-            Some((t, g)) if self.grouping != Some(g) => {
-                let mut old = self.clone();
-                old.grouping = Some(g);
-                old.job_id = old.id();
-                if old.job_id == t.job_id {
-                    old
-                } else {
-                    self
-                }
-            }
-            _ => self,
-        }
-    }
-
     /// Every field in which `self` (the job asked for now) differs from
     /// `theirs` (the job at the output), named by its flag. Empty when the
     /// two are one job.
@@ -563,6 +548,12 @@ impl JobSpec {
             "--embedding-type",
             a.embedding_type.to_string(),
             b.embedding_type.to_string(),
+        );
+        diff("--align", a.align.to_string(), b.align.to_string());
+        diff(
+            "the chip schema version",
+            a.schema_version.to_string(),
+            b.schema_version.to_string(),
         );
         let none = StacSearch::default();
         let (a, b) = (
@@ -805,6 +796,8 @@ mod tests {
             max_cloud: None,
             footprint_tolerance: Some(DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: EmbeddingType::F32,
+            align: Align::Scene,
+            schema_version: crate::SCHEMA_VERSION,
         }
     }
 
@@ -933,6 +926,11 @@ mod tests {
                 "--embedding-type",
                 rebuild(&|_, _, _, t, _| t.embedding_type = EmbeddingType::Int8),
             ),
+            ("--align", rebuild(&|_, _, _, t, _| t.align = Align::Crs)),
+            (
+                "the chip schema version",
+                rebuild(&|_, _, _, t, _| t.schema_version = 2),
+            ),
         ];
         for (flag, other) in cases {
             assert_ne!(other.job_id, base.job_id, "{flag} must change the job id");
@@ -1059,6 +1057,10 @@ mod tests {
         assert_ne!(a.fingerprint(), b.fingerprint());
     }
 }
+
+#[cfg(test)]
+#[path = "job_schema_tests.rs"]
+mod schema_tests;
 
 #[cfg(test)]
 mod footprint_tests {

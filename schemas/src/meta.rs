@@ -72,10 +72,11 @@ pub struct FileMeta {
 
 impl FileMeta {
     /// The metadata of every file of job `job_id` run with `model` (the task id
-    /// is filled in per file).
+    /// is filled in per file), in the job's chip schema version
+    /// ([`TilingSpec::schema_version`]).
     pub fn of_job(job_id: &str, model: &ModelRef, tiling: &TilingSpec) -> FileMeta {
         FileMeta {
-            schema_version: crate::SCHEMA_VERSION,
+            schema_version: tiling.schema_version,
             job_id: job_id.to_owned(),
             job_fingerprint: crate::job::JobSpec::fingerprint_of(model, tiling),
             task_id: String::new(),

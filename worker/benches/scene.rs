@@ -54,6 +54,8 @@ fn tiling() -> TilingSpec {
         max_cloud: None,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: Default::default(),
+        align: Default::default(),
+        schema_version: rsembed_schemas::SCHEMA_VERSION,
     }
 }
 

@@ -15,7 +15,7 @@ use crate::engine::PixelBatch;
 use crate::error::{Error, Result};
 use crate::input::{Item, Prepared};
 use crate::metrics;
-use crate::sink::rows::{ChipRow, ErrorRow, StacColumns};
+use crate::sink::rows::{CellColumns, CellRow, ChipRow, ErrorRow, StacColumns};
 use crate::task::{StoreErrors, TaskRunner};
 
 /// Batches one task keeps sent to the engine and not yet answered: one
@@ -29,8 +29,8 @@ impl TaskRunner {
         &self,
         mut rx: mpsc::Receiver<Item>,
         tiling_fp: &str,
-    ) -> Result<(Vec<ChipRow>, Vec<ErrorRow>)> {
-        let mut rows: Vec<ChipRow> = Vec::new();
+    ) -> Result<(Vec<CellRow>, Vec<ErrorRow>)> {
+        let mut rows: Vec<CellRow> = Vec::new();
         let mut failures: Vec<ErrorRow> = Vec::new();
         let mut pending: Vec<Prepared> = Vec::with_capacity(self.batch_size);
         let mut in_flight = FuturesOrdered::new();
@@ -100,7 +100,7 @@ impl TaskRunner {
         mut batch: Vec<Prepared>,
         bucket: usize,
         tiling_fp: &'a str,
-    ) -> impl Future<Output = Result<Vec<ChipRow>>> + 'a {
+    ) -> impl Future<Output = Result<Vec<CellRow>>> + 'a {
         let n = batch.len();
         let (h, w) = (
             self.preprocessor.height() as usize,
@@ -125,25 +125,31 @@ impl TaskRunner {
         async move {
             let emb = self.engine.embed(pixels).await?;
             drop(at_engine);
-            let rows: Vec<ChipRow> = batch
+            let rows: Vec<CellRow> = batch
                 .into_iter()
                 .enumerate()
-                .map(|(i, p)| ChipRow {
-                    stac: StacColumns::of(&p.input, p.cloud_fraction),
-                    chip_id: chip_id(
-                        &p.input.uri,
-                        p.input.version.as_deref(),
-                        p.window,
-                        tiling_fp,
-                    ),
-                    source_uri: p.input.uri,
-                    source_version: p.input.version,
-                    window: p.window,
-                    valid_fraction: p.valid_fraction,
-                    crs: p.crs,
-                    footprint: p.footprint,
-                    centre: p.centre,
-                    embedding: emb.row(i).to_vec(),
+                .map(|(i, p)| CellRow {
+                    chip: ChipRow {
+                        stac: StacColumns::of(&p.input, p.cloud_fraction),
+                        chip_id: chip_id(
+                            &p.input.uri,
+                            p.input.version.as_deref(),
+                            p.window,
+                            tiling_fp,
+                        ),
+                        source_uri: p.input.uri,
+                        source_version: p.input.version,
+                        window: p.window,
+                        valid_fraction: p.valid_fraction,
+                        crs: p.crs,
+                        footprint: p.footprint,
+                        centre: p.centre,
+                        embedding: emb.row(i).to_vec(),
+                    },
+                    cells: CellColumns {
+                        cell: p.cell,
+                        ..CellColumns::default()
+                    },
                 })
                 .collect();
             self.counters.chips.fetch_add(n as u64, Ordering::Relaxed);

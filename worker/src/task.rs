@@ -52,7 +52,7 @@ use crate::model::ModelDir;
 use crate::preprocess::Preprocessor;
 use crate::sink::commit::Commit;
 use crate::sink::parquet::{chip_file_metadata, encode, encode_chips, error_file_metadata};
-use crate::sink::rows::{chip_batch, error_batch, extent, ChipRow, ErrorRow};
+use crate::sink::rows::{chip_batch_version, error_batch, extent, CellRow, ErrorRow};
 use crate::store::StoreCache;
 use rsembed_raster::image::DecodeLimits;
 use rsembed_raster::tiff::TiffLimits;
@@ -221,14 +221,14 @@ impl TaskReport {
 }
 
 /// The whole inputs of `task` that no row and no failure came from.
-fn empty_inputs(task: &Task, rows: &[ChipRow], failures: &[ErrorRow]) -> Vec<String> {
+fn empty_inputs(task: &Task, rows: &[CellRow], failures: &[ErrorRow]) -> Vec<String> {
     // A row names its input exactly, or, for an archive member
     // (`<archive>#<member>`), the archive before the `#`. Both are kept: an
     // input may hold a `#` itself (an item of an item collection is
     // `items.json#<id>`), and only its exact name says it gave chips.
     let produced: std::collections::HashSet<&str> = rows
         .iter()
-        .map(|r| r.source_uri.as_str())
+        .map(|r| r.chip.source_uri.as_str())
         .chain(failures.iter().map(|f| f.source_uri.as_str()))
         .flat_map(|u| [Some(u), u.split_once('#').map(|(a, _)| a)])
         .flatten()
@@ -280,6 +280,7 @@ impl TaskRunner {
         // Counted until the chip file is written.
         let _writing = metrics::global().queue_tasks.hold(1);
         rows.sort_by(|a, b| {
+            let (a, b) = (&a.chip, &b.chip);
             (&a.source_uri, a.window.y, a.window.x).cmp(&(&b.source_uri, b.window.y, b.window.x))
         });
         failures.sort_by(|a, b| a.source_uri.cmp(&b.source_uri));
@@ -303,8 +304,11 @@ impl TaskRunner {
                     .await?,
             )
         };
-        let b = chip_batch(
+        // In the job's schema version (the one it started with), which the
+        // file metadata records too.
+        let b = chip_batch_version(
             &rows,
+            job.file_meta.schema_version,
             job.file_meta.embed_dim,
             job.file_meta.embedding_type(),
         )?;
@@ -353,23 +357,26 @@ mod tests {
         }
     }
 
-    fn row(uri: &str) -> ChipRow {
-        ChipRow {
-            chip_id: "0".repeat(32),
-            source_uri: uri.into(),
-            source_version: None,
-            window: Window {
-                x: 0,
-                y: 0,
-                width: 8,
-                height: 8,
+    fn row(uri: &str) -> CellRow {
+        CellRow {
+            chip: crate::sink::rows::ChipRow {
+                chip_id: "0".repeat(32),
+                source_uri: uri.into(),
+                source_version: None,
+                window: Window {
+                    x: 0,
+                    y: 0,
+                    width: 8,
+                    height: 8,
+                },
+                valid_fraction: 1.0,
+                crs: None,
+                footprint: None,
+                centre: None,
+                embedding: vec![1.0],
+                stac: Default::default(),
             },
-            valid_fraction: 1.0,
-            crs: None,
-            footprint: None,
-            centre: None,
-            embedding: vec![1.0],
-            stac: Default::default(),
+            cells: Default::default(),
         }
     }
 

@@ -123,6 +123,8 @@ fn runner(out: &Path, backend: Slow, batch_size: usize) -> (TaskRunner, JobConte
                 max_cloud: None,
                 footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
                 embedding_type: Default::default(),
+                align: Default::default(),
+                schema_version: rsembed_schemas::SCHEMA_VERSION,
             },
             software_version: "test".into(),
             quantization: None,

@@ -198,6 +198,8 @@ fn runner(out: &Path, scale: ScaleSpec, max_cloud: Option<f32>) -> (TaskRunner, 
         max_cloud,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: Default::default(),
+        align: Default::default(),
+        schema_version: rsembed_schemas::SCHEMA_VERSION,
     };
     let stores = StoreCache::default();
     let job = JobContext {

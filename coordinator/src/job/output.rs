@@ -123,8 +123,9 @@ impl JobOutput {
     /// job as written before the flag existed, that job with its footprints
     /// to 5e-8 degrees (see [`JobSpec::resuming_old_footprints`]); when no
     /// grouping flag was given, this job with the grouping it recorded (see
-    /// [`JobSpec::resuming_grouping`]). Starting over (`run --overwrite`)
-    /// takes the defaults.
+    /// [`JobSpec::resuming_grouping`]); and always this job in the chip
+    /// schema version it started with ([`JobSpec::resuming_schema`]).
+    /// Starting over (`run --overwrite`) takes the defaults.
     pub(crate) async fn as_resumed(
         &self,
         ours: JobSpec,
@@ -142,7 +143,7 @@ impl JobOutput {
         if !given.footprint_tolerance {
             spec = spec.resuming_old_footprints(theirs.as_ref());
         }
-        Ok(spec)
+        Ok(spec.resuming_schema(theirs.as_ref()))
     }
 
     /// Decides whether the job `ours` may use this output. Without `replace`

@@ -195,6 +195,8 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
         max_cloud: t.max_cloud,
         footprint_tolerance: Some(footprint_tolerance(t)?),
         embedding_type: t.embedding_type,
+        align: t.align,
+        schema_version: rsembed_schemas::SCHEMA_VERSION,
     })
 }
 

@@ -21,7 +21,7 @@ use std::time::Instant;
 use futures::StreamExt;
 
 use rsembed_schemas::job::{ModelRef, TilingSpec};
-use rsembed_schemas::queue::{JobRecord, TaskDone, TaskFailed, TaskMessage, MESSAGE_FORMAT};
+use rsembed_schemas::queue::{JobRecord, TaskDone, TaskFailed, TaskMessage};
 use rsembed_schemas::task::Task;
 use rsembed_worker::now_rfc3339;
 use rsembed_worker::queue::{self, Queue};
@@ -340,7 +340,7 @@ pub async fn publish_tasks(
                 reopened = true;
             }
             let msg = TaskMessage {
-                format: MESSAGE_FORMAT,
+                format: TaskMessage::format_for(job.tiling),
                 model_fingerprint: fingerprint.clone(),
                 model_name: job.model.name.clone(),
                 output: output.clone(),

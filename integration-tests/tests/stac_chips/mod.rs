@@ -1,5 +1,5 @@
 //! Finished jobs whose chip files are of both chip schema versions, written
-//! by the workers' own writer (`chip_batch`, `encode_chips`): version 1 files
+//! by the workers' own writer (`chip_batch_version`, `encode_chips`): version 1 files
 //! (the 14 columns of files written before STAC, `schema_version: 1`),
 //! version 2 files with STAC values (item, collection, acquisition time,
 //! some ranges, cloud fractions, and some rows without them), and version 2
@@ -14,7 +14,7 @@ use rsembed_schemas::job::{GroupingSpec, JobSpec, Manifest, ModelRef, TilingSpec
 use rsembed_schemas::meta::FileMeta;
 use rsembed_worker::sink::commit::put;
 use rsembed_worker::sink::parquet::{chip_file_metadata, encode_chips};
-use rsembed_worker::sink::rows::{chip_batch, extent, ChipRow, StacColumns};
+use rsembed_worker::sink::rows::{chip_batch_version, extent, ChipRow, StacColumns};
 use rsembed_worker::store::StoreCache;
 
 /// Embedding dimension of the fixtures.
@@ -139,6 +139,9 @@ pub fn write_job(root: &Path, files: &[FileSpec]) {
             max_cloud: None,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: Default::default(),
+            align: Default::default(),
+            // A job of version 2, as rsembed wrote before schema 3.
+            schema_version: 2,
         };
         let model = ModelRef {
             // The committed test model's name and dimension, so `classify` takes it.
@@ -171,7 +174,7 @@ pub fn write_job(root: &Path, files: &[FileSpec]) {
         let mut manifest_files = Vec::new();
         for (f, s) in files.iter().enumerate() {
             let rows = rows_of(f, s);
-            let mut batch = chip_batch(&rows, DIM, Default::default()).unwrap();
+            let mut batch = chip_batch_version(&rows, 2, DIM, Default::default()).unwrap();
             let mut meta = FileMeta::of_job(&spec.job_id, &model, &tiling);
             meta.task_id = s.name.to_owned();
             if let Kind::V1 = s.kind {

@@ -17,8 +17,15 @@ fn is_zero(v: &u64) -> bool {
     *v == 0
 }
 
-/// The task message format; a worker terminates a message of another format.
-pub const MESSAGE_FORMAT: u32 = 1;
+/// The newest task message format; a worker terminates a message of a
+/// format it does not know. Format 2 is a message whose tiling an older
+/// worker would misread ([`TaskMessage::format_for`]): chip schema 3 or
+/// `--align crs`. Such a worker, which reads format 1 only, refuses it
+/// instead of writing files of another schema or chips off the lattice.
+pub const MESSAGE_FORMAT: u32 = 2;
+
+/// The task message formats this version reads.
+pub const MESSAGE_FORMATS: std::ops::RangeInclusive<u32> = 1..=MESSAGE_FORMAT;
 
 /// A task on the work queue (`rsembed.tasks.<job_id>`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -36,6 +43,19 @@ pub struct TaskMessage {
     pub tiling: TilingSpec,
     /// The task (its `job_id` names the job).
     pub task: Task,
+}
+
+impl TaskMessage {
+    /// The format of a message of `tiling`: 1 when a worker of format 1
+    /// runs it as the job means (a job of chip schema 2 and scene
+    /// alignment), else 2.
+    pub fn format_for(tiling: &TilingSpec) -> u32 {
+        if tiling.schema_version <= 2 && tiling.align.is_scene() {
+            1
+        } else {
+            MESSAGE_FORMAT
+        }
+    }
 }
 
 /// `done.<job>.<task>`: the task's files are written.
@@ -164,10 +184,28 @@ mod tests {
                 max_cloud: None,
                 footprint_tolerance: Some(crate::job::DEFAULT_FOOTPRINT_TOLERANCE),
                 embedding_type: Default::default(),
+                align: Default::default(),
+                schema_version: crate::SCHEMA_VERSION,
             },
             task: Task::new("job", vec![]),
         };
         let s = serde_json::to_string(&m).unwrap();
         assert_eq!(serde_json::from_str::<TaskMessage>(&s).unwrap(), m);
+    }
+
+    #[test]
+    fn only_messages_an_older_worker_runs_right_keep_format_1() {
+        let mut t: TilingSpec = serde_json::from_str(
+            r#"{"chip_size":256,"stride":256,"bands":[1,2,3],"scale":"auto","min_valid":null}"#,
+        )
+        .unwrap();
+        assert_eq!(t.schema_version, 2, "an older submit's message");
+        assert_eq!(TaskMessage::format_for(&t), 1);
+        t.schema_version = 3;
+        assert_eq!(TaskMessage::format_for(&t), 2);
+        t.schema_version = 2;
+        t.align = crate::align::Align::Crs;
+        assert_eq!(TaskMessage::format_for(&t), 2);
+        assert!(MESSAGE_FORMATS.contains(&1) && MESSAGE_FORMATS.contains(&2));
     }
 }

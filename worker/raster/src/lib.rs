@@ -15,6 +15,7 @@ pub mod grid;
 pub mod image;
 pub mod jpeg;
 pub mod kind;
+pub mod lattice;
 pub mod pixels;
 pub mod png;
 pub mod scale;

@@ -130,6 +130,11 @@ pub(crate) async fn produce_archive(
                         false => Ok(()),
                     };
                 }
+                Entry::Image(m) if !ctx2.scene.tiling.align.is_scene() => member_error(
+                    member_uri(&archive.uri, &m.path),
+                    ErrorStage::Decode,
+                    crate::input::NOT_ON_A_LATTICE.to_owned(),
+                ),
                 Entry::Image(m) => {
                     let uri = member_uri(&archive.uri, &m.path);
                     match decode_rgb8(&m.data, ctx2.limits) {
@@ -157,6 +162,7 @@ pub(crate) async fn produce_archive(
                                 centre: None,
                                 pixels,
                                 cloud_fraction: None,
+                                cell: None,
                                 queued: crate::metrics::global().queue_chips.hold(1),
                             }),
                         },

@@ -80,6 +80,7 @@ pub(super) async fn prepare(
             centre: None,
             pixels,
             cloud_fraction: None,
+            cell: None,
             queued: crate::metrics::global().queue_chips.hold(1),
         }),
         Ok(Err((stage, e))) => Err(input_error(&input, stage, e)),

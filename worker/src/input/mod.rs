@@ -39,6 +39,11 @@ mod scene;
 
 pub use chip::{ChipError, ChipReader};
 
+/// The error record of a whole image (PNG, JPEG) in an `--align crs` job.
+pub(crate) const NOT_ON_A_LATTICE: &str =
+    "--align crs: the image is not georeferenced (a PNG or JPEG), so it has no place on a \
+     CRS lattice";
+
 /// What the input stage sends on: a chip ready for the model, or an error row.
 pub(crate) type Item = std::result::Result<Prepared, ErrorRow>;
 
@@ -54,6 +59,8 @@ pub(crate) struct Prepared {
     pub(crate) centre: Option<[f64; 2]>,
     /// Share of the valid pixels the `--cloud-mask` marks as cloud.
     pub(crate) cloud_fraction: Option<f32>,
+    /// The chip's cell of the CRS lattice (`--align crs`).
+    pub(crate) cell: Option<String>,
     pub(crate) pixels: Vec<f32>,
     /// Counts the chip in [`metrics::names::QUEUE_CHIPS`] until it is sent to
     /// the engine (or dropped with its task).
@@ -141,6 +148,12 @@ pub(crate) fn spawn_readers(
                                 archive::produce_archive(archive_ctx, input, tx).await
                             }
                             InputKind::Scene => scene::produce_scene(scene_ctx, input, tx).await,
+                            InputKind::Image if !scene_ctx.tiling.align.is_scene() => {
+                                let e = std::io::Error::other(NOT_ON_A_LATTICE);
+                                let _ = tx
+                                    .send(Err(input_error(&input, ErrorStage::Decode, e)))
+                                    .await;
+                            }
                             InputKind::Image => {
                                 let item =
                                     image::prepare(stores, pre, limits, counters.clone(), input)

@@ -304,6 +304,7 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
             centre: chip.centre,
             pixels,
             cloud_fraction: chip.cloud_fraction,
+            cell: chip.cell,
             queued: crate::metrics::global().queue_chips.hold(1),
         });
         if tx.send(item).await.is_err() {

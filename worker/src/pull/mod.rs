@@ -31,7 +31,7 @@ use futures::StreamExt;
 use rsembed_raster::scale::ScaleSpec;
 use rsembed_schemas::job::ModelRef;
 use rsembed_schemas::meta::FileMeta;
-use rsembed_schemas::queue::{TaskMessage, TaskRunning, MESSAGE_FORMAT};
+use rsembed_schemas::queue::{TaskMessage, TaskRunning, MESSAGE_FORMAT, MESSAGE_FORMATS};
 use rsembed_schemas::SOFTWARE_VERSION;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -314,9 +314,9 @@ impl Worker {
         let job = msg.task.job_id.clone();
         let task = msg.task.task_id.clone();
         let last = self.max_deliver > 0 && delivered >= self.max_deliver as u64;
-        if msg.format != MESSAGE_FORMAT {
+        if !MESSAGE_FORMATS.contains(&msg.format) {
             let why = format!(
-                "task message format {} is not {MESSAGE_FORMAT}: this worker ({SOFTWARE_VERSION}) cannot read it",
+                "task message format {} is not 1 to {MESSAGE_FORMAT}: this worker ({SOFTWARE_VERSION}) cannot read it",
                 msg.format
             );
             return self.give_up(m, &msg, delivered, why).await;

@@ -34,7 +34,7 @@ use parquet::file::metadata::KeyValue;
 use rsembed_schemas::extent::{FileExtent, EXTENT_KEY, MAX_SOURCES, MAX_VERTICES};
 
 use super::hull::{convex_hull, enclose, Pt};
-use super::rows::ChipRow;
+use super::rows::AsChipRow;
 use super::snap;
 use crate::error::Result;
 
@@ -226,9 +226,10 @@ fn cell_key(west: bool, b: [f64; 4], cell: f64) -> Key {
 }
 
 /// The extent of a task's rows.
-pub fn of_rows(rows: &[ChipRow]) -> FileExtent {
+pub fn of_rows<R: AsChipRow>(rows: &[R]) -> FileExtent {
     let mut b = ExtentBuilder::default();
     for r in rows {
+        let r = r.chip();
         b.add(
             &r.source_uri,
             r.footprint.as_ref().map(|f| f.bbox),

@@ -8,7 +8,9 @@ use arrow_array::builder::{
 };
 use arrow_array::{ArrayRef, RecordBatch};
 use rsembed_raster::geo::Footprint;
-use rsembed_schemas::chip::{bbox_fields, chip_schema_typed, error_schema, ErrorStage};
+use rsembed_schemas::chip::{
+    bbox_fields, chip_schema_of, chip_schema_typed, error_schema, ErrorStage,
+};
 use rsembed_schemas::embedding::EmbeddingType;
 use rsembed_schemas::ids::Window;
 
@@ -77,6 +79,57 @@ impl StacColumns {
     }
 }
 
+/// The columns schema 3 appended, besides `grid_cell` (which
+/// [`chip_batch_version`] derives from the row's centre): where the row sits
+/// on the CRS lattice and in time.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CellColumns {
+    /// `EPSG:<code>/<res>/<stride>/<col>/<row>` under `--align crs`.
+    pub cell: Option<String>,
+    /// The time window's start (`--windows`), µs since the epoch, UTC.
+    pub window_start: Option<i64>,
+    /// The time window's end (exclusive), µs since the epoch, UTC.
+    pub window_end: Option<i64>,
+    /// The acquisitions that covered the cell in the window.
+    pub scenes: Option<i32>,
+}
+
+/// A chip row with the columns of schema 3: what a task writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellRow {
+    /// The columns of schemas 1 and 2.
+    pub chip: ChipRow,
+    /// The columns schema 3 appended.
+    pub cells: CellColumns,
+}
+
+/// A row [`chip_batch`] writes: a [`ChipRow`] (its schema 3 columns null,
+/// but `grid_cell`) or a [`CellRow`].
+pub trait AsChipRow {
+    /// The columns of schemas 1 and 2.
+    fn chip(&self) -> &ChipRow;
+    /// The columns schema 3 appended, when the row has them.
+    fn cells(&self) -> Option<&CellColumns> {
+        None
+    }
+}
+
+impl AsChipRow for ChipRow {
+    fn chip(&self) -> &ChipRow {
+        self
+    }
+}
+
+impl AsChipRow for CellRow {
+    fn chip(&self) -> &ChipRow {
+        &self.chip
+    }
+
+    fn cells(&self) -> Option<&CellColumns> {
+        Some(&self.cells)
+    }
+}
+
 /// One row of `errors/*.parquet`.
 #[derive(Debug)]
 pub struct ErrorRow {
@@ -96,9 +149,55 @@ pub struct ErrorRow {
     pub cause: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
-/// Builds a record batch of chip rows, embeddings stored as `ty`; every
-/// embedding must have `embed_dim` floats.
-pub fn chip_batch(rows: &[ChipRow], embed_dim: usize, ty: EmbeddingType) -> Result<RecordBatch> {
+/// Builds a record batch of chip rows in the current schema version,
+/// embeddings stored as `ty`; every embedding must have `embed_dim` floats.
+pub fn chip_batch<R: AsChipRow>(
+    rows: &[R],
+    embed_dim: usize,
+    ty: EmbeddingType,
+) -> Result<RecordBatch> {
+    chip_batch_version(rows, rsembed_schemas::SCHEMA_VERSION, embed_dim, ty)
+}
+
+/// Builds a record batch of chip rows in chip schema `version` (a job's
+/// [`rsembed_schemas::job::TilingSpec::schema_version`]: 2 or 3), embeddings
+/// stored as `ty`. A version without a column leaves it out whatever the
+/// rows hold; `grid_cell` is the Major TOM cell of the row's centre.
+pub fn chip_batch_version<R: AsChipRow>(
+    rows: &[R],
+    version: u32,
+    embed_dim: usize,
+    ty: EmbeddingType,
+) -> Result<RecordBatch> {
+    let schema = chip_schema_of(embed_dim, version, ty).ok_or_else(|| {
+        arrow_schema::ArrowError::SchemaError(format!(
+            "chip schema version {version} is not one this rsembed writes"
+        ))
+    })?;
+    let batch = chip_batch_all(rows, embed_dim, ty)?;
+    if schema.fields().len() == batch.num_columns() {
+        return Ok(batch);
+    }
+    // An older version: its columns, by name, in its order.
+    let cols = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            batch
+                .column_by_name(f.name())
+                .cloned()
+                .expect("every version's columns are the current version's")
+        })
+        .collect();
+    Ok(RecordBatch::try_new(schema, cols)?)
+}
+
+/// [`chip_batch`] in the newest schema.
+fn chip_batch_all<R: AsChipRow>(
+    rows: &[R],
+    embed_dim: usize,
+    ty: EmbeddingType,
+) -> Result<RecordBatch> {
     let n = rows.len();
     let mut chip_id = StringBuilder::with_capacity(n, n * 32);
     let mut uri = StringBuilder::new();
@@ -119,7 +218,23 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize, ty: EmbeddingType) -> Resu
     let mut datetime = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
     let mut cloud = Float32Builder::with_capacity(n);
     let mut end_datetime = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
-    for r in rows {
+    let mut cell = StringBuilder::new();
+    let mut grid_cell = StringBuilder::new();
+    let mut window_start = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
+    let mut window_end = TimestampMicrosecondBuilder::with_capacity(n).with_timezone("UTC");
+    let mut scenes = Int32Builder::with_capacity(n);
+    for row in rows {
+        let none = CellColumns::default();
+        let cells = row.cells().unwrap_or(&none);
+        cell.append_option(cells.cell.as_deref());
+        window_start.append_option(cells.window_start);
+        window_end.append_option(cells.window_end);
+        scenes.append_option(cells.scenes);
+        let r = row.chip();
+        grid_cell.append_option(
+            r.centre
+                .and_then(|[lon, lat]| rsembed_schemas::majortom::grid_cell(lat, lon)),
+        );
         item_id.append_option(r.stac.item_id.as_deref());
         collection.append_option(r.stac.collection.as_deref());
         datetime.append_option(r.stac.datetime);
@@ -185,6 +300,11 @@ pub fn chip_batch(rows: &[ChipRow], embed_dim: usize, ty: EmbeddingType) -> Resu
         Arc::new(datetime.finish()),
         Arc::new(cloud.finish()),
         Arc::new(end_datetime.finish()),
+        Arc::new(cell.finish()),
+        Arc::new(grid_cell.finish()),
+        Arc::new(window_start.finish()),
+        Arc::new(window_end.finish()),
+        Arc::new(scenes.finish()),
     ];
     cols.extend(scale);
     Ok(RecordBatch::try_new(
@@ -212,9 +332,9 @@ pub(crate) fn error_batch(rows: &[ErrorRow]) -> Result<RecordBatch> {
 }
 
 /// The lon/lat extent of the rows that have footprints.
-pub fn extent(rows: &[ChipRow]) -> Option<[f64; 4]> {
+pub fn extent<R: AsChipRow>(rows: &[R]) -> Option<[f64; 4]> {
     rows.iter()
-        .filter_map(|r| r.footprint.as_ref().map(|f| f.bbox))
+        .filter_map(|r| r.chip().footprint.as_ref().map(|f| f.bbox))
         .reduce(|a, b| {
             [
                 a[0].min(b[0]),
@@ -291,9 +411,69 @@ mod tests {
     }
 
     #[test]
+    fn a_job_writes_the_columns_of_its_schema_version() {
+        use arrow_array::cast::AsArray;
+        let mut r = row(1, true);
+        r.centre = Some([2.35, 48.85]);
+        let rows = vec![
+            CellRow {
+                chip: r,
+                cells: CellColumns {
+                    cell: Some("EPSG:32631/10/256/175/-2100".into()),
+                    window_start: Some(1_704_067_200_000_000),
+                    window_end: Some(1_711_929_600_000_000),
+                    scenes: Some(3),
+                },
+            },
+            CellRow {
+                chip: row(2, false),
+                cells: CellColumns::default(),
+            },
+        ];
+        let v3 = chip_batch_version(&rows, 3, 4, EmbeddingType::F32).unwrap();
+        assert_eq!(v3.schema(), chip_schema_typed(4, EmbeddingType::F32));
+        let text = |b: &RecordBatch, c: &str| {
+            let a = b.column_by_name(c).unwrap().as_string::<i32>().clone();
+            (0..a.len())
+                .map(|i| a.is_valid(i).then(|| a.value(i).to_owned()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            text(&v3, "cell"),
+            [Some("EPSG:32631/10/256/175/-2100".to_owned()), None]
+        );
+        let paris = rsembed_schemas::majortom::grid_cell(48.85, 2.35);
+        assert!(paris.is_some());
+        assert_eq!(text(&v3, "grid_cell"), [paris, None], "no centre, no cell");
+        let scenes = v3
+            .column_by_name("scenes")
+            .unwrap()
+            .as_primitive::<arrow_array::types::Int32Type>();
+        assert_eq!((scenes.value(0), scenes.is_null(1)), (3, true));
+        // A version 2 job's files have none of them; int8 keeps its scale last.
+        let v2 = chip_batch_version(&rows, 2, 4, EmbeddingType::Int8).unwrap();
+        assert_eq!(
+            v2.schema(),
+            chip_schema_of(4, 2, EmbeddingType::Int8).unwrap()
+        );
+        assert!(v2.column_by_name("cell").is_none());
+        assert_eq!(
+            v2.schema().fields().last().unwrap().name(),
+            "embedding_scale"
+        );
+        assert!(chip_batch_version(&rows, 9, 4, EmbeddingType::F32).is_err());
+        // Plain rows: the schema 3 columns are null but grid_cell.
+        let plain = chip_batch(&[rows[0].chip.clone()], 4, EmbeddingType::F32).unwrap();
+        assert!(plain.column_by_name("cell").unwrap().is_null(0));
+        assert!(!plain.column_by_name("grid_cell").unwrap().is_null(0));
+    }
+
+    #[test]
     fn empty_batches_are_valid() {
         assert_eq!(
-            chip_batch(&[], 4, EmbeddingType::F32).unwrap().num_rows(),
+            chip_batch::<ChipRow>(&[], 4, EmbeddingType::F32)
+                .unwrap()
+                .num_rows(),
             0
         );
         assert_eq!(error_batch(&[]).unwrap().num_rows(), 0);

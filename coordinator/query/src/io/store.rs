@@ -119,7 +119,10 @@ pub async fn delete_if_present(out: &rsembed_store::Location, rel: &str) -> crat
 
 /// Refuses an existing output file unless `overwrite`, and checks that a
 /// local one can be created, before any work (`classify`, `change`).
-pub async fn check_output_file(out: &rsembed_store::Location, overwrite: bool) -> crate::Result<()> {
+pub async fn check_output_file(
+    out: &rsembed_store::Location,
+    overwrite: bool,
+) -> crate::Result<()> {
     match out.store.head(&out.prefix).await {
         Ok(_) if !overwrite => {
             return Err(crate::Error::OutputRefused {

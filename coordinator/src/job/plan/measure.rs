@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use object_store::ObjectStoreExt;
-use rsembed_raster::scene::{plan_band_grid, plan_grid};
+use rsembed_raster::scene::{plan_band_grid, plan_grid, planned_layout};
 use rsembed_raster::tiff::{RangeRead, TiffLimits};
 use rsembed_schemas::job::TilingSpec;
 use rsembed_schemas::task::{ChipBlock, TaskInput};
@@ -40,7 +40,9 @@ pub(super) struct Measure {
     /// Its grid chips, before any is dropped (no valid pixel, `--min-valid`,
     /// `--max-cloud`): from `proj:shape` or a TIFF header, 1 for a whole
     /// image, 0 for an item that is an error record. `None`: not known (an
-    /// archive, a header not read or not readable).
+    /// archive, a header not read or not readable). Under `--align crs` an
+    /// upper bound: a scene's place on the lattice adds up to a column and a
+    /// row of chips, and the planner does not read it.
     pub(super) chips: Option<u64>,
 }
 
@@ -103,19 +105,13 @@ pub(super) async fn measure(s: &Sharding, input: &mut TaskInput, task_size: usiz
             if s.estimate {
                 fill_sizes(s, input).await;
             }
-            let (chip, stride) = (s.tiling.chip_size, s.tiling.stride);
-            if width <= chip && height <= chip {
+            // A shape is given for a georeferenced scene (proj:shape).
+            let Some(grid) = planned_layout(width, height, true, &s.tiling) else {
                 // Only a scene split by its shape needs the worker to check it.
                 if let Some(item) = &mut input.item {
                     item.grid = None;
                 }
                 return Measure::chips(1);
-            }
-            let grid = rsembed_raster::grid::ChipGrid {
-                width,
-                height,
-                chip,
-                stride,
             };
             let blocks = (grid.len() > task_size as u64).then(|| grid.blocks(task_size));
             if blocks.is_none() {
@@ -222,6 +218,8 @@ mod tests {
                 max_cloud: None,
                 footprint_tolerance: None,
                 embedding_type: Default::default(),
+                align: Default::default(),
+                schema_version: rsembed_schemas::SCHEMA_VERSION,
             },
             min_bytes: 16 << 20,
             limits: TiffLimits::default(),

@@ -47,6 +47,8 @@ pub(super) fn spec(search: Option<StacSearch>) -> JobSpec {
             max_cloud: None,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: Default::default(),
+            align: Default::default(),
+            schema_version: rsembed_schemas::SCHEMA_VERSION,
         },
         GroupingSpec {
             task_files: 1,

@@ -23,6 +23,7 @@ use rsembed_schemas::task::{ChipBlock, MaskKind, Units};
 
 use crate::geo::{self, Crs, Footprint, GeoTransform, Projector};
 use crate::grid::ChipGrid;
+use crate::lattice::{Lattice, LatticeError};
 use crate::pixels::Rgb8;
 use crate::scale::{Stretch, StretchCache};
 
@@ -32,7 +33,7 @@ mod test_tiff;
 mod tests_parts;
 use crate::tiff::{RangeRead, TiffError, TiffFile};
 
-pub use plan::{plan_band_grid, plan_grid};
+pub use plan::{plan_band_grid, plan_grid, planned_layout};
 
 /// An object already in memory (a tar member), read through the same
 /// interface as storage, so it gives exactly what the stored file gives.
@@ -114,6 +115,9 @@ pub enum SceneError {
         /// (width, height) of the opened scene.
         found: [u32; 2],
     },
+    /// `--align crs`, and the scene cannot be cut on its CRS lattice.
+    #[error("--align crs: {0}")]
+    Lattice(#[from] LatticeError),
     /// Physical units (`raster:scale`, `raster:offset`) that map no range of
     /// stored numbers onto `--scale MIN:MAX`.
     #[error("physical units of channel {channel}: {reason}")]
@@ -179,6 +183,8 @@ pub struct SceneChip {
     /// Share of the valid pixels the scene's cloud mask marks as cloud;
     /// `None` without a mask.
     pub cloud_fraction: Option<f32>,
+    /// The chip's cell of the CRS lattice (`--align crs`).
+    pub cell: Option<String>,
 }
 
 /// One file of a scene and the channels it provides.
@@ -209,6 +215,9 @@ pub struct Scene {
     mask: Option<MaskSource>,
     /// The chip grid; `None` for a whole-image chip (plain TIFFs and rasters no larger than a chip).
     pub grid: Option<ChipGrid>,
+    /// The scene's place on its CRS lattice (`--align crs`): the grid is the
+    /// lattice's, and footprints are drawn through the lattice's affine.
+    pub lattice: Option<Lattice>,
     /// Source CRS label (`EPSG:32618`), when known.
     pub crs_label: Option<String>,
     /// `stretch` as 16-bit lookup tables (192 KiB), for 16-bit sources.
@@ -256,20 +265,24 @@ impl Scene {
             Some(m) => self.cloud_count(m, window, &w.valid).await?.fraction(),
             None => None,
         };
-        let (x, y, cw, ch) = (
-            window.x.into(),
-            window.y.into(),
-            window.width.into(),
-            window.height.into(),
-        );
+        let (cw, ch) = (f64::from(window.width), f64::from(window.height));
+        // On a lattice, through the lattice's affine from the chip's lattice
+        // pixel: a cell's footprint is the same from every scene.
+        let (lattice_gt, x, y) = match &self.lattice {
+            Some(l) => {
+                let (lx, ly) = l.lattice_pixel(window);
+                (Some(l.transform()), lx as f64, ly as f64)
+            }
+            None => (None, f64::from(window.x), f64::from(window.y)),
+        };
         let footprint = self
             .geo
             .as_ref()
-            .and_then(|(gt, _, p)| p.footprint(gt, x, y, cw, ch));
+            .and_then(|(gt, _, p)| p.footprint(lattice_gt.as_ref().unwrap_or(gt), x, y, cw, ch));
         let centre = self
             .geo
             .as_ref()
-            .and_then(|(gt, _, p)| p.centre(gt, x, y, cw, ch));
+            .and_then(|(gt, _, p)| p.centre(lattice_gt.as_ref().unwrap_or(gt), x, y, cw, ch));
         Ok(Some(SceneChip {
             window,
             valid_fraction,
@@ -278,6 +291,7 @@ impl Scene {
             centre,
             rgb: self.to_rgb8(&w),
             cloud_fraction,
+            cell: self.lattice.as_ref().map(|l| l.cell(window).to_string()),
         }))
     }
 }

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use rsembed_schemas::align::Align;
 use rsembed_schemas::ids::Window;
 use rsembed_schemas::job::TilingSpec;
 
@@ -12,6 +13,7 @@ use rsembed_schemas::task::Units;
 use super::{MaskSource, Scene, SceneError, ScenePart, SceneParts, Source, StretchMemo};
 use crate::geo::{self, Crs, GeoTransform, Projector, Tolerance};
 use crate::grid::ChipGrid;
+use crate::lattice::Lattice;
 use crate::scale::{percentile_stretch, ScaleSpec, Stretch};
 use crate::tiff::{RangeRead, SampleType, TiffFile, TiffLimits, WindowData};
 
@@ -212,6 +214,19 @@ impl Scene {
         }
         let crs_label = g.crs.as_ref().map(Crs::label);
         let georeferenced = g.gt.is_some();
+        let lattice = match tiling.align {
+            Align::Scene => None,
+            Align::Crs => Some(Lattice::of_scene(
+                g.gt.as_ref(),
+                g.crs.as_ref(),
+                tiling.chip_size,
+                tiling.stride,
+            )?),
+        };
+        let grid = match &lattice {
+            Some(l) => Some(l.grid(info.width, info.height)),
+            None => layout(info.width, info.height, georeferenced, tiling),
+        };
         let geo = match (g.gt, g.crs) {
             (Some(gt), Some(crs)) => match Projector::new(&crs) {
                 Ok(p) => {
@@ -242,7 +257,8 @@ impl Scene {
             stretch: Stretch::identity(3),
             geo,
             mask: extras.mask,
-            grid: layout(info.width, info.height, georeferenced, tiling),
+            grid,
+            lattice,
             crs_label,
             u16_luts: std::sync::OnceLock::new(),
         };
@@ -472,16 +488,37 @@ fn grid_factor(b: &[f64; 6], f: &[f64; 6]) -> Option<u32> {
     Some(k as u32)
 }
 
-/// The chip grid of a raster, or `None` when it is one whole-image chip: a
-/// raster without a geotransform, or one no larger than a chip.
+/// The chip grid of a raster cut from its corner (`--align scene`), or
+/// `None` when it is one whole-image chip: a raster without a geotransform,
+/// or one no larger than a chip.
 fn layout(width: u32, height: u32, georeferenced: bool, tiling: &TilingSpec) -> Option<ChipGrid> {
     let whole = !georeferenced || (width <= tiling.chip_size && height <= tiling.chip_size);
-    (!whole).then_some(ChipGrid {
+    (!whole).then_some(ChipGrid::from_corner(
         width,
         height,
-        chip: tiling.chip_size,
-        stride: tiling.stride,
-    })
+        tiling.chip_size,
+        tiling.stride,
+    ))
+}
+
+/// The chip grid the planner splits a `width` × `height` raster by, as the
+/// worker will cut it: under `--align scene` the scene's own (none for a
+/// whole-image chip: no georeferencing, or no larger than a chip); under
+/// `--align crs` every georeferenced raster is cut on its lattice, whose grid the
+/// planner bounds without knowing where the raster lies
+/// ([`ChipGrid::lattice_bound`]), and a raster without georeferencing is
+/// one input the worker refuses.
+pub fn planned_layout(
+    width: u32,
+    height: u32,
+    georeferenced: bool,
+    tiling: &TilingSpec,
+) -> Option<ChipGrid> {
+    match tiling.align {
+        Align::Scene => layout(width, height, georeferenced, tiling),
+        Align::Crs => georeferenced
+            .then(|| ChipGrid::lattice_bound(width, height, tiling.chip_size, tiling.stride)),
+    }
 }
 
 /// The chip grid of a TIFF for planning, from its header alone: `None` when
@@ -497,7 +534,12 @@ pub async fn plan_grid(
     let tags = tiff.geo_tags();
     let keys = geo::parse_geokeys(tags).ok().flatten();
     let georeferenced = matches!(geo::geotransform(tags, keys.as_ref()), Ok(Some(_)));
-    Ok(layout(info.width, info.height, georeferenced, tiling))
+    Ok(planned_layout(
+        info.width,
+        info.height,
+        georeferenced,
+        tiling,
+    ))
 }
 
 /// The chip grid of a band-file scene, as [`Scene::open_band_files`] lays it:
@@ -521,7 +563,7 @@ pub async fn plan_band_grid(
             best = Some((px, info.width, info.height, gt.is_some()));
         }
     }
-    Ok(best.and_then(|(_, w, h, georeferenced)| layout(w, h, georeferenced, tiling)))
+    Ok(best.and_then(|(_, w, h, georeferenced)| planned_layout(w, h, georeferenced, tiling)))
 }
 
 /// The blocks (x, y, width, height) a raster without a usable overview is
