@@ -18,8 +18,8 @@ use rsembed_worker::task::PipelineArgs;
 /// `plan` shows what a job would process. Embedded mode (`run`) does a whole
 /// job in one process; distributed mode
 /// (`submit`, `status`, `finalize`) spreads it over `rsembed-worker`s through
-/// NATS JetStream. `text`, `search`, `classify` and `compact` work on finished
-/// datasets; `fetch-model` copies a model directory for deployments. Every
+/// NATS JetStream. `text`, `search`, `classify`, `compact` and `change` work
+/// on finished datasets; `fetch-model` copies a model directory for deployments. Every
 /// flag also reads an `RSEMBED_*` environment variable. See `rsembed <COMMAND>
 /// --help`.
 // The doc comment, not Cargo's package description, is the `about`: a
@@ -67,6 +67,8 @@ pub enum Command {
     /// The compacted dataset gets its own job.json and manifest.json; the
     /// source is left as it is.
     Compact(rsembed_query::compact::CompactArgs),
+    /// Query side: how far each cell moved between time windows, ranked, as GeoParquet.
+    Change(rsembed_query::change::ChangeArgs),
     /// Deployment: copy a model directory from object storage and check it.
     ///
     /// For init containers: a partial copy resumes, every file is checked

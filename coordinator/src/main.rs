@@ -194,6 +194,16 @@ async fn dispatch(cmd: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Change(args) => {
+            let json = args.json;
+            let s = rsembed_query::change::change(args).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s)?);
+            } else {
+                print!("{}", s.render());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::FetchModel(args) => {
             let json = args.json;
             let s = fetch_model::fetch_model(args).await?;

@@ -6,7 +6,7 @@
 use rsembed_integration_tests::*;
 
 /// Every subcommand of `rsembed`.
-const COMMANDS: [&str; 10] = [
+const COMMANDS: [&str; 11] = [
     "run",
     "plan",
     "submit",
@@ -16,6 +16,7 @@ const COMMANDS: [&str; 10] = [
     "search",
     "classify",
     "compact",
+    "change",
     "fetch-model",
 ];
 

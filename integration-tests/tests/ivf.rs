@@ -528,8 +528,12 @@ fn lists_are_deterministic_complete_nearest_and_searched_by_probing() {
     let recall = found as f64 / (10 * QUERIES) as f64;
     eprintln!("recall@10 {recall:.3}; MiB fetched {ivf_mib:.1} against {exact_mib:.1}");
     assert!(recall >= 0.95, "recall@10 {recall}");
+    // 8 of 64 lists are an eighth of the embeddings; every search also reads
+    // its files' footers whole, which at 8,000 rows in 164 row groups of 24
+    // chip columns (schema 3) are a third of what a probe fetches. At 10^6
+    // rows a probe fetches a few per cent of the exact scan (docs/benchmarks.md).
     assert!(
-        ivf_mib * 4.0 < exact_mib,
+        ivf_mib * 3.5 < exact_mib,
         "{ivf_mib} MiB against {exact_mib}"
     );
 

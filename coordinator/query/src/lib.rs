@@ -11,13 +11,14 @@
 //!   accumulator, under the filters of a search;
 //! - [`ivf`]: the IVF layout: k-means, `centroids.parquet`, and the lists a
 //!   search probes;
-//! - the commands on top: [`search`] (and its [`html`] page), [`classify`]
-//!   and [`compact`], each with its flags; what they need of a model
+//! - the commands on top: [`search`] (and its [`html`] page), [`classify`],
+//!   [`compact`] and [`change`], each with its flags; what they need of a model
 //!   ([`text`]) and of the imagery (the page's [`html::ChipImages`]) is
 //!   lent by the caller as traits, so the crate runs no inference and
 //!   reads no rasters;
 //! - [`Error`]: what failed, naming the file or flag.
 
+pub mod change;
 pub mod classify;
 pub mod compact;
 mod error;

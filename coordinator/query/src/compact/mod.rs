@@ -71,7 +71,8 @@
 //! version among the source's files: a source of version 1 files (14
 //! columns) stays version 1, one with any version 2 file (a job resumed by a
 //! newer rsembed) becomes version 2, its version 1 rows null in the appended
-//! columns, as a reader with `union_by_name` would see them. Each part's
+//! columns, as a reader with `union_by_name` would see them; likewise for
+//! version 3 (a job keeps its version, so mixed sources are older outputs). Each part's
 //! `rsembed` metadata and the manifest's `schema_version` say which.
 //!
 //! **Output.** `chips/part-NNNNN.parquet` (the chip schema, as above), the
@@ -153,8 +154,8 @@ pub(crate) const UPLOAD_CONCURRENCY: usize = 2;
 pub(crate) const MAX_FILES: usize = 100_000;
 
 /// The columns of a chip file, in file order; a file of schema version 1
-/// has the first 14.
-const COLUMNS: [&str; 19] = [
+/// has the first 14, one of version 2 the first 19.
+const COLUMNS: [&str; 24] = [
     col::CHIP_ID,
     col::SOURCE_URI,
     col::SOURCE_VERSION,
@@ -174,6 +175,11 @@ const COLUMNS: [&str; 19] = [
     col::DATETIME,
     col::CLOUD_FRACTION,
     col::END_DATETIME,
+    col::CELL,
+    col::GRID_CELL,
+    col::WINDOW_START,
+    col::WINDOW_END,
+    col::SCENES,
 ];
 
 /// What a compaction did.

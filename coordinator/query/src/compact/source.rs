@@ -8,7 +8,7 @@ use arrow_array::{make_array, new_null_array, Array, ArrayRef, RecordBatch, Reco
 use arrow_schema::{ArrowError, DataType, Field, Fields, Schema, SchemaRef};
 use futures::TryStreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
-use rsembed_schemas::chip::{chip_schema, col, embedding_type_from, with_embedding_type};
+use rsembed_schemas::chip::{self, col, embedding_type_from, SCHEMA_VERSIONS};
 use rsembed_schemas::chip_file::read_error_rows;
 use rsembed_schemas::embedding::EmbeddingBuilder;
 use rsembed_schemas::embedding::{EmbeddingType, SCALE_COLUMN};
@@ -102,26 +102,16 @@ pub(super) async fn prepare_output(out: &Location, overwrite: bool) -> Result<()
     Ok(())
 }
 
-/// Columns of chip schema version 1: the first 14 of version 2's, which
-/// appended five.
-pub(crate) const V1_COLUMNS: usize = 14;
-
-/// The chip schema of `version` (1 or the current one) for dimension `dim`,
+/// The chip schema of `version` (1, 2 or 3) for dimension `dim`,
 /// embeddings stored as `ty`.
 pub(crate) fn chip_schema_of(dim: usize, version: u32, ty: EmbeddingType) -> SchemaRef {
-    let v2 = chip_schema(dim);
-    let base = if version >= rsembed_schemas::SCHEMA_VERSION {
-        v2
-    } else {
-        Arc::new(Schema::new(v2.fields()[..V1_COLUMNS].to_vec()))
-    };
-    with_embedding_type(&base, dim, ty)
+    chip::chip_schema_of(dim, version, ty).expect("a version of SCHEMA_VERSIONS")
 }
 
 /// The chip schema version and embedding type whose columns `fields` are;
 /// `None` for none of them.
 pub(crate) fn schema_version_of(fields: &Fields, dim: usize) -> Option<(u32, EmbeddingType)> {
-    [rsembed_schemas::SCHEMA_VERSION, 1]
+    SCHEMA_VERSIONS
         .into_iter()
         .flat_map(|v| EmbeddingType::ALL.map(|t| (v, t)))
         .find(|&(v, t)| same_fields(fields, chip_schema_of(dim, v, t).fields()))
@@ -213,8 +203,7 @@ pub(super) fn check_source(
             return Err(QueryError::dataset(
                 &part.uri,
                 format!(
-                    "its columns are not the chip schema, version 1 or {}: {:?}",
-                    rsembed_schemas::SCHEMA_VERSION,
+                    "its columns are not the chip schema, version 1, 2 or 3: {:?}",
                     part.schema.fields()
                 ),
             ));
