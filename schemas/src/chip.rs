@@ -71,6 +71,20 @@ pub const V3_COLUMNS: usize = 24;
 /// The chip schema versions rsembed reads, newest first.
 pub const SCHEMA_VERSIONS: [u32; 3] = [3, 2, 1];
 
+/// Where a chip lies on Earth: a chip's outline, as its row stores it.
+///
+/// Absent (`None` where it is held) for images without georeferencing and
+/// for chips whose outline leaves the projection's domain. The window's
+/// centre is apart (`Projector::centre` in rsembed-raster): a GOES chip at the disk's edge
+/// has one even when a corner is in space.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Footprint {
+    /// WKB Polygon (little-endian, 2D), closed counter-clockwise ring, lon/lat.
+    pub wkb: Vec<u8>,
+    /// Bounding box of the ring: xmin, ymin, xmax, ymax (lon/lat).
+    pub bbox: [f64; 4],
+}
+
 /// The Arrow type of `datetime` and `end_datetime`.
 #[cfg(feature = "arrow")]
 pub fn timestamp_type() -> DataType {
@@ -100,16 +114,7 @@ pub fn embedding_type(embed_dim: usize) -> DataType {
 /// The Arrow type of the embedding column stored as `ty`.
 #[cfg(feature = "arrow")]
 pub fn embedding_type_of(embed_dim: usize, ty: crate::embedding::EmbeddingType) -> DataType {
-    use crate::embedding::EmbeddingType;
-    let item = match ty {
-        EmbeddingType::F32 => DataType::Float32,
-        EmbeddingType::F16 => DataType::Float16,
-        EmbeddingType::Int8 => DataType::Int8,
-    };
-    DataType::FixedSizeList(
-        Arc::new(Field::new("item", item, false)),
-        i32::try_from(embed_dim).expect("embedding dimension fits in i32"),
-    )
+    ty.arrow_type(embed_dim)
 }
 
 /// `schema` (a chip schema of float32 embeddings, any version) with its

@@ -37,6 +37,22 @@ pub enum EmbeddingType {
 }
 
 impl EmbeddingType {
+    /// The Arrow type of an `embedding` column of `dim` values stored as
+    /// this type: a fixed-size list of non-null `item`s.
+    #[cfg(feature = "arrow")]
+    pub fn arrow_type(self, dim: usize) -> arrow_schema::DataType {
+        use arrow_schema::{DataType, Field};
+        let item = match self {
+            EmbeddingType::F32 => DataType::Float32,
+            EmbeddingType::F16 => DataType::Float16,
+            EmbeddingType::Int8 => DataType::Int8,
+        };
+        DataType::FixedSizeList(
+            std::sync::Arc::new(Field::new("item", item, false)),
+            i32::try_from(dim).expect("embedding dimension fits in i32"),
+        )
+    }
+
     /// Every type, in flag order.
     pub const ALL: [EmbeddingType; 3] =
         [EmbeddingType::F32, EmbeddingType::F16, EmbeddingType::Int8];
@@ -216,7 +232,7 @@ impl EmbeddingBuilder {
                 Some(Arc::new(Float32Array::from(self.scales)) as ArrayRef),
             ),
         };
-        let item = match crate::chip::embedding_type_of(self.dim, self.ty) {
+        let item = match self.ty.arrow_type(self.dim) {
             arrow_schema::DataType::FixedSizeList(item, _) => item,
             _ => unreachable!("embedding_type_of is a fixed-size list"),
         };

@@ -173,9 +173,9 @@ mod tests {
     use rsembed_schemas::chip::chip_schema;
 
     fn chip_rows(ids: &[u128], dim: usize) -> RecordBatch {
-        use rsembed_raster::geo::Footprint;
+        use rsembed_schemas::chip::Footprint;
+        use rsembed_schemas::chip_file::rows::{chip_batch, ChipRow};
         use rsembed_schemas::ids::Window;
-        use rsembed_worker::sink::rows::{chip_batch, ChipRow};
         let rows: Vec<ChipRow> = ids
             .iter()
             .map(|&id| {

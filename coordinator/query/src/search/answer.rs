@@ -467,11 +467,11 @@ mod tests {
     use parquet::arrow::ArrowWriter;
     use parquet::file::metadata::ParquetMetaDataReader;
     use parquet::file::properties::WriterVersion;
-    use rsembed_raster::geo::Footprint;
+    use rsembed_schemas::chip::Footprint;
     use rsembed_schemas::chip_file::chip_writer_properties;
+    use rsembed_schemas::chip_file::rows::{chip_batch, ChipRow, StacColumns};
     use rsembed_schemas::embedding::EmbeddingType;
     use rsembed_schemas::ids::Window;
-    use rsembed_worker::sink::rows::{chip_batch, ChipRow, StacColumns};
 
     /// Every answer column, both schema versions'.
     fn answer() -> Vec<&'static str> {

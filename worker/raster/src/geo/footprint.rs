@@ -62,19 +62,7 @@ impl Default for Tolerance {
 /// OGC:CRS84: WGS 84 geographic, lon/lat.
 const CRS84: &str = "+proj=longlat +datum=WGS84 +no_defs";
 
-/// Where a chip lies on Earth: a chip's outline, as its row stores it.
-///
-/// Absent (`None` where it is held) for images without georeferencing and
-/// for chips whose outline leaves the projection's domain. The window's
-/// centre is apart ([`Projector::centre`]): a GOES chip at the disk's edge
-/// has one even when a corner is in space.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Footprint {
-    /// WKB Polygon (little-endian, 2D), closed counter-clockwise ring, lon/lat.
-    pub wkb: Vec<u8>,
-    /// Bounding box of the ring: xmin, ymin, xmax, ymax (lon/lat).
-    pub bbox: [f64; 4],
-}
+pub use rsembed_schemas::chip::Footprint;
 
 /// Reprojection from a scene's CRS to lon/lat; build once per scene.
 #[derive(Debug)]

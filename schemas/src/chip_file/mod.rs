@@ -4,6 +4,8 @@
 //! [`crate::chip`]'s; here are its Parquet writer settings and its file
 //! metadata.
 
+pub mod rows;
+
 use std::sync::Arc;
 
 use arrow_schema::SchemaRef;
