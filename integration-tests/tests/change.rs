@@ -5,7 +5,7 @@
 //! window on. The planted cell must rank first, in f32, f16 and int8 alike,
 //! and the GeoParquet must read back in DuckDB, ranked.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -167,7 +167,7 @@ fn ok(out: &Output) -> String {
     String::from_utf8(out.stdout.clone()).unwrap()
 }
 
-fn rows(file: &PathBuf, sql_tail: &str) -> serde_json::Value {
+fn rows(file: &Path, sql_tail: &str) -> serde_json::Value {
     duckdb(&format!(
         "SELECT cell, epoch_us(window_a), epoch_us(window_b), distance FROM '{}' {sql_tail}",
         file.display()
