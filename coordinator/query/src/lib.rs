@@ -11,9 +11,9 @@
 //!   accumulator, under the filters of a search;
 //! - [`ivf`]: the IVF layout: k-means, `centroids.parquet`, and the lists a
 //!   search probes;
-//! - the commands on top: [`search`] (and its [`html`] page), [`classify`],
+//! - the commands on top: [`search`] (and its [`search::html`] page), [`classify`],
 //!   [`compact`] and [`change`], each with its flags; what they need of a model
-//!   ([`text`]) and of the imagery (the page's [`html::ChipImages`]) is
+//!   ([`text`]) and of the imagery (the page's [`search::html::ChipImages`]) is
 //!   lent by the caller as traits, so the crate runs no inference and
 //!   reads no rasters;
 //! - [`Error`]: what failed, naming the file or flag.
@@ -23,7 +23,6 @@ pub mod classify;
 pub mod compact;
 mod error;
 pub mod format;
-pub mod html;
 pub mod io;
 pub mod ivf;
 pub mod kernels;

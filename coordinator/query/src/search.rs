@@ -35,7 +35,6 @@ use serde_json::{json, Value};
 use crate::format::footer::FOOTER_BUDGET_GROUPS;
 use crate::format::index::{GroupRef, Index, Pruning};
 use crate::format::pages::Stored;
-use crate::html::ChipImages;
 use crate::ivf::{Probe, Probed};
 use crate::kernels::{
     dots, dots4, dots4_scaled, dots_scaled, inv_norms, inv_norms_i8, normalize, Hit, TopK,
@@ -48,11 +47,13 @@ use crate::{Error, Result};
 mod answer;
 mod args;
 mod batch;
+pub mod html;
 mod result;
 mod select;
 mod stream;
 
 use self::answer::{details, read_ahead, read_ahead_groups, Ahead};
+use self::html::ChipImages;
 pub use args::SearchArgs;
 pub use result::SearchResult;
 pub(crate) use select::check_model;
@@ -148,7 +149,7 @@ pub async fn run(args: SearchArgs, lent: Lent<'_>, out: &mut dyn Write) -> Resul
         let chips = lent.chips.ok_or_else(|| {
             Error::Usage("rsembed search: --html needs a reader of the hits' chips".into())
         })?;
-        let missing = crate::html::write(&args, &results, chips, path).await?;
+        let missing = html::write(&args, &results, chips, path).await?;
         eprintln!(
             "rsembed search: wrote {} ({} hits, {missing} without a picture)",
             path.display(),

@@ -1,6 +1,6 @@
 //! Pictures of search results: each hit's chip read again from its source by
 //! the worker's own reader ([`rsembed_worker::input::ChipReader`]), for the
-//! page of `search --html` (`rsembed_query::html`, which encodes them).
+//! page of `search --html` (`rsembed_query::search::html`, which encodes them).
 //!
 //! A chip row names its source, its window and (in its file's `rsembed`
 //! metadata) the tiling that cut it; from those the task input is rebuilt as
@@ -17,7 +17,7 @@
 //!   never a failed search: the results are already printed.
 
 use futures::future::BoxFuture;
-use rsembed_query::html::ChipImages;
+use rsembed_query::search::html::ChipImages;
 use rsembed_query::search::SearchResult;
 use rsembed_raster::image::Rgb8;
 use rsembed_schemas::ids::Window;

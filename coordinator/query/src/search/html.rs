@@ -26,7 +26,7 @@ use futures::StreamExt;
 use rsembed_raster::image::Rgb8;
 use serde_json::Value;
 
-use crate::search::{SearchArgs, SearchResult};
+use super::{SearchArgs, SearchResult};
 use crate::{Error, Result};
 
 /// Hits read at once: each is a few range reads (or one archive streamed).
