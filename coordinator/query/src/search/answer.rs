@@ -109,12 +109,25 @@ pub(super) const ANSWER_STAC: [&str; 5] = [
     col::CLOUD_FRACTION,
 ];
 
+/// The columns of a result schema version 3 appended, where a file has them.
+pub(super) const ANSWER_CELLS: [&str; 4] = [
+    col::CELL,
+    col::GRID_CELL,
+    col::WINDOW_START,
+    col::WINDOW_END,
+];
+
 /// The answer columns of a part: those of every chip file, and those of
-/// schema version 2 it has.
+/// schema versions 2 and 3 it has.
 pub(super) fn answer_columns(part: &crate::format::index::Part) -> Vec<&'static str> {
     ANSWER_BASE
         .iter()
-        .chain(ANSWER_STAC.iter().filter(|c| part.has_column(c)))
+        .chain(
+            ANSWER_STAC
+                .iter()
+                .chain(&ANSWER_CELLS)
+                .filter(|c| part.has_column(c)),
+        )
         .copied()
         .collect()
 }
@@ -261,6 +274,10 @@ pub(super) async fn group_details(
                     cloud_fraction: st
                         .cloud_fraction
                         .and_then(|a| a.is_valid(i).then(|| a.value(i))),
+                    cell: st.cell.and_then(|a| opt_str(a, i)),
+                    grid_cell: st.grid_cell.and_then(|a| opt_str(a, i)),
+                    window_start: st.window_start.and_then(|a| opt_time(a, i)),
+                    window_end: st.window_end.and_then(|a| opt_time(a, i)),
                     wkb: geom.is_valid(i).then(|| geom.value(i).to_vec()),
                     tiling: tiling.clone(),
                 },
@@ -284,7 +301,7 @@ pub(super) fn answer_type_ok(part: &crate::format::index::Part, name: &str) -> b
         col::VALID_FRACTION | col::CLOUD_FRACTION => DataType::Float32,
         col::CENTRE_LON | col::CENTRE_LAT => DataType::Float64,
         col::GEOMETRY => DataType::Binary,
-        col::DATETIME | col::END_DATETIME => {
+        col::DATETIME | col::END_DATETIME | col::WINDOW_START | col::WINDOW_END => {
             return matches!(f.data_type(), DataType::Timestamp(TimeUnit::Microsecond, _));
         }
         _ => DataType::Utf8,
@@ -355,6 +372,10 @@ pub(super) fn answer_rows(
     let (item, collection) = (strs(col::ITEM_ID)?, strs(col::COLLECTION)?);
     let (start, end) = (times(col::DATETIME)?, times(col::END_DATETIME)?);
     let cloud = f32s(col::CLOUD_FRACTION)?;
+    let (cell, grid) = (strs(col::CELL)?, strs(col::GRID_CELL)?);
+    let (w_start, w_end) = (times(col::WINDOW_START)?, times(col::WINDOW_END)?);
+    let mut cell = cell.into_iter();
+    let mut grid = grid.into_iter();
     let mut ids = ids.into_iter();
     let mut uris = uris.into_iter();
     let mut crs = crs.into_iter();
@@ -387,6 +408,10 @@ pub(super) fn answer_rows(
                     datetime: start[i].and_then(rfc3339),
                     end_datetime: end[i].and_then(rfc3339),
                     cloud_fraction: cloud[i],
+                    cell: cell.next().flatten(),
+                    grid_cell: grid.next().flatten(),
+                    window_start: w_start[i].and_then(rfc3339),
+                    window_end: w_end[i].and_then(rfc3339),
                     wkb: geom.next().flatten(),
                     tiling: tiling.clone(),
                 },
@@ -395,8 +420,12 @@ pub(super) fn answer_rows(
         .collect())
 }
 
-/// The columns schema version 2 appended, those a batch has.
+/// The columns schema versions 2 and 3 appended, those a batch has.
 pub(super) struct StacCols<'a> {
+    cell: Option<&'a StringArray>,
+    grid_cell: Option<&'a StringArray>,
+    window_start: Option<&'a TimestampMicrosecondArray>,
+    window_end: Option<&'a TimestampMicrosecondArray>,
     item_id: Option<&'a StringArray>,
     collection: Option<&'a StringArray>,
     datetime: Option<&'a TimestampMicrosecondArray>,
@@ -422,6 +451,10 @@ impl<'a> StacCols<'a> {
             }
         }
         Ok(StacCols {
+            cell: get(batch, col::CELL, uri, "a string column")?,
+            grid_cell: get(batch, col::GRID_CELL, uri, "a string column")?,
+            window_start: get(batch, col::WINDOW_START, uri, "timestamp[µs, UTC]")?,
+            window_end: get(batch, col::WINDOW_END, uri, "timestamp[µs, UTC]")?,
             item_id: get(batch, col::ITEM_ID, uri, "a string column")?,
             collection: get(batch, col::COLLECTION, uri, "a string column")?,
             datetime: get(batch, col::DATETIME, uri, "timestamp[µs, UTC]")?,
@@ -469,49 +502,68 @@ mod tests {
     use parquet::file::properties::WriterVersion;
     use rsembed_schemas::chip::Footprint;
     use rsembed_schemas::chip_file::chip_writer_properties;
-    use rsembed_schemas::chip_file::rows::{chip_batch, ChipRow, StacColumns};
+    use rsembed_schemas::chip_file::rows::{
+        chip_batch, CellColumns, CellRow, ChipRow, StacColumns,
+    };
     use rsembed_schemas::embedding::EmbeddingType;
     use rsembed_schemas::ids::Window;
 
-    /// Every answer column, both schema versions'.
+    /// Every answer column, every schema version's.
     fn answer() -> Vec<&'static str> {
-        ANSWER_BASE.iter().chain(&ANSWER_STAC).copied().collect()
+        ANSWER_BASE
+            .iter()
+            .chain(&ANSWER_STAC)
+            .chain(&ANSWER_CELLS)
+            .copied()
+            .collect()
     }
 
-    /// 1,000 chip rows, nulls in every nullable answer column.
-    fn chip_rows() -> Vec<ChipRow> {
+    /// 1,000 chip rows of schema 3, nulls in every nullable answer column.
+    fn chip_rows() -> Vec<CellRow> {
         (0..1000)
-            .map(|i| ChipRow {
-                chip_id: format!("{i:032x}"),
-                source_uri: format!("s3://b/scene-{}.tif", i / 100),
-                source_version: Some("1".into()),
-                window: Window {
-                    x: i * 16,
-                    y: -i,
-                    width: 16 + i % 3,
-                    height: 16,
-                },
-                valid_fraction: i as f32 / 1000.0,
-                crs: (i % 3 != 0).then(|| format!("EPSG:{}", 32600 + i % 60)),
-                footprint: (i % 4 != 1).then(|| Footprint {
-                    wkb: (0..(i % 50) as u8).collect(),
-                    bbox: [i as f64, 0.0, i as f64 + 1.0, 1.0],
-                }),
-                centre: (i % 4 != 1).then(|| [i as f64 + 0.5, -0.5 * i as f64]),
-                embedding: vec![0.25; 4],
-                stac: StacColumns {
-                    item_id: (i % 2 == 0).then(|| format!("item-{i}")),
-                    collection: (i % 5 != 0).then(|| "sentinel-2-l2a".into()),
-                    datetime: (i % 7 != 0).then(|| 1_700_000_000_000_000 + i as i64 * 1_000_001),
-                    end_datetime: (i % 3 == 0).then(|| 1_700_000_000_000_000 + i as i64),
-                    cloud_fraction: (i % 6 != 0).then(|| i as f32 / 2000.0),
+            .map(|i| CellRow {
+                chip: chip_row(i),
+                cells: CellColumns {
+                    cell: (i % 5 != 2).then(|| format!("EPSG:32633/10/256/{i}/-{}", i / 7)),
+                    window_start: (i % 4 != 3).then(|| 1_704_067_200_000_000 + i as i64),
+                    window_end: (i % 4 != 3).then(|| 1_711_929_600_000_000 + i as i64),
+                    scenes: Some(3),
                 },
             })
             .collect()
     }
 
+    fn chip_row(i: i32) -> ChipRow {
+        ChipRow {
+            chip_id: format!("{i:032x}"),
+            source_uri: format!("s3://b/scene-{}.tif", i / 100),
+            source_version: Some("1".into()),
+            window: Window {
+                x: i * 16,
+                y: -i,
+                width: 16 + i % 3,
+                height: 16,
+            },
+            valid_fraction: i as f32 / 1000.0,
+            crs: (i % 3 != 0).then(|| format!("EPSG:{}", 32600 + i % 60)),
+            footprint: (i % 4 != 1).then(|| Footprint {
+                wkb: (0..(i % 50) as u8).collect(),
+                bbox: [i as f64, 0.0, i as f64 + 1.0, 1.0],
+            }),
+            centre: (i % 4 != 1).then(|| [i as f64 + 0.5, -0.5 * i as f64]),
+            embedding: vec![0.25; 4],
+            stac: StacColumns {
+                item_id: (i % 2 == 0).then(|| format!("item-{i}")),
+                collection: (i % 5 != 0).then(|| "sentinel-2-l2a".into()),
+                datetime: (i % 7 != 0).then(|| 1_700_000_000_000_000 + i as i64 * 1_000_001),
+                end_datetime: (i % 3 == 0).then(|| 1_700_000_000_000_000 + i as i64),
+                cloud_fraction: (i % 6 != 0).then(|| i as f32 / 2000.0),
+            },
+        }
+    }
+
     /// Row group 0's answer column chunks of a chip file written with `version`.
-    fn answer_chunks(rows: &[ChipRow], version: WriterVersion) -> Vec<Chunk> {
+    fn answer_chunks(rows: &[CellRow], version: WriterVersion) -> Vec<Chunk> {
         let batch = chip_batch(rows, 4, EmbeddingType::F32).unwrap();
         // Version 2's default for byte arrays without a dictionary is
         // DELTA_BYTE_ARRAY, which the in-place read leaves to the arrow reader.
@@ -575,7 +627,7 @@ mod tests {
             let ahead = answer_rows(g, &wanted, &answer(), (&chunks, Some(&pages)), &None).unwrap();
             assert_eq!(ahead, got);
             for (((gg, row), r), &w) in got.iter().zip(&wanted) {
-                let e = &rows[w];
+                let (e, c) = (&rows[w].chip, &rows[w].cells);
                 assert_eq!((*gg, *row), (g, w));
                 assert_eq!(r.chip_id, e.chip_id);
                 assert_eq!(r.source_uri, e.source_uri);
@@ -594,6 +646,13 @@ mod tests {
                 assert_eq!(r.datetime, e.stac.datetime.and_then(rfc3339), "row {w}");
                 assert_eq!(r.end_datetime, e.stac.end_datetime.and_then(rfc3339));
                 assert_eq!(r.cloud_fraction, e.stac.cloud_fraction, "row {w}");
+                assert_eq!(r.cell, c.cell, "row {w}");
+                assert_eq!(r.window_start, c.window_start.and_then(rfc3339), "row {w}");
+                assert_eq!(r.window_end, c.window_end.and_then(rfc3339), "row {w}");
+                let grid = e
+                    .centre
+                    .and_then(|[lon, lat]| rsembed_schemas::majortom::grid_cell(lat, lon));
+                assert_eq!(r.grid_cell, grid, "row {w}");
             }
             // Rows out of order or past the group are refused, not read.
             assert!(answer_rows(g, &[5, 4], &answer(), (&chunks, None), &None).is_err());

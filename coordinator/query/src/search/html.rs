@@ -272,6 +272,19 @@ fn card(r: &SearchResult, thumb: Option<&Thumb>) -> String {
         };
         rows.push(("datetime", esc(&d)));
     }
+    if let Some(s) = &r.window_start {
+        let w = match &r.window_end {
+            Some(e) => format!("{s} – {e}"),
+            None => s.clone(),
+        };
+        rows.push(("time window", esc(&w)));
+    }
+    if let Some(c) = &r.cell {
+        rows.push(("cell", esc(c)));
+    }
+    if let Some(c) = &r.grid_cell {
+        rows.push(("grid cell", esc(c)));
+    }
     if let Some(id) = &r.item_id {
         rows.push(("item", esc(id)));
     }
@@ -510,6 +523,10 @@ mod tests {
             datetime: None,
             end_datetime: None,
             cloud_fraction: None,
+            cell: None,
+            grid_cell: None,
+            window_start: None,
+            window_end: None,
             wkb: Some(rsembed_raster::geo::polygon_wkb(&[
                 (lon - d, lat - d),
                 (lon + d, lat - d),

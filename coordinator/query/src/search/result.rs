@@ -53,6 +53,18 @@ pub struct SearchResult {
     /// Share of the chip's valid pixels marked as cloud.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cloud_fraction: Option<f32>,
+    /// The chip's cell of the CRS lattice (`--align crs`, schema 3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cell: Option<String>,
+    /// The Major TOM cell of its centre (schema 3).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grid_cell: Option<String>,
+    /// The start of its time window (`--windows`), RFC 3339, UTC.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_start: Option<String>,
+    /// The end of its time window (exclusive).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub window_end: Option<String>,
     /// Footprint as WKB, as stored: a batch holds up to 10,000 × K
     /// results, and WKB is a fifth of the memory of a GeoJSON tree
     /// ([`SearchResult::geometry`] converts it).
