@@ -76,7 +76,9 @@ class Ctx:
 
 def expected_schema(dim):
     """The chip schema of ../shared/DESIGN.md, "Contract: output dataset",
-    version 2: the 14 columns of version 1 and the five STAC ones appended."""
+    version 3: the 14 columns of version 1, the five STAC ones version 2
+    appended, and the grid and window ones of version 3 ("Contract: time
+    windows, grids and change")."""
     f64 = lambda n: pa.field(n, pa.float64(), nullable=False)  # noqa: E731
     ts = pa.timestamp("us", tz="UTC")
     return pa.schema(
@@ -108,6 +110,11 @@ def expected_schema(dim):
             pa.field("datetime", ts, nullable=True),
             pa.field("cloud_fraction", pa.float32(), nullable=True),
             pa.field("end_datetime", ts, nullable=True),
+            pa.field("cell", pa.string(), nullable=True),
+            pa.field("grid_cell", pa.string(), nullable=True),
+            pa.field("window_start", ts, nullable=True),
+            pa.field("window_end", ts, nullable=True),
+            pa.field("scenes", pa.int32(), nullable=True),
         ]
     )
 
@@ -204,7 +211,7 @@ def check_pyarrow_metadata(ctx):
         assert col["bbox"] == extent, f"geo bbox {col['bbox']} != extent of the rows {extent}"
 
         meta = json.loads(kv["rsembed"])
-        assert meta["schema_version"] == 2, meta
+        assert meta["schema_version"] == 3, meta
         assert meta["job_id"] == ctx.job["job_id"], meta
         assert meta["job_fingerprint"] == ctx.job["fingerprint"], meta
         assert len(meta["job_fingerprint"]) == 32, meta
@@ -525,7 +532,7 @@ def as_version_1(path):
 
 
 def check_mixed_schema_versions(ctx):
-    """A folder of version 1 and 2 files reads whole the ways docs/querying.md
+    """A folder of version 1 and 3 files reads whole the ways docs/querying.md
     says ("Files of schema version 1"): version 1 rows null in the new columns."""
     work = tempfile.mkdtemp(prefix="rsembed-mixed-")
     try:
@@ -536,7 +543,7 @@ def check_mixed_schema_versions(ctx):
         v1 = files[0]
         v1_rows = pq.ParquetFile(v1).metadata.num_rows
         as_version_1(v1)
-        assert len(pq.read_schema(v1)) == 14 and len(pq.read_schema(files[1])) == 19
+        assert len(pq.read_schema(v1)) == 14 and len(pq.read_schema(files[1])) == 24
         rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         with_dt = sum(pc.count(pq.read_table(f, columns=["datetime"])["datetime"]).as_py() for f in files[1:])
         assert with_dt > 0, "the stamped files have datetimes"
