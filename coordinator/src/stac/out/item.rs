@@ -218,14 +218,9 @@ pub(crate) fn collection(
         );
     }
     let t = &spec.tiling;
-    f.insert(
-        "emb:chip_layout".into(),
-        json!({
-            "layout_type": "regular_grid",
-            "chip_size": [t.chip_size, t.chip_size],
-            "stride": [t.stride, t.stride],
-        }),
-    );
+    f.insert("emb:chip_layout".into(), chip_layout(t));
+    // One embedding an acquisition until time windows composite several.
+    f.insert("emb:temporal_resolution".into(), "acquisition".into());
     f.insert(
         "rsembed:model".into(),
         json!({
@@ -268,4 +263,29 @@ pub(crate) fn collection(
             .push(Link::new(format!("./items/{id}.json"), "item").r#type(GEOJSON.to_owned()));
     }
     Ok(c)
+}
+
+/// `emb:chip_layout`: the regular grid of chips, and where it starts. Under
+/// `--align crs` it is the CRS's pixel lattice, the same for every scene of
+/// one CRS and resolution, and each chip names its cell; from schema 3 every
+/// georeferenced chip also names its Major TOM 10 km cell.
+pub(crate) fn chip_layout(t: &rsembed_schemas::job::TilingSpec) -> serde_json::Value {
+    let mut layout = json!({
+        "layout_type": "regular_grid",
+        "chip_size": [t.chip_size, t.chip_size],
+        "stride": [t.stride, t.stride],
+        "grid": t.align.as_str(),
+    });
+    if t.align == rsembed_schemas::align::Align::Crs {
+        layout["grid_origin"] = "crs".into();
+        layout["cell_column"] = "cell".into();
+        layout["cell_format"] = "EPSG:<code>/<res>/<stride>/<col>/<row>".into();
+    } else {
+        layout["grid_origin"] = "scene".into();
+    }
+    if t.schema_version >= 3 {
+        layout["grid_cell_column"] = "grid_cell".into();
+        layout["grid_cell_grid"] = "Major TOM 10 km (arXiv 2402.12095)".into();
+    }
+    layout
 }

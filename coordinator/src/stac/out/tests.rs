@@ -294,6 +294,8 @@ fn the_collection_has_the_extension_fields_extent_and_links() {
     assert_eq!(v["emb:dimensions"], 8);
     assert_eq!(v["data_type"], "float32");
     assert_eq!(v["emb:chip_layout"]["stride"], json!([32, 32]));
+    assert_eq!(v["emb:chip_layout"]["grid"], "scene");
+    assert_eq!(v["emb:temporal_resolution"], "acquisition");
     assert_eq!(v["rsembed:model"]["name"], "tiny");
     assert_eq!(v["rsembed:model"]["sha256"], "ab".repeat(32));
     assert_eq!(v["rsembed:chips"], 7);
@@ -703,4 +705,24 @@ async fn write_builds_items_from_recorded_extents_without_any_chip_file() {
     let m = crate::job::output::manifest(&spec, 1, vec![bad], vec![], vec![], vec![], vec![]);
     let e = write_all(&out, &spec, &m).await.unwrap_err();
     assert!(matches!(e, Error::ReadOutput { .. }), "{e:?}");
+}
+
+#[test]
+fn the_chip_layout_names_the_lattice_and_the_cells_of_an_aligned_job() {
+    let mut t = spec(None).tiling;
+    t.schema_version = 3;
+    let scene = super::item::chip_layout(&t);
+    assert_eq!(scene["grid"], "scene");
+    assert_eq!(scene["grid_origin"], "scene");
+    assert!(scene.get("cell_format").is_none());
+    assert_eq!(scene["grid_cell_column"], "grid_cell");
+    t.align = rsembed_schemas::align::Align::Crs;
+    let crs = super::item::chip_layout(&t);
+    assert_eq!(crs["grid"], "crs");
+    assert_eq!(crs["grid_origin"], "crs");
+    assert_eq!(crs["cell_format"], "EPSG:<code>/<res>/<stride>/<col>/<row>");
+    t.schema_version = 2;
+    assert!(super::item::chip_layout(&t)
+        .get("grid_cell_column")
+        .is_none());
 }
