@@ -222,6 +222,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
     // Without a model there is no input size to default the chip size to; 256 is
     // Git-RSCLIP's.
     let chip_size = args.tiling.chip_size.unwrap_or(256);
+    let (windows, align) = rsembed_coordinator::job::setup::window_spec(&args.tiling)?;
     let tiling = TilingSpec {
         chip_size,
         stride: args.tiling.stride.unwrap_or(chip_size),
@@ -236,8 +237,9 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             &args.tiling,
         )?),
         embedding_type: args.tiling.embedding_type,
-        align: args.tiling.align,
+        align,
         schema_version: rsembed_schemas::SCHEMA_VERSION,
+        windows,
     };
     rsembed_coordinator::job::setup::check_stac_tiling(&args.tiling)?;
     let resolved =

@@ -199,6 +199,7 @@ fn runner(out: &Path, scale: ScaleSpec, max_cloud: Option<f32>) -> (TaskRunner, 
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: Default::default(),
         align: Default::default(),
+        windows: None,
         schema_version: rsembed_schemas::SCHEMA_VERSION,
     };
     let stores = StoreCache::default();

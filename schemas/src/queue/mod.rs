@@ -185,6 +185,7 @@ mod tests {
                 footprint_tolerance: Some(crate::job::DEFAULT_FOOTPRINT_TOLERANCE),
                 embedding_type: Default::default(),
                 align: Default::default(),
+                windows: None,
                 schema_version: crate::SCHEMA_VERSION,
             },
             task: Task::new("job", vec![]),

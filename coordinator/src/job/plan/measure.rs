@@ -219,6 +219,7 @@ mod tests {
                 footprint_tolerance: None,
                 embedding_type: Default::default(),
                 align: Default::default(),
+                windows: None,
                 schema_version: rsembed_schemas::SCHEMA_VERSION,
             },
             min_bytes: 16 << 20,
