@@ -207,6 +207,21 @@ pub struct Windows {
     bounds: Vec<i64>,
 }
 
+impl TimeWindow {
+    /// `start/end` as RFC 3339 UTC, as `plan` and the summary name a window.
+    pub fn label(&self) -> String {
+        let f = |us: i64| {
+            to_datetime(us)
+                .and_then(|t| {
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                })
+                .unwrap_or_else(|| us.to_string())
+        };
+        format!("{}/{}", f(self.start), f(self.end))
+    }
+}
+
 impl Windows {
     /// `[start, end)` split into windows of `duration`, the last cut at
     /// `end`. At most [`MAX_WINDOWS`]; `start` must be before `end`.

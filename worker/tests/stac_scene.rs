@@ -145,6 +145,7 @@ fn item(id: &str, parts: Vec<BandFile>, units: Vec<Option<Units>>) -> TaskInput 
             // 2024-07-01T10:30:00Z
             datetime: Some(1_719_829_800_000_000),
             end_datetime: None,
+            cloud_cover: None,
             units,
             mask: None,
             grid: Some([SIDE, SIDE]),

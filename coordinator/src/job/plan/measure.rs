@@ -246,6 +246,7 @@ mod tests {
                 collection: None,
                 datetime: None,
                 end_datetime: None,
+                cloud_cover: None,
                 units: vec![],
                 mask: None,
                 grid,
