@@ -118,16 +118,6 @@ pub(crate) async fn setup(flags: JobFlags<'_>) -> Result<JobSetup> {
     if let Some(t) = claim.created_at() {
         spec.created_at = t.to_owned();
     }
-    if spec.tiling.windows.is_some() {
-        // Until workers composite a window's acquisitions, a windowed job
-        // would write every acquisition's chips under the window job's id:
-        // refused after every other check, so the flags are still judged.
-        return Err(Error::Usage(
-            "--windows is planned (rsembed plan shows the windows and their tasks), but \
-             the composite of a window's acquisitions is not built yet: nothing was written"
-                .into(),
-        ));
-    }
     let created_dir = check_output(&output).await?;
     Ok(JobSetup {
         stores,
