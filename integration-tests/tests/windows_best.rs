@@ -2,8 +2,9 @@
 //! one ground over a year on one UTM lattice, its SCL clouding one cell in
 //! some acquisitions. One row per (window, cell); the cloudy acquisition is
 //! never chosen where a clear one exists; identical ground gives identical
-//! embeddings across windows; a cell all cloud in its window has no row;
-//! a rerun does nothing twice and another `--windows` is refused.
+//! embeddings across windows; a cell all cloud in its window has no row; a
+//! change planted in one cell from Q3 on ranks first in `rsembed change`; a
+//! rerun does nothing twice and another `--windows` is refused.
 
 use std::path::Path;
 use std::time::Duration;
@@ -51,27 +52,68 @@ fn each_cell_of_each_quarter_gets_its_clearest_acquisition() {
         &scene.path("SCL.tif"),
         &clear.join("SCL.tif"),
     );
-    let cloudy_href = |n: &str| format!("file://{}", scene.path(n).display());
-    let clear_href = |n: &str| format!("file://{}", clear.join(n).display());
-    let mk = |id: &str, t: &str, cloudy: bool| {
-        let href: &dyn Fn(&str) -> String = if cloudy { &cloudy_href } else { &clear_href };
+    // From Q3 on, the bottom-right cell is other ground (another scene's
+    // pixels warped over it): the planted change.
+    let other = make_scene(&tmp.path().join("other"), 128, ORIGIN, 8);
+    let changed = |dir: &Path, scl: &Path| {
+        std::fs::create_dir_all(dir).unwrap();
+        for b in ["o_B04.tif", "o_B03.tif", "o_B02.tif"] {
+            gdal_translate(&["-of", "GTiff"], &scene.path(b), &dir.join(b));
+            let patch = dir.join(format!("patch_{b}"));
+            gdal_translate(
+                &["-of", "GTiff", "-srcwin", "64", "64", "64", "64"],
+                &other.path(b),
+                &patch,
+            );
+            let st = std::process::Command::new("gdalwarp")
+                .arg("-q")
+                .arg(&patch)
+                .arg(dir.join(b))
+                .status()
+                .unwrap();
+            assert!(st.success(), "gdalwarp");
+        }
+        std::fs::copy(scl, dir.join("SCL.tif")).unwrap();
+    };
+    let changed_cloudy = tmp.path().join("changed_cloudy");
+    let changed_clear = tmp.path().join("changed_clear");
+    changed(&changed_cloudy, &scene.path("SCL.tif"));
+    changed(&changed_clear, &clear.join("SCL.tif"));
+    let in_dir = |dir: &Path| {
+        let dir = dir.to_owned();
+        move |n: &str| format!("file://{}", dir.join(n).display())
+    };
+    let mk = |id: &str, t: &str, dir: &Path| {
+        let cloudy = dir == scene.dir || dir == changed_cloudy;
         let cover = json!(if cloudy { 25 } else { 0 });
-        let mut v = item(&scene, id, "s2", t, cover, ItemStyle::V11Offset, href);
-        if !cloudy {
-            // Sized from the cloudy scene's files: the clear SCL is its own.
-            let size = std::fs::metadata(clear.join("SCL.tif")).unwrap().len();
-            v["assets"]["SCL"]["file:size"] = json!(size);
+        let mut v = item(
+            &scene,
+            id,
+            "s2",
+            t,
+            cover,
+            ItemStyle::V11Offset,
+            &in_dir(dir),
+        );
+        // Sized from the first scene's files: each variant's are its own.
+        for (_, a) in v["assets"].as_object_mut().unwrap() {
+            let path = a["href"]
+                .as_str()
+                .unwrap()
+                .trim_start_matches("file://")
+                .to_owned();
+            a["file:size"] = json!(std::fs::metadata(path).unwrap().len());
         }
         v
     };
     let items = vec![
         // Q1: the clear one earlier, so "the latest" alone would pick the cloudy one.
-        mk("q1-clear", "2024-02-01T10:00:00Z", false),
-        mk("q1-cloudy", "2024-03-01T10:00:00Z", true),
-        mk("q2-clear", "2024-05-01T10:00:00Z", false),
+        mk("q1-clear", "2024-02-01T10:00:00Z", &clear),
+        mk("q1-cloudy", "2024-03-01T10:00:00Z", &scene.dir),
+        mk("q2-clear", "2024-05-01T10:00:00Z", &clear),
         // Q3: only a cloudy one: its clouded cell has no clear pixel.
-        mk("q3-cloudy", "2024-08-01T10:00:00Z", true),
-        mk("q4-clear", "2024-11-01T10:00:00Z", false),
+        mk("q3-cloudy", "2024-08-01T10:00:00Z", &changed_cloudy),
+        mk("q4-clear", "2024-11-01T10:00:00Z", &changed_clear),
     ];
     let c = tmp.path().join("s2.json");
     std::fs::write(&c, collection("s2").to_string()).unwrap();
@@ -132,15 +174,45 @@ fn each_cell_of_each_quarter_gets_its_clearest_acquisition() {
         .map(|r| r[3].as_str().unwrap())
         .collect();
     assert_eq!(q1.iter().filter(|i| **i == "q1-clear").count(), 1, "{q1:?}");
-    // Identical ground, identical embeddings, whichever window and item.
-    for cell in &cells {
-        let embs: std::collections::BTreeSet<&str> = got
-            .iter()
-            .filter(|r| r[0] == *cell)
+    // Identical ground, identical embeddings, whichever window and item;
+    // the planted cell has two grounds, before and after.
+    // Rows count south: the bottom-right cell is one column east and one
+    // row south of the corner's.
+    let planted = &format!(
+        "EPSG:32633/10/64/{}/{}",
+        (ORIGIN.0 / 640.0) as i64 + 1,
+        -(ORIGIN.1 / 640.0) as i64 + 1
+    );
+    assert!(cells.contains(planted.as_str()), "{cells:?}");
+    let distinct = |cell: &str| {
+        got.iter()
+            .filter(|r| r[0] == cell)
             .map(|r| r[6].as_str().unwrap())
-            .collect();
-        assert_eq!(embs.len(), 1, "{cell}: one ground, one embedding");
+            .collect::<std::collections::BTreeSet<_>>()
+            .len()
+    };
+    for cell in &cells {
+        let expected = if cell == planted { 2 } else { 1 };
+        assert_eq!(distinct(cell), expected, "{cell}");
     }
+    // `rsembed change` ranks the planted cell first.
+    let c = tmp.path().join("c.parquet");
+    let o = run_timeout(
+        rsembed()
+            .args(["change", "--index"])
+            .arg(&out)
+            .arg("--output")
+            .arg(&c)
+            .args(["--top", "1"]),
+        LIMIT,
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let printed = String::from_utf8_lossy(&o.stdout);
+    let first = printed
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 "))
+        .unwrap_or_else(|| panic!("no ranked line in {printed}"));
+    assert!(first.contains(planted), "{planted}: {printed}");
 
     // A rerun does nothing twice; another --windows is refused.
     let files = |out: &Path| std::fs::read_dir(out.join("chips")).unwrap().count();
