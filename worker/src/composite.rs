@@ -23,19 +23,42 @@ pub(crate) struct Chosen {
     pub(crate) unclear_cells: u64,
 }
 
-/// Whether `a` is a clearer choice than `b`: lower `cloud_fraction` (none
-/// counts as 0: nothing says it is cloudy), then higher `valid_fraction`,
-/// then the later acquisition, then the URL, so the choice does not depend
-/// on the order the chips were read in.
+/// What ranks a chip among a cell's candidates.
+#[derive(Debug, Clone, Copy)]
+struct Rank<'a> {
+    cloud: Option<f32>,
+    valid: f32,
+    time: Option<i64>,
+    uri: &'a str,
+}
+
+impl<'a> Rank<'a> {
+    fn of(p: &'a Prepared) -> Rank<'a> {
+        Rank {
+            cloud: p.cloud_fraction,
+            valid: p.valid_fraction,
+            time: p.input.item.as_deref().and_then(|i| i.datetime),
+            uri: &p.input.uri,
+        }
+    }
+
+    /// Whether `self` is a clearer choice than `other`: lower
+    /// `cloud_fraction` (none counts as 0: nothing says it is cloudy), then
+    /// higher `valid_fraction`, then the later acquisition, then the URL, so
+    /// the choice does not depend on the order the chips were read in.
+    fn better(&self, other: &Rank<'_>) -> bool {
+        let cloud = |r: &Rank<'_>| r.cloud.unwrap_or(0.0);
+        let o = cloud(other)
+            .total_cmp(&cloud(self))
+            .then(self.valid.total_cmp(&other.valid))
+            .then(self.time.cmp(&other.time))
+            .then_with(|| other.uri.cmp(self.uri));
+        o == Order::Greater
+    }
+}
+
 fn better(a: &Prepared, b: &Prepared) -> bool {
-    let cloud = |p: &Prepared| p.cloud_fraction.unwrap_or(0.0);
-    let time = |p: &Prepared| p.input.item.as_deref().and_then(|i| i.datetime);
-    let o = cloud(b)
-        .total_cmp(&cloud(a))
-        .then(a.valid_fraction.total_cmp(&b.valid_fraction))
-        .then(time(a).cmp(&time(b)))
-        .then_with(|| b.input.uri.cmp(&a.input.uri));
-    o == Order::Greater
+    Rank::of(a).better(&Rank::of(b))
 }
 
 /// Reads every item of `rx`, sends error rows on at once and each cell's
@@ -80,4 +103,35 @@ pub(crate) async fn best_per_cell(mut rx: mpsc::Receiver<Item>, tx: mpsc::Sender
         }
     }
     chosen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rank;
+
+    fn r(cloud: Option<f32>, valid: f32, time: i64, uri: &str) -> Rank<'_> {
+        Rank {
+            cloud,
+            valid,
+            time: Some(time),
+            uri,
+        }
+    }
+
+    #[test]
+    fn clearest_then_fullest_then_latest() {
+        let clear = r(Some(0.0), 0.5, 1, "a");
+        let cloudy = r(Some(0.2), 1.0, 9, "b");
+        assert!(clear.better(&cloudy) && !cloudy.better(&clear));
+        // No cloud mask says nothing is cloudy: as clear as 0.
+        let unknown = r(None, 0.9, 1, "c");
+        assert!(unknown.better(&clear), "fuller at equal cloud");
+        assert!(unknown.better(&cloudy));
+        let later = r(Some(0.0), 0.5, 2, "d");
+        assert!(later.better(&clear), "later at equal cloud and valid");
+        // Ties end on the URL, either way round the same.
+        let twin = r(Some(0.0), 0.5, 1, "b");
+        assert!(clear.better(&twin) != twin.better(&clear));
+        assert!(!clear.better(&clear));
+    }
 }
