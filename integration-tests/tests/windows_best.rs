@@ -4,11 +4,14 @@
 //! never chosen where a clear one exists; identical ground gives identical
 //! embeddings across windows; a cell all cloud in its window has no row; a
 //! change planted in one cell from Q3 on ranks first in `rsembed change`; a
-//! rerun does nothing twice and another `--windows` is refused.
+//! rerun does nothing twice and another `--windows` is refused; `submit` and
+//! a worker write the same rows.
 
 use std::path::Path;
 use std::time::Duration;
 
+use rsembed_integration_tests::cluster::{finalize, wait_finished, Worker};
+use rsembed_integration_tests::nats::NatsServer;
 use rsembed_integration_tests::rasters::gdal_translate;
 use rsembed_integration_tests::stac::{collection, StacServer};
 use rsembed_integration_tests::stac_scenes::{item, make_scene, ItemStyle};
@@ -233,4 +236,45 @@ fn each_cell_of_each_quarter_gets_its_clearest_acquisition() {
         err.contains("--windows: P1M in this command, P3M in the job"),
         "{err}"
     );
+
+    // Distributed: the same job through NATS and a worker gives the same rows.
+    let nats = NatsServer::start();
+    let dist = tmp.path().join("dist");
+    let mut c = rsembed();
+    c.args([
+        "submit",
+        "--nats",
+        &nats.url(),
+        "--input",
+        &server.url(),
+        "--output",
+    ])
+    .arg(&dist)
+    .arg("--model")
+    .arg(tiny_model())
+    .args([
+        "--json",
+        "--chip-size",
+        "64",
+        "--scale",
+        "0:0.255",
+        "--cloud-mask",
+        "SCL",
+    ])
+    .args(["--windows", "P3M", "--datetime", "2024-01-01/2024-12-31"]);
+    let o = run_timeout(&mut c, LIMIT);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let submitted: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(submitted["tasks"], 4, "one task a window: {submitted}");
+    let worker = Worker::start(&nats.url(), "w0", &[], &[]);
+    let st = wait_finished(&nats.url(), &dist, LIMIT);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(4), Some(0)),
+        "{st}"
+    );
+    drop(worker);
+    let (code, report) = finalize(&nats.url(), &dist);
+    assert_eq!(code, Some(0), "finalize: {report}");
+    assert_eq!(rows(&dist).as_array().unwrap(), got);
 }
