@@ -176,6 +176,7 @@ async fn main() {
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: Default::default(),
             align: Default::default(),
+            windows: None,
             schema_version: rsembed_schemas::SCHEMA_VERSION,
         },
         min_bytes: 16 << 20,

@@ -337,6 +337,7 @@ async fn main() {
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: Default::default(),
         align: Default::default(),
+        window: Default::default(),
         shard_bytes: Some(16 << 20),
         stac: Default::default(),
     };

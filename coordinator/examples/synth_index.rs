@@ -347,6 +347,7 @@ async fn main() -> anyhow::Result<()> {
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: args.embedding_type,
         align: Default::default(),
+        windows: None,
         schema_version: rsembed_schemas::SCHEMA_VERSION,
     };
     let model = ModelRef {

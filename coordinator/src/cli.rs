@@ -293,11 +293,37 @@ pub struct TilingArgs {
     /// CRS's pixel lattice, counted from the CRS origin, so scenes on one
     /// lattice cut identical chips; each chip gets a `cell`). A scene off the
     /// lattice (a sub-pixel phase, no EPSG code, rotated) is an error record.
-    #[arg(long, env = "RSEMBED_ALIGN", default_value = "scene")]
-    pub align: Align,
+    /// Default: `scene`, or `crs` with `--windows`.
+    #[arg(long, env = "RSEMBED_ALIGN")]
+    pub align: Option<Align>,
+    /// Time windows.
+    #[command(flatten)]
+    pub window: WindowArgs,
     /// STAC search.
     #[command(flatten)]
     pub stac: StacArgs,
+}
+
+/// Time windows of a STAC search: one row per window and cell.
+#[derive(Debug, Clone, Default, Args)]
+pub struct WindowArgs {
+    /// STAC inputs: split `--datetime A/B` into consecutive windows of this
+    /// ISO 8601 duration (`P16D`, `P1M`, `P3M`, `P1Y`; window k starts k
+    /// durations after A, the last is cut at B) and write one row per window
+    /// and cell. Implies `--align crs`.
+    #[arg(long, env = "RSEMBED_WINDOWS")]
+    pub windows: Option<String>,
+    /// With `--windows`: how a window's acquisitions of a cell become its
+    /// row. `best` (the default): the chip of the clearest acquisition
+    /// (lowest `cloud_fraction`, then highest `valid_fraction`, then the
+    /// latest). `median` is not built yet.
+    #[arg(long, env = "RSEMBED_COMPOSITE")]
+    pub composite: Option<rsembed_schemas::window::Composite>,
+    /// With `--windows`: acquisitions kept per window and block of cells
+    /// (default 64). Past it the cloudiest by `eo:cloud_cover`, then the
+    /// earliest, are dropped and counted in the summary.
+    #[arg(long, env = "RSEMBED_MAX_SCENES")]
+    pub max_scenes: Option<u32>,
 }
 
 /// The help heading of the STAC search flags.

@@ -222,6 +222,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
     // Without a model there is no input size to default the chip size to; 256 is
     // Git-RSCLIP's.
     let chip_size = args.tiling.chip_size.unwrap_or(256);
+    let (windows, align) = rsembed_coordinator::job::setup::window_spec(&args.tiling)?;
     let tiling = TilingSpec {
         chip_size,
         stride: args.tiling.stride.unwrap_or(chip_size),
@@ -236,8 +237,9 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             &args.tiling,
         )?),
         embedding_type: args.tiling.embedding_type,
-        align: args.tiling.align,
+        align,
         schema_version: rsembed_schemas::SCHEMA_VERSION,
+        windows,
     };
     rsembed_coordinator::job::setup::check_stac_tiling(&args.tiling)?;
     let resolved =
@@ -245,6 +247,8 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             .await?;
     let input = resolved.location.clone();
     let is_stac = resolved.search.is_some();
+    let resolved_datetime = resolved.search.as_ref().and_then(|s| s.datetime.clone());
+    let tiling_windows = tiling.windows.clone();
     let mut planner = plan::start_dry_run(
         &stores,
         resolved.source,
@@ -293,10 +297,64 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             "bad": n(&st.bad),
         });
     }
+    let windows = std::mem::take(
+        &mut *stats
+            .windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    if let Some(w) = &tiling_windows {
+        // Every window, the empty ones too: a season without a scene is news.
+        let all = rsembed_schemas::window::Windows::of_interval(
+            resolved_datetime.as_deref().unwrap_or_default(),
+            w.calendar()?,
+        )?;
+        let list: Vec<_> = all
+            .iter()
+            .enumerate()
+            .map(|(k, tw)| {
+                let c = windows.iter().find(|c| c.index as usize == k);
+                serde_json::json!({
+                    "window": tw.label(),
+                    "tasks": u64::from(c.is_some()),
+                    "acquisitions": c.map_or(0, |c| c.acquisitions),
+                    "dropped_past_max_scenes": c.map_or(0, |c| c.dropped),
+                })
+            })
+            .collect();
+        v["windows"] = serde_json::json!({
+            "duration": w.duration,
+            "composite": w.composite,
+            "max_scenes": w.max_scenes,
+            "outside_windows": n(&stats.outside_windows),
+            "windows": list,
+        });
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!("rsembed plan: {}", input.url);
+        if let Some(w) = v.get("windows") {
+            println!(
+                "  {:<15}{} of {}, composite {}, at most {} acquisitions a window; \
+                 {} items outside every window",
+                "windows",
+                w["windows"].as_array().map_or(0, Vec::len),
+                w["duration"].as_str().unwrap_or_default(),
+                w["composite"].as_str().unwrap_or_default(),
+                w["max_scenes"],
+                w["outside_windows"]
+            );
+            for x in w["windows"].as_array().into_iter().flatten() {
+                println!(
+                    "    {}  {} task, {} acquisitions, {} dropped past --max-scenes",
+                    x["window"].as_str().unwrap_or_default(),
+                    x["tasks"],
+                    x["acquisitions"],
+                    x["dropped_past_max_scenes"]
+                );
+            }
+        }
         for k in [
             "inputs",
             "skipped",

@@ -140,6 +140,7 @@ fn tiling() -> TilingSpec {
         max_cloud: None,
         embedding_type: Default::default(),
         align: Default::default(),
+        windows: None,
         schema_version: rsembed_schemas::SCHEMA_VERSION,
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
     }

@@ -93,6 +93,7 @@ fn write_job(root: &Path, embeddings: &[Vec<f32>], files: usize) {
             max_cloud: None,
             embedding_type: Default::default(),
             align: Default::default(),
+            windows: None,
             schema_version: rsembed_schemas::SCHEMA_VERSION,
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         };

@@ -80,6 +80,7 @@ async fn publish(js: &jetstream::Context, t: &Task) -> queue::PublishOutcome {
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: Default::default(),
             align: Default::default(),
+            windows: None,
             schema_version: rsembed_schemas::SCHEMA_VERSION,
         },
         task: t.clone(),

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::align::Align;
 use crate::embedding::EmbeddingType;
 use crate::ids::IdHasher;
+use crate::window::WindowSpec;
 
 mod resume;
 
@@ -95,6 +96,12 @@ pub struct TilingSpec {
         skip_serializing_if = "is_schema_version_unrecorded"
     )]
     pub schema_version: u32,
+    /// `--windows`, `--composite` and `--max-scenes`: one row per (window,
+    /// cell). Absent from `job.json` of jobs without windows, which keep
+    /// their ids. Not in [`TilingSpec::fingerprint`]: a `best` row's chip is
+    /// a scene's chip, with that chip's id; in the job fingerprint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub windows: Option<WindowSpec>,
 }
 
 fn schema_version_unrecorded() -> u32 {
@@ -337,11 +344,15 @@ impl JobSpec {
     /// The job fingerprint for a model and tiling (whose
     /// [`TilingSpec::schema_version`] is the job's chip schema).
     pub fn fingerprint_of(model: &ModelRef, tiling: &TilingSpec) -> String {
-        IdHasher::new("rsembed.job.v1")
-            .str(&model.fingerprint())
+        let mut h = IdHasher::new("rsembed.job.v1");
+        h.str(&model.fingerprint())
             .str(&tiling.fingerprint())
-            .i64(tiling.schema_version.into())
-            .hex128()
+            .i64(tiling.schema_version.into());
+        // Absent without windows, so other jobs keep their fingerprints.
+        if let Some(w) = &tiling.windows {
+            w.hash_into(&mut h);
+        }
+        h.hex128()
     }
 
     /// The job id: everything that decides which rows exist, what they hold
@@ -550,6 +561,25 @@ impl JobSpec {
             b.embedding_type.to_string(),
         );
         diff("--align", a.align.to_string(), b.align.to_string());
+        diff(
+            "--windows",
+            opt(a.windows.as_ref().map(|w| w.duration.clone())),
+            opt(b.windows.as_ref().map(|w| w.duration.clone())),
+        );
+        // Named only between two windowed jobs: without windows neither flag
+        // means anything, and --windows names the difference.
+        if let (Some(a), Some(b)) = (&a.windows, &b.windows) {
+            diff(
+                "--composite",
+                a.composite.to_string(),
+                b.composite.to_string(),
+            );
+            diff(
+                "--max-scenes",
+                a.max_scenes.to_string(),
+                b.max_scenes.to_string(),
+            );
+        }
         diff(
             "the chip schema version",
             a.schema_version.to_string(),
@@ -797,6 +827,7 @@ mod tests {
             footprint_tolerance: Some(DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: EmbeddingType::F32,
             align: Align::Scene,
+            windows: None,
             schema_version: crate::SCHEMA_VERSION,
         }
     }
@@ -809,6 +840,14 @@ mod tests {
             files: vec![],
             preprocessor_sha256: "bb".into(),
             fp16: false,
+        }
+    }
+
+    fn quarters() -> WindowSpec {
+        WindowSpec {
+            duration: "P3M".into(),
+            composite: crate::window::Composite::Best,
+            max_scenes: 64,
         }
     }
 
@@ -927,6 +966,10 @@ mod tests {
                 rebuild(&|_, _, _, t, _| t.embedding_type = EmbeddingType::Int8),
             ),
             ("--align", rebuild(&|_, _, _, t, _| t.align = Align::Crs)),
+            (
+                "--windows",
+                rebuild(&|_, _, _, t, _| t.windows = Some(quarters())),
+            ),
             (
                 "the chip schema version",
                 rebuild(&|_, _, _, t, _| t.schema_version = 2),

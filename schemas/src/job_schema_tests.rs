@@ -17,6 +17,7 @@ fn tiling(version: u32) -> TilingSpec {
         footprint_tolerance: Some(DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: EmbeddingType::F32,
         align: Align::Scene,
+        windows: None,
         schema_version: version,
     }
 }
@@ -156,4 +157,57 @@ fn old_groupings_and_footprints_resume_with_the_old_version() {
         .resuming_schema(Some(&theirs));
     assert_eq!(ours.job_id, theirs.job_id);
     assert_eq!(ours.grouping, Some(grouping(16)));
+}
+
+#[test]
+fn windows_are_the_job_s_identity_and_absent_without_them() {
+    use crate::window::{Composite, WindowSpec};
+    let quarters = WindowSpec {
+        duration: "P3M".into(),
+        composite: Composite::Best,
+        max_scenes: 64,
+    };
+    let windowed = |w: &WindowSpec| {
+        let mut t = tiling(3);
+        t.align = Align::Crs;
+        t.windows = Some(w.clone());
+        job(t, grouping(64))
+    };
+    let mut plain = tiling(3);
+    plain.align = Align::Crs;
+    let plain = job(plain, grouping(64));
+    let ours = windowed(&quarters);
+    // A best row's chip id is the chosen scene's chip id: the tiling is the
+    // same, the job is not.
+    assert_eq!(ours.tiling.fingerprint(), plain.tiling.fingerprint());
+    assert_ne!(ours.fingerprint, plain.fingerprint);
+    assert_ne!(ours.job_id, plain.job_id);
+    let what: Vec<_> = ours.differences(&plain).iter().map(|d| d.what).collect();
+    assert_eq!(what, ["--windows"]);
+    // Each flag is named, and each is another job.
+    let other = |f: &dyn Fn(&mut WindowSpec)| {
+        let mut w = quarters.clone();
+        f(&mut w);
+        windowed(&w)
+    };
+    for (flag, theirs) in [
+        ("--windows", other(&|w| w.duration = "P1M".into())),
+        ("--composite", other(&|w| w.composite = Composite::Median)),
+        ("--max-scenes", other(&|w| w.max_scenes = 8)),
+    ] {
+        assert_ne!(theirs.job_id, ours.job_id, "{flag}");
+        assert_ne!(theirs.fingerprint, ours.fingerprint, "{flag}");
+        let what: Vec<_> = ours.differences(&theirs).iter().map(|d| d.what).collect();
+        assert_eq!(what, [flag]);
+    }
+    // Recorded, read back; absent from job.json without windows.
+    let json = serde_json::to_value(&ours).unwrap();
+    assert_eq!(
+        json["tiling"]["windows"],
+        serde_json::json!({"duration": "P3M", "composite": "best", "max_scenes": 64})
+    );
+    let back: JobSpec = serde_json::from_value(json).unwrap();
+    assert_eq!(back, ours);
+    let json = serde_json::to_value(&plain).unwrap();
+    assert!(json["tiling"].get("windows").is_none(), "{json}");
 }

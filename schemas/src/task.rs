@@ -43,6 +43,10 @@ pub struct ItemInfo {
     /// Microseconds since the Unix epoch, UTC: `end_datetime`, for a range.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_datetime: Option<i64>,
+    /// `eo:cloud_cover` (percent of the scene), when the item gives a
+    /// number: which acquisitions a window past `--max-scenes` drops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloud_cover: Option<f64>,
     /// Per channel, in R,G,B order: the physical value of a sample is
     /// `DN * scale + offset` (`raster:scale`, `raster:offset`). Empty when no
     /// selected band gives them.
@@ -147,6 +151,17 @@ pub struct ChipBlock {
     pub rows: u32,
 }
 
+/// The time window of a task of a windowed job (`--windows`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskWindow {
+    /// Its index among the job's windows, from 0.
+    pub index: u32,
+    /// Its first microsecond since the Unix epoch, UTC.
+    pub start: i64,
+    /// The first microsecond after it.
+    pub end: i64,
+}
+
 /// A task: a deterministic group of inputs of one job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
@@ -154,8 +169,13 @@ pub struct Task {
     pub job_id: String,
     /// 32 hex chars; names `chips/<task_id>.parquet` and `errors/<task_id>.parquet`.
     pub task_id: String,
-    /// Inputs in listing order.
+    /// Inputs in listing order; in a window's task, its acquisitions, by
+    /// time then URL.
     pub inputs: Vec<TaskInput>,
+    /// For a windowed job: the window whose acquisitions `inputs` are, each
+    /// cell of them one row. Absent otherwise (and in older messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<TaskWindow>,
 }
 
 impl Task {
@@ -179,6 +199,24 @@ impl Task {
             job_id: job_id.to_owned(),
             task_id: h.hex128(),
             inputs,
+            window: None,
+        }
+    }
+
+    /// The task of `window`'s acquisitions `inputs`: its id depends on the
+    /// job, the window and the input URIs, as [`Task::new`]'s does.
+    pub fn in_window(job_id: &str, window: TaskWindow, inputs: Vec<TaskInput>) -> Task {
+        let plain = Task::new(job_id, inputs);
+        let task_id = IdHasher::new("rsembed.task.window.v1")
+            .str(&plain.task_id)
+            .i64(window.index.into())
+            .i64(window.start)
+            .i64(window.end)
+            .hex128();
+        Task {
+            task_id,
+            window: Some(window),
+            ..plain
         }
     }
 
@@ -240,6 +278,35 @@ mod tests {
             Task::new("job2", vec![input("file:///a")]).task_id
         );
         assert_eq!(a.chips_path(), format!("chips/{}.parquet", a.task_id));
+    }
+
+    #[test]
+    fn a_window_s_task_is_named_by_its_window_too() {
+        let w = TaskWindow {
+            index: 1,
+            start: 10,
+            end: 20,
+        };
+        let plain = Task::new("job", vec![input("file:///a")]);
+        let a = Task::in_window("job", w, vec![input("file:///a")]);
+        assert_ne!(a.task_id, plain.task_id);
+        assert_eq!(a, Task::in_window("job", w, vec![input("file:///a")]));
+        let other = TaskWindow { index: 2, ..w };
+        assert_ne!(
+            Task::in_window("job", other, vec![input("file:///a")]).task_id,
+            a.task_id
+        );
+        // Recorded in the message; absent from a plain task's.
+        let json = serde_json::to_value(&a).unwrap();
+        assert_eq!(
+            json["window"],
+            serde_json::json!({"index": 1, "start": 10, "end": 20})
+        );
+        assert_eq!(serde_json::from_value::<Task>(json).unwrap(), a);
+        assert!(serde_json::to_value(&plain)
+            .unwrap()
+            .get("window")
+            .is_none());
     }
 
     fn groups(uris: &[String], target: usize) -> Vec<Vec<String>> {

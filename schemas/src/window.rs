@@ -11,6 +11,7 @@
 //! Times are microseconds since the Unix epoch, UTC, as the chip columns
 //! hold them.
 
+use serde::{Deserialize, Serialize};
 use time::{Date, Month, OffsetDateTime, PrimitiveDateTime};
 
 /// The most windows one interval may be split into: a daily window over
@@ -206,6 +207,21 @@ pub struct Windows {
     bounds: Vec<i64>,
 }
 
+impl TimeWindow {
+    /// `start/end` as RFC 3339 UTC, as `plan` and the summary name a window.
+    pub fn label(&self) -> String {
+        let f = |us: i64| {
+            to_datetime(us)
+                .and_then(|t| {
+                    t.format(&time::format_description::well_known::Rfc3339)
+                        .ok()
+                })
+                .unwrap_or_else(|| us.to_string())
+        };
+        format!("{}/{}", f(self.start), f(self.end))
+    }
+}
+
 impl Windows {
     /// `[start, end)` split into windows of `duration`, the last cut at
     /// `end`. At most [`MAX_WINDOWS`]; `start` must be before `end`.
@@ -287,6 +303,79 @@ impl Windows {
     pub fn index_of(&self, t: i64) -> Option<usize> {
         let k = self.bounds.partition_point(|b| *b <= t);
         (k >= 1 && k < self.bounds.len()).then(|| k - 1)
+    }
+}
+
+/// `--max-scenes` when not given: acquisitions kept per window and block of
+/// cells. A Sentinel-2 year has about 140 per tile, a quarter about 35: a
+/// quarterly job keeps them all, a yearly one the clearest 64.
+pub const DEFAULT_MAX_SCENES: u32 = 64;
+
+/// `--composite`: how one window's acquisitions of a cell become its row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Composite {
+    /// The chip of the clearest acquisition: lowest `cloud_fraction`, then
+    /// highest `valid_fraction`, then the latest.
+    #[default]
+    Best,
+    /// The per-pixel median of the clear, valid pixels, in physical units.
+    Median,
+}
+
+impl Composite {
+    /// `best` or `median`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Composite::Best => "best",
+            Composite::Median => "median",
+        }
+    }
+}
+
+impl std::fmt::Display for Composite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Composite {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Composite, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "best" => Ok(Composite::Best),
+            "median" => Ok(Composite::Median),
+            _ => Err(format!("--composite is `best` or `median`, not `{s}`")),
+        }
+    }
+}
+
+/// A windowed job's `--windows`, `--composite` and `--max-scenes`, as
+/// `job.json` records them (the interval is the search's `--datetime`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowSpec {
+    /// `--windows` in its canonical form ([`CalendarDuration`]'s `Display`),
+    /// so `P12M` and `P1Y` are one job.
+    pub duration: String,
+    /// `--composite`.
+    pub composite: Composite,
+    /// `--max-scenes`: acquisitions kept per window and block of cells.
+    pub max_scenes: u32,
+}
+
+impl WindowSpec {
+    /// The duration, parsed.
+    pub fn calendar(&self) -> Result<CalendarDuration, WindowError> {
+        self.duration.parse()
+    }
+
+    /// Adds the spec to a job fingerprint.
+    pub(crate) fn hash_into(&self, h: &mut crate::ids::IdHasher) {
+        h.str("windows")
+            .str(&self.duration)
+            .str(self.composite.as_str())
+            .i64(self.max_scenes.into());
     }
 }
 

@@ -55,6 +55,7 @@ fn tiling() -> TilingSpec {
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: Default::default(),
         align: Default::default(),
+        windows: None,
         schema_version: rsembed_schemas::SCHEMA_VERSION,
     }
 }

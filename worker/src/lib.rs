@@ -10,6 +10,7 @@
 // "Query crate"). `input` and `sink` show only what their own files make public.
 pub mod batch;
 pub mod check;
+pub(crate) mod composite;
 pub(crate) mod context;
 pub mod engine;
 pub mod error;

@@ -201,6 +201,9 @@ pub struct TaskReport {
     /// Chips left out because their cloud fraction exceeds `--max-cloud`
     /// (0 for a task found finished, whose count was not kept).
     pub cloudy_chips_dropped: u64,
+    /// A window's cells whose every acquisition was all cloud, so they have
+    /// no row (0 for a task found finished).
+    pub unclear_cells: u64,
 }
 
 impl TaskReport {
@@ -261,7 +264,33 @@ impl TaskRunner {
         let producer = crate::input::spawn_readers(&readers, job, task.inputs.clone(), tx);
 
         let tiling_fp = job.file_meta.tiling.fingerprint();
-        let (mut rows, mut failures) = self.batch_and_embed(rx, &tiling_fp).await?;
+        // A window's task embeds each cell's clearest chip only.
+        let (embedded, chosen) = match task.window {
+            None => (self.batch_and_embed(rx, &tiling_fp).await, None),
+            Some(_) => {
+                let (ctx, crx) = mpsc::channel::<crate::input::Item>(self.batch_size.max(1) * 2);
+                let (e, c) = tokio::join!(
+                    self.batch_and_embed(crx, &tiling_fp),
+                    crate::composite::best_per_cell(rx, ctx)
+                );
+                (e, Some(c))
+            }
+        };
+        let (mut rows, mut failures) = embedded?;
+        let unclear_cells = chosen.as_ref().map_or(0, |c| c.unclear_cells);
+        if let (Some(w), Some(c)) = (task.window, &chosen) {
+            for r in &mut rows {
+                r.cells.window_start = Some(w.start);
+                r.cells.window_end = Some(w.end);
+                r.cells.scenes = r.cells.cell.as_ref().and_then(|k| c.scenes.get(k).copied());
+            }
+            if unclear_cells > 0 {
+                tracing::info!(
+                    unclear_cells,
+                    "cells with no clear pixel in the window have no row"
+                );
+            }
+        }
         let read = producer
             .await
             .map_err(|e| Error::EngineGone(format!("input stage panicked: {e}")))?;
@@ -312,7 +341,19 @@ impl TaskRunner {
             job.file_meta.embed_dim,
             job.file_meta.embedding_type(),
         )?;
-        let empty_inputs = empty_inputs(task, &rows, &failures);
+        let empty_inputs = match &chosen {
+            None => empty_inputs(task, &rows, &failures),
+            // An acquisition whose chips were all bettered is not empty.
+            Some(c) => task
+                .inputs
+                .iter()
+                .filter(|i| {
+                    !c.inputs_with_chips.contains(&i.uri)
+                        && !failures.iter().any(|f| f.source_uri == i.uri)
+                })
+                .map(|i| i.uri.clone())
+                .collect(),
+        };
         let mut kv = chip_file_metadata(&meta, extent(&rows))?;
         kv.extend(crate::sink::parquet::empty_inputs_entry(&empty_inputs)?);
         let covers = crate::sink::extent::of_rows(&rows);
@@ -335,6 +376,7 @@ impl TaskRunner {
             errors_file,
             failures,
             cloudy_chips_dropped: read.cloudy_chips_dropped,
+            unclear_cells,
         })
     }
 }

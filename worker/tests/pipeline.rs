@@ -124,6 +124,7 @@ fn runner(out: &Path, backend: Slow, batch_size: usize) -> (TaskRunner, JobConte
                 footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
                 embedding_type: Default::default(),
                 align: Default::default(),
+                windows: None,
                 schema_version: rsembed_schemas::SCHEMA_VERSION,
             },
             software_version: "test".into(),

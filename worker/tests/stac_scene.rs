@@ -145,6 +145,7 @@ fn item(id: &str, parts: Vec<BandFile>, units: Vec<Option<Units>>) -> TaskInput 
             // 2024-07-01T10:30:00Z
             datetime: Some(1_719_829_800_000_000),
             end_datetime: None,
+            cloud_cover: None,
             units,
             mask: None,
             grid: Some([SIDE, SIDE]),
@@ -199,6 +200,7 @@ fn runner(out: &Path, scale: ScaleSpec, max_cloud: Option<f32>) -> (TaskRunner, 
         footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
         embedding_type: Default::default(),
         align: Default::default(),
+        windows: None,
         schema_version: rsembed_schemas::SCHEMA_VERSION,
     };
     let stores = StoreCache::default();

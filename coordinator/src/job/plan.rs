@@ -22,9 +22,12 @@ use crate::error::{Error, Result};
 use crate::stac::scene::{scene_of, Selection};
 
 mod measure;
+mod windows;
 use crate::stac::source::{stream_items, Found, SourceStats, StacInput};
 pub use measure::Sharding;
 use measure::{measure, Measure, MEASURE_IN_FLIGHT};
+pub use windows::WindowCount;
+use windows::{Placed, WindowPlan};
 
 /// How inputs are grouped into tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +107,11 @@ pub struct ListStats {
     pub listed: std::sync::atomic::AtomicBool,
     /// For a STAC input: documents, pages and items read, filtered, repeated.
     pub stac: SourceStats,
+    /// A windowed job's items that no window holds (or without a time).
+    pub outside_windows: AtomicU64,
+    /// A windowed job's tasks, one a window with an acquisition, once the
+    /// listing has ended.
+    pub windows: std::sync::Mutex<Vec<WindowCount>>,
 }
 
 fn is_image_name(name: &str) -> bool {
@@ -262,6 +270,7 @@ async fn list_stac(
                         collection: None,
                         datetime: None,
                         end_datetime: None,
+                        cloud_cover: None,
                         units: vec![],
                         mask: None,
                         grid: None,
@@ -512,6 +521,13 @@ pub async fn plan(
     stats: Arc<ListStats>,
     tasks: mpsc::Sender<Task>,
 ) -> Result<()> {
+    let window_plan = match (
+        &source,
+        sharding.as_ref().and_then(|s| s.tiling.windows.as_ref()),
+    ) {
+        (Source::Stac(src), Some(w)) => Some(WindowPlan::new(w, src.search.datetime.as_deref())?),
+        _ => None,
+    };
     let (itx, mut irx) = mpsc::channel::<TaskInput>(1024);
     // An item is a scene already: no band-file grouping.
     let band_files = match &source {
@@ -568,6 +584,9 @@ pub async fn plan(
     let task_chips = grouping.chips.max(1);
     let sharding = &sharding;
     let grouper = async {
+        if let Some(plan) = window_plan {
+            return group_windows(plan, srx, &job_id, grouping.files, &stats, &tasks).await;
+        }
         // Owns the receiver: a grouper that stops hangs up on the scenes.
         let mut measured = std::pin::pin!(receiver_stream(srx)
             .map(|mut input| async move {
@@ -630,6 +649,56 @@ pub async fn plan(
     l?;
     b?;
     g
+}
+
+/// The tasks of a windowed job: one a window, once every item is placed;
+/// items that cannot be read are grouped as any input is, so that their
+/// errors are recorded.
+async fn group_windows(
+    mut plan: WindowPlan,
+    mut inputs: mpsc::Receiver<TaskInput>,
+    job_id: &str,
+    files: usize,
+    stats: &ListStats,
+    tasks: &mpsc::Sender<Task>,
+) -> Result<()> {
+    let send = |t: Task| async move {
+        stats.tasks.fetch_add(1, Ordering::Relaxed);
+        tasks.send(t).await.map_err(|_| Error::Cancelled)
+    };
+    let mut errors = Vec::new();
+    while let Some(input) = inputs.recv().await {
+        match plan.push(input) {
+            Placed::Held => {}
+            Placed::Outside => {
+                stats.outside_windows.fetch_add(1, Ordering::Relaxed);
+            }
+            Placed::Error(input) => {
+                let uri = input.uri.clone();
+                errors.push(input);
+                if ends_group(&uri, errors.len(), files) {
+                    send(Task::new(job_id, std::mem::take(&mut errors))).await?;
+                }
+            }
+        }
+    }
+    if !errors.is_empty() {
+        send(Task::new(job_id, errors)).await?;
+    }
+    for (task, count) in plan.finish(job_id) {
+        let bytes: u64 = task.inputs.iter().map(|i| i.size).sum();
+        stats.bytes.fetch_add(bytes, Ordering::Relaxed);
+        stats
+            .unmeasured
+            .fetch_add(count.acquisitions, Ordering::Relaxed);
+        stats
+            .windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(count);
+        send(task).await?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -72,6 +72,7 @@ pub(crate) async fn finished(out: &Location, task: &Task, retry_failed: bool) ->
             failures: vec![],
             empty_inputs,
             cloudy_chips_dropped: 0,
+            unclear_cells: 0,
         })));
     }
     let Some((chips_file, empty_inputs)) = describe(out, &task.chips_path()).await? else {
@@ -88,6 +89,7 @@ pub(crate) async fn finished(out: &Location, task: &Task, retry_failed: bool) ->
         failures: vec![],
         empty_inputs,
         cloudy_chips_dropped: 0,
+        unclear_cells: 0,
     };
     // The next resume reads the record rather than the files.
     write_record(out, &report, 0.0).await?;

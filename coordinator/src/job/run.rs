@@ -163,12 +163,13 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     // spool, read back only when the output holds files of no planned task.
     let mut builder = ManifestBuilder::new(&out.loc, &spec)?;
     let mut plan_ids = PlanSpool::new()?;
-    let (mut tasks_total, mut with_errors, mut cloudy) = (0u64, 0u64, 0u64);
+    let (mut tasks_total, mut with_errors, mut cloudy, mut unclear) = (0u64, 0u64, 0u64, 0u64);
     let collected: Result<()> = async {
         while let Some(r) = results.next().await {
             let r = r?;
             tasks_total += 1;
             cloudy += r.cloudy_chips_dropped;
+            unclear += r.unclear_cells;
             plan_ids.push(&r.task_id)?;
             builder.chips_file(&r.task_id, &r.chips_file).await?;
             if let Some(e) = &r.errors_file {
@@ -237,6 +238,13 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     );
 
     let elapsed = started.elapsed();
+    let dropped_past_max_scenes = stats
+        .windows
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .map(|w| w.dropped)
+        .sum();
     Ok(Summary {
         job_id,
         output: output.url.to_string(),
@@ -249,6 +257,9 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
         chips: manifest.rows,
         chips_embedded: counters.chips.load(Ordering::Relaxed),
         cloudy_chips_dropped: cloudy,
+        unclear_cells: unclear,
+        outside_windows: stats.outside_windows.load(Ordering::Relaxed),
+        dropped_past_max_scenes,
         failed_inputs: manifest.failed_inputs,
         inputs_without_chips: manifest.inputs_without_chips,
         empty_inputs: built.without_chips.clone(),

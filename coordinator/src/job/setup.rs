@@ -12,11 +12,15 @@ use std::sync::atomic::Ordering;
 use futures::StreamExt;
 use object_store::{ObjectStoreExt, PutPayload};
 use rsembed_raster::scale::ScaleSpec;
+use rsembed_schemas::align::Align;
 use rsembed_schemas::job::{
     check_footprint_tolerance, GroupingSpec, JobSpec, ModelRef, TilingSpec,
     DEFAULT_FOOTPRINT_TOLERANCE,
 };
 use rsembed_schemas::task::Task;
+use rsembed_schemas::window::{
+    CalendarDuration, Composite, WindowError, WindowSpec, Windows, DEFAULT_MAX_SCENES,
+};
 use rsembed_worker::input::InputKind;
 use rsembed_worker::model::ModelDir;
 use rsembed_worker::now_rfc3339;
@@ -178,6 +182,7 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
         }
     }
     check_stac_tiling(t)?;
+    let (windows, align) = window_spec(t)?;
     if t.task_size == Some(0) || t.task_chips == Some(0) || t.task_bytes == Some(0) {
         return Err(Error::Usage(
             "--task-files, --task-chips and --task-bytes must be positive".into(),
@@ -195,9 +200,70 @@ pub fn tiling_spec(t: &TilingArgs, model: &ModelDir) -> Result<TilingSpec> {
         max_cloud: t.max_cloud,
         footprint_tolerance: Some(footprint_tolerance(t)?),
         embedding_type: t.embedding_type,
-        align: t.align,
+        align,
         schema_version: rsembed_schemas::SCHEMA_VERSION,
+        windows,
     })
+}
+
+/// `--windows`, `--composite` and `--max-scenes`, checked with `--datetime`
+/// and `--align`: the job's windows, and its alignment (`crs` with windows:
+/// a cell is only the same place across acquisitions on the CRS lattice).
+pub fn window_spec(t: &TilingArgs) -> Result<(Option<WindowSpec>, Align)> {
+    let w = &t.window;
+    let Some(text) = &w.windows else {
+        if w.composite.is_some() || w.max_scenes.is_some() {
+            return Err(Error::Usage(
+                "--composite and --max-scenes choose among a window's acquisitions: \
+                 they need --windows"
+                    .into(),
+            ));
+        }
+        return Ok((None, t.align.unwrap_or_default()));
+    };
+    let duration: CalendarDuration = text
+        .parse()
+        .map_err(|e: WindowError| Error::Usage(e.to_string()))?;
+    let Some(datetime) = &t.stac.datetime else {
+        return Err(Error::Usage(format!(
+            "--windows {text} splits a STAC search's --datetime A/B into windows: \
+             give --datetime with both ends (e.g. 2024-01-01/2024-12-31)"
+        )));
+    };
+    // A date alone is a day's interval to a search, but no interval to split.
+    if !datetime.contains('/') {
+        return Err(Error::Usage(format!(
+            "--windows {text} splits --datetime A/B into windows: `{datetime}` is one time, \
+             not an interval A/B with both ends"
+        )));
+    }
+    let datetime = crate::stac::search::normalize_datetime(datetime).map_err(Error::Usage)?;
+    Windows::of_interval(&datetime, duration).map_err(|e| Error::Usage(e.to_string()))?;
+    if t.align == Some(Align::Scene) {
+        return Err(Error::Usage(
+            "--windows compares cells across acquisitions, which only --align crs cuts \
+             identically: leave --align out or give --align crs"
+                .into(),
+        ));
+    }
+    let composite = w.composite.unwrap_or_default();
+    if composite == Composite::Median {
+        return Err(Error::Usage(
+            "--composite median is not built yet: use --composite best (the default)".into(),
+        ));
+    }
+    let max_scenes = w.max_scenes.unwrap_or(DEFAULT_MAX_SCENES);
+    if max_scenes == 0 {
+        return Err(Error::Usage("--max-scenes must be positive".into()));
+    }
+    Ok((
+        Some(WindowSpec {
+            duration: duration.to_string(),
+            composite,
+            max_scenes,
+        }),
+        Align::Crs,
+    ))
 }
 
 /// `--footprint-tolerance`, checked, or its default.
@@ -364,3 +430,7 @@ fn no_inputs(input: &url::Url, stats: &ListStats) -> Error {
         InputKind::ARCHIVE.join(", ")
     ))
 }
+
+#[cfg(test)]
+#[path = "setup_tests.rs"]
+mod tests;

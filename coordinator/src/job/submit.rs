@@ -399,6 +399,7 @@ async fn forget_done(job: &PublishJob<'_>, job_id: &str, task_id: &str) -> Resul
         job_id: job_id.to_owned(),
         task_id: task_id.to_owned(),
         inputs: vec![],
+        window: None,
     };
     crate::job::output::delete_if_present(out, &task.chips_path()).await?;
     crate::job::output::delete_if_present(out, &task.errors_path()).await?;

@@ -33,6 +33,12 @@ pub struct Summary {
     /// Chips this run left out because their cloud fraction exceeds
     /// `--max-cloud` (tasks found finished count none).
     pub(crate) cloudy_chips_dropped: u64,
+    /// Cells of a window whose every acquisition was all cloud: no row.
+    pub(crate) unclear_cells: u64,
+    /// A windowed job's items that no window holds.
+    pub(crate) outside_windows: u64,
+    /// A windowed job's acquisitions past `--max-scenes`, dropped.
+    pub(crate) dropped_past_max_scenes: u64,
     /// Inputs recorded in errors/.
     pub failed_inputs: u64,
     /// Inputs that produced no chip and no error (every chip empty or below
@@ -121,6 +127,18 @@ impl Summary {
             s += &format!(
                 "  cloudy chips    {} dropped (cloud_fraction over --max-cloud)\n",
                 self.cloudy_chips_dropped
+            );
+        }
+        if self.unclear_cells > 0 {
+            s += &format!(
+                "  unclear cells   {} (no clear pixel in their window: no row)\n",
+                self.unclear_cells
+            );
+        }
+        if self.outside_windows > 0 || self.dropped_past_max_scenes > 0 {
+            s += &format!(
+                "  windows         {} items outside every window, {} acquisitions past --max-scenes dropped\n",
+                self.outside_windows, self.dropped_past_max_scenes
             );
         }
         if self.inputs_without_chips > 0 {

@@ -58,7 +58,7 @@ pub async fn resolve(
             return Err(Error::Usage(format!(
                 "{input} is not a STAC API, catalog or item collection, so the STAC flags \
                  (--collections, --bbox, --datetime, --ids, --filter, --max-items, \
-                 --cloud-cover-max, --assets, --cloud-mask) do not apply to it"
+                 --cloud-cover-max, --assets, --cloud-mask, --windows) do not apply to it"
             )));
         }
         return Ok(Resolved {

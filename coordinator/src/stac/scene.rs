@@ -37,6 +37,7 @@ pub fn scene_of(href: &str, base: &Url, item: &Item, sel: &Selection) -> TaskInp
         collection: item.collection.clone(),
         datetime: None,
         end_datetime: None,
+        cloud_cover: None,
         units: vec![],
         mask: None,
         grid: None,
@@ -48,6 +49,11 @@ pub fn scene_of(href: &str, base: &Url, item: &Item, sel: &Selection) -> TaskInp
         .or(p.start_datetime)
         .map(|t| t.timestamp_micros());
     info.end_datetime = p.end_datetime.map(|t| t.timestamp_micros());
+    info.cloud_cover = p
+        .additional_fields
+        .get("eo:cloud_cover")
+        .and_then(Value::as_f64)
+        .filter(|c| c.is_finite());
     let mut input = TaskInput {
         uri: href.to_owned(),
         size: 0,
@@ -464,6 +470,15 @@ mod tests {
         assert_eq!(info.datetime, Some(1_717_237_230_000_000));
         assert_eq!(info.collection.as_deref(), Some("sentinel-2-l2a"));
         assert!(t.version.unwrap().starts_with("2024-06-02T00:00:00Z;"));
+        assert_eq!(info.cloud_cover, None, "no eo:cloud_cover");
+        // eo:cloud_cover ranks a full window's acquisitions; a value that is
+        // no number is no cover.
+        for (v, cover) in [(json!(12.5), Some(12.5)), (json!("12"), None)] {
+            let mut doc = s2_v11();
+            doc["properties"]["eo:cloud_cover"] = v;
+            let t = scene_of("s3://b/x.json", &base(), &item(doc), &sel(None));
+            assert_eq!(t.item.unwrap().cloud_cover, cover);
+        }
     }
 
     #[test]

@@ -140,6 +140,7 @@ pub fn write_job(root: &Path, files: &[FileSpec]) {
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: Default::default(),
             align: Default::default(),
+            windows: None,
             // A job of version 2, as rsembed wrote before schema 3.
             schema_version: 2,
         };

@@ -22,7 +22,9 @@ fn is_zero(v: &u64) -> bool {
 /// worker would misread ([`TaskMessage::format_for`]): chip schema 3 or
 /// `--align crs`. Such a worker, which reads format 1 only, refuses it
 /// instead of writing files of another schema or chips off the lattice.
-pub const MESSAGE_FORMAT: u32 = 2;
+/// Format 3 is a windowed job's (`--windows`): a format-2 worker would embed
+/// every acquisition of a window rather than each cell's composite.
+pub const MESSAGE_FORMAT: u32 = 3;
 
 /// The task message formats this version reads.
 pub const MESSAGE_FORMATS: std::ops::RangeInclusive<u32> = 1..=MESSAGE_FORMAT;
@@ -50,10 +52,12 @@ impl TaskMessage {
     /// runs it as the job means (a job of chip schema 2 and scene
     /// alignment), else 2.
     pub fn format_for(tiling: &TilingSpec) -> u32 {
-        if tiling.schema_version <= 2 && tiling.align.is_scene() {
+        if tiling.windows.is_some() {
+            3
+        } else if tiling.schema_version <= 2 && tiling.align.is_scene() {
             1
         } else {
-            MESSAGE_FORMAT
+            2
         }
     }
 }
@@ -185,6 +189,7 @@ mod tests {
                 footprint_tolerance: Some(crate::job::DEFAULT_FOOTPRINT_TOLERANCE),
                 embedding_type: Default::default(),
                 align: Default::default(),
+                windows: None,
                 schema_version: crate::SCHEMA_VERSION,
             },
             task: Task::new("job", vec![]),
@@ -206,6 +211,17 @@ mod tests {
         t.schema_version = 2;
         t.align = crate::align::Align::Crs;
         assert_eq!(TaskMessage::format_for(&t), 2);
-        assert!(MESSAGE_FORMATS.contains(&1) && MESSAGE_FORMATS.contains(&2));
+        t.schema_version = 3;
+        t.windows = Some(crate::window::WindowSpec {
+            duration: "P3M".into(),
+            composite: crate::window::Composite::Best,
+            max_scenes: 64,
+        });
+        assert_eq!(
+            TaskMessage::format_for(&t),
+            3,
+            "a format-2 worker would not composite"
+        );
+        assert!((1..=3).all(|f| MESSAGE_FORMATS.contains(&f)));
     }
 }

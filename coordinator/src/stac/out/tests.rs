@@ -48,6 +48,7 @@ pub(super) fn spec(search: Option<StacSearch>) -> JobSpec {
             footprint_tolerance: Some(rsembed_schemas::job::DEFAULT_FOOTPRINT_TOLERANCE),
             embedding_type: Default::default(),
             align: Default::default(),
+            windows: None,
             schema_version: rsembed_schemas::SCHEMA_VERSION,
         },
         GroupingSpec {
