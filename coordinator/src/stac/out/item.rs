@@ -219,8 +219,7 @@ pub(crate) fn collection(
     }
     let t = &spec.tiling;
     f.insert("emb:chip_layout".into(), chip_layout(t));
-    // One embedding an acquisition until time windows composite several.
-    f.insert("emb:temporal_resolution".into(), "acquisition".into());
+    f.insert("emb:temporal_resolution".into(), temporal_resolution(t));
     f.insert(
         "rsembed:model".into(),
         json!({
@@ -288,4 +287,14 @@ pub(crate) fn chip_layout(t: &rsembed_schemas::job::TilingSpec) -> serde_json::V
         layout["grid_cell_grid"] = "Major TOM 10 km (arXiv 2402.12095)".into();
     }
     layout
+}
+
+/// `emb:temporal_resolution`: the window duration of a window job (one
+/// composite a window and cell, `P3M`), or `acquisition` (one embedding an
+/// acquisition).
+pub(crate) fn temporal_resolution(t: &rsembed_schemas::job::TilingSpec) -> serde_json::Value {
+    match &t.windows {
+        Some(w) => json!({ "window": w.duration, "composite": w.composite.as_str() }),
+        None => "acquisition".into(),
+    }
 }
