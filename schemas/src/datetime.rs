@@ -11,6 +11,15 @@ pub fn now_rfc3339() -> String {
         .expect("formatting the current time cannot fail")
 }
 
+/// µs since the epoch as RFC 3339, UTC (`2024-07-01T10:30:00Z`), as the
+/// chip files' timestamps print; `None` for a time out of range.
+pub fn micros_rfc3339(us: i64) -> Option<String> {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
+        .ok()?
+        .format(&time::format_description::well_known::Rfc3339)
+        .ok()
+}
+
 /// `YYYY-MM-DD` (RFC 3339's full-date) as a date.
 pub fn date_only(p: &str) -> Option<time::Date> {
     let b = p.as_bytes();

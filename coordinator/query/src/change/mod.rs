@@ -157,13 +157,12 @@ pub async fn change(args: ChangeArgs) -> Result<ChangeSummary> {
     )
     .await?;
     let rows = write::write(&out, &index, &changes, &windows).await?;
-    let rfc = |us: i64| rfc3339(us);
     Ok(ChangeSummary {
         output: out.url.to_string(),
-        windows: windows.iter().map(|w| rfc(w.0)).collect(),
+        windows: windows.iter().map(|w| rfc3339(w.0)).collect(),
         compared: pairs
             .iter()
-            .map(|&(a, b)| (rfc(windows[a].0), rfc(windows[b].0)))
+            .map(|&(a, b)| (rfc3339(windows[a].0), rfc3339(windows[b].0)))
             .collect(),
         rows,
         passes,
@@ -173,8 +172,8 @@ pub async fn change(args: ChangeArgs) -> Result<ChangeSummary> {
             .map(|c| TopChange {
                 cell: c.cell.clone(),
                 grid_cell: c.grid_cell.clone(),
-                window_a: rfc(windows[c.a].0),
-                window_b: rfc(windows[c.b].0),
+                window_a: rfc3339(windows[c.a].0),
+                window_b: rfc3339(windows[c.b].0),
                 distance: c.distance,
             })
             .collect(),
@@ -291,15 +290,9 @@ fn pairs_of(windows: &[Window], from: Option<i64>, to: Option<i64>) -> Result<Ve
     Ok(pairs)
 }
 
-/// µs since the epoch as RFC 3339.
+/// µs since the epoch as RFC 3339 (the number itself out of range).
 pub(crate) fn rfc3339(us: i64) -> String {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| us.to_string())
+    rsembed_schemas::datetime::micros_rfc3339(us).unwrap_or_else(|| us.to_string())
 }
 
 #[cfg(test)]

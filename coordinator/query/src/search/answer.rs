@@ -473,13 +473,7 @@ pub(super) fn opt_time(a: &TimestampMicrosecondArray, i: usize) -> Option<String
     a.is_valid(i).then(|| rfc3339(a.value(i))).flatten()
 }
 
-/// µs since the epoch as RFC 3339, UTC (`2024-07-01T10:30:00Z`).
-pub(crate) fn rfc3339(us: i64) -> Option<String> {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(us) * 1000)
-        .ok()?
-        .format(&time::format_description::well_known::Rfc3339)
-        .ok()
-}
+pub(crate) use rsembed_schemas::datetime::micros_rfc3339 as rfc3339;
 
 pub(super) fn string_col<'a>(
     batch: &'a RecordBatch,
