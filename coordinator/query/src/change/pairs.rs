@@ -5,14 +5,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use arrow_array::{Array, BinaryArray, Float64Array, StringArray, StructArray};
+use arrow_array::{Array, BinaryArray, StringArray};
 use arrow_array::{RecordBatch, TimestampMicrosecondArray};
 use futures::StreamExt;
 use rsembed_schemas::chip::col;
 
 use super::{rfc3339, Window};
 use crate::format::embeddings;
-use crate::format::index::{GroupRef, Index};
+use crate::format::index::{Bboxes, GroupRef, Index};
 use crate::scan::scan_groups;
 use crate::{Error, Result};
 
@@ -139,12 +139,7 @@ fn read_pass(
             let geom = batch
                 .column_by_name(col::GEOMETRY)
                 .and_then(|c| c.as_any().downcast_ref::<BinaryArray>());
-            let bbox = batch
-                .column_by_name(col::BBOX)
-                .and_then(|c| c.as_any().downcast_ref::<StructArray>())
-                .map(bbox_columns)
-                .transpose()
-                .map_err(|()| Error::column(uri, col::BBOX, "a struct of four float64"))?;
+            let bbox = Bboxes::of(batch, uri)?;
             let rows = embeddings(batch, dim, uri)?.unit_rows(dim);
             for i in 0..batch.num_rows() {
                 if cell.is_null(i) || start.is_null(i) {
@@ -173,32 +168,6 @@ fn read_pass(
             Ok::<(), Error>(())
         },
     )
-}
-
-/// The four columns of a `bbox` struct.
-struct BboxColumns<'a> {
-    valid: &'a StructArray,
-    xyxy: [&'a Float64Array; 4],
-}
-
-impl BboxColumns<'_> {
-    fn get(&self, i: usize) -> Option<[f64; 4]> {
-        self.valid
-            .is_valid(i)
-            .then(|| self.xyxy.map(|c| c.value(i)))
-    }
-}
-
-fn bbox_columns(s: &StructArray) -> std::result::Result<BboxColumns<'_>, ()> {
-    let f = |name: &str| {
-        s.column_by_name(name)
-            .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
-            .ok_or(())
-    };
-    Ok(BboxColumns {
-        valid: s,
-        xyxy: [f("xmin")?, f("ymin")?, f("xmax")?, f("ymax")?],
-    })
 }
 
 /// A stable hash of a cell (the same pass whatever the process).

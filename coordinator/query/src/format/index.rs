@@ -627,28 +627,50 @@ async fn open_part(
     Ok((part, meta))
 }
 
+/// The `bbox` column of a batch: a struct of four float64.
+pub struct Bboxes<'a> {
+    rows: &'a arrow_array::StructArray,
+    xyxy: [&'a arrow_array::Float64Array; 4],
+}
+
+impl<'a> Bboxes<'a> {
+    /// The `bbox` column of `batch`; `None` where the batch has none, an
+    /// error naming the file where it is not a struct of four float64.
+    pub fn of(batch: &'a RecordBatch, uri: &str) -> Result<Option<Bboxes<'a>>> {
+        use arrow_array::{Float64Array, StructArray};
+        let Some(c) = batch.column_by_name(col::BBOX) else {
+            return Ok(None);
+        };
+        let rows = c
+            .as_any()
+            .downcast_ref::<StructArray>()
+            .ok_or_else(|| Error::column(uri, col::BBOX, "a struct"))?;
+        let f = |name: &str| -> Result<&Float64Array> {
+            rows.column_by_name(name)
+                .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
+                .ok_or_else(|| Error::column(uri, &format!("bbox.{name}"), "float64"))
+        };
+        Ok(Some(Bboxes {
+            rows,
+            xyxy: [f("xmin")?, f("ymin")?, f("xmax")?, f("ymax")?],
+        }))
+    }
+
+    /// Row `i`'s xmin, ymin, xmax, ymax; `None` for a null bbox.
+    pub fn get(&self, i: usize) -> Option<[f64; 4]> {
+        (self.rows.is_valid(i) && self.xyxy[0].is_valid(i)).then(|| self.xyxy.map(|c| c.value(i)))
+    }
+}
+
 /// Per row of `batch`: whether its bbox intersects `b` (false for a null bbox).
 pub fn bbox_mask(batch: &RecordBatch, b: [f64; 4], uri: &str) -> Result<Vec<bool>> {
-    use arrow_array::{Float64Array, StructArray};
-    let s = batch
-        .column_by_name(col::BBOX)
-        .and_then(|c| c.as_any().downcast_ref::<StructArray>())
-        .ok_or_else(|| Error::column(uri, col::BBOX, "a struct"))?;
-    let f = |name: &str| -> Result<&Float64Array> {
-        s.column_by_name(name)
-            .and_then(|c| c.as_any().downcast_ref::<Float64Array>())
-            .ok_or_else(|| Error::column(uri, &format!("bbox.{name}"), "float64"))
-    };
-    let (x0, y0, x1, y1) = (f("xmin")?, f("ymin")?, f("xmax")?, f("ymax")?);
+    let boxes = Bboxes::of(batch, uri)?.ok_or_else(|| Error::column(uri, col::BBOX, "a struct"))?;
     let [w, so, e, n] = b;
     Ok((0..batch.num_rows())
         .map(|i| {
-            s.is_valid(i)
-                && x0.is_valid(i)
-                && x1.value(i) >= w
-                && x0.value(i) <= e
-                && y1.value(i) >= so
-                && y0.value(i) <= n
+            boxes
+                .get(i)
+                .is_some_and(|[x0, y0, x1, y1]| x1 >= w && x0 <= e && y1 >= so && y0 <= n)
         })
         .collect())
 }
