@@ -466,10 +466,7 @@ pub(crate) async fn size_of(out: &Location, rel: &str) -> Result<Option<u64>> {
 }
 
 pub(crate) async fn delete_if_present(out: &Location, rel: &str) -> Result<()> {
-    match out.store.delete(&out.child(rel)).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(out.delete_if_present(rel).await?)
 }
 
 #[cfg(test)]

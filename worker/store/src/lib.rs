@@ -189,6 +189,16 @@ impl StoreCache {
 }
 
 impl Location {
+    /// Deletes `rel` under this prefix; an object that is not there is no
+    /// error (a rerun, or a cleanup interrupted before).
+    pub async fn delete_if_present(&self, rel: &str) -> object_store::Result<()> {
+        use object_store::ObjectStoreExt;
+        match self.store.delete(&self.child(rel)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The object path of `rel` (a `/`-separated relative path) under this prefix.
     pub fn child(&self, rel: &str) -> Path {
         let mut p = self.prefix.clone();

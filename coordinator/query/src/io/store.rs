@@ -111,10 +111,7 @@ pub async fn put_json<T: serde::Serialize>(
 
 /// Deletes `rel` under `out`; one that is not there is no error.
 pub async fn delete_if_present(out: &rsembed_store::Location, rel: &str) -> crate::Result<()> {
-    match out.store.delete(&out.child(rel)).await {
-        Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-        Err(e) => Err(e.into()),
-    }
+    Ok(out.delete_if_present(rel).await?)
 }
 
 /// Refuses an existing output file unless `overwrite`, and checks that a
