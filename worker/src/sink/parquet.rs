@@ -137,11 +137,3 @@ fn empty_inputs_in(meta: &parquet::file::metadata::FileMetaData) -> Vec<String> 
         })
         .unwrap_or_default()
 }
-
-/// The rows of an error file (`source_uri`, `stage`, `error`), at most `limit`.
-pub fn read_error_rows(
-    bytes: bytes::Bytes,
-    limit: usize,
-) -> Result<Vec<rsembed_schemas::job::ManifestFailure>> {
-    Ok(rsembed_schemas::chip_file::read_error_rows(bytes, limit)?)
-}

@@ -10,7 +10,6 @@ use rsembed_schemas::chip::{error_schema, ErrorStage};
 pub use rsembed_schemas::chip_file::rows::{
     chip_batch, chip_batch_version, extent, AsChipRow, CellColumns, CellRow, ChipRow, StacColumns,
 };
-pub use rsembed_schemas::embedding::EmbeddingBuilder;
 
 use crate::error::Result;
 use crate::retry::RetryHint;
