@@ -162,6 +162,44 @@ pub struct TaskWindow {
     pub end: i64,
 }
 
+/// A block of one CRS lattice's cells (`--align crs`): a window's task
+/// covers the cells of one block, from every acquisition of the window that
+/// overlaps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CellBlock {
+    /// The lattice, as a cell names it before its column and row:
+    /// `EPSG:<code>/<res>/<stride>`.
+    pub lattice: String,
+    /// First cell column.
+    pub col: i64,
+    /// First cell row (rows count south).
+    pub row: i64,
+    /// Cell columns in the block.
+    pub cols: u32,
+    /// Cell rows in the block.
+    pub rows: u32,
+}
+
+impl CellBlock {
+    /// Whether `cell` (`EPSG:<code>/<res>/<stride>/<col>/<row>`) is in the block.
+    pub fn holds(&self, cell: &str) -> bool {
+        let Some(rest) = cell
+            .strip_prefix(self.lattice.as_str())
+            .and_then(|r| r.strip_prefix('/'))
+        else {
+            return false;
+        };
+        let Some((c, r)) = rest.split_once('/') else {
+            return false;
+        };
+        let (Ok(c), Ok(r)) = (c.parse::<i64>(), r.parse::<i64>()) else {
+            return false;
+        };
+        let inside = |v: i64, first: i64, n: u32| v >= first && v - first < i64::from(n);
+        inside(c, self.col, self.cols) && inside(r, self.row, self.rows)
+    }
+}
+
 /// A task: a deterministic group of inputs of one job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Task {
@@ -176,6 +214,10 @@ pub struct Task {
     /// cell of them one row. Absent otherwise (and in older messages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<TaskWindow>,
+    /// For a window's task split by cells: the block whose cells it writes.
+    /// Absent when the task covers every cell of its acquisitions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cells: Option<CellBlock>,
 }
 
 impl Task {
@@ -200,22 +242,37 @@ impl Task {
             task_id: h.hex128(),
             inputs,
             window: None,
+            cells: None,
         }
     }
 
-    /// The task of `window`'s acquisitions `inputs`: its id depends on the
-    /// job, the window and the input URIs, as [`Task::new`]'s does.
-    pub fn in_window(job_id: &str, window: TaskWindow, inputs: Vec<TaskInput>) -> Task {
+    /// The task of `window`'s acquisitions `inputs`, for the cells of
+    /// `cells` (all of them when `None`): its id depends on the job, the
+    /// window, the block and the input URIs, as [`Task::new`]'s does.
+    pub fn in_window(
+        job_id: &str,
+        window: TaskWindow,
+        cells: Option<CellBlock>,
+        inputs: Vec<TaskInput>,
+    ) -> Task {
         let plain = Task::new(job_id, inputs);
-        let task_id = IdHasher::new("rsembed.task.window.v1")
-            .str(&plain.task_id)
+        let mut h = IdHasher::new("rsembed.task.window.v1");
+        h.str(&plain.task_id)
             .i64(window.index.into())
             .i64(window.start)
-            .i64(window.end)
-            .hex128();
+            .i64(window.end);
+        // Without a block the id is the one a whole-window task always had.
+        if let Some(b) = &cells {
+            h.str(&b.lattice)
+                .i64(b.col)
+                .i64(b.row)
+                .i64(b.cols.into())
+                .i64(b.rows.into());
+        }
         Task {
-            task_id,
+            task_id: h.hex128(),
             window: Some(window),
+            cells,
             ..plain
         }
     }
@@ -281,6 +338,36 @@ mod tests {
     }
 
     #[test]
+    fn a_cell_block_holds_its_lattice_s_cells_only() {
+        let b = CellBlock {
+            lattice: "EPSG:32633/10/256".into(),
+            col: -2,
+            row: 5,
+            cols: 3,
+            rows: 2,
+        };
+        assert!(b.holds("EPSG:32633/10/256/-2/5"));
+        assert!(b.holds("EPSG:32633/10/256/0/6"));
+        assert!(!b.holds("EPSG:32633/10/256/1/6"), "past the last column");
+        assert!(!b.holds("EPSG:32633/10/256/0/7"), "past the last row");
+        assert!(!b.holds("EPSG:32633/10/256/-3/5"));
+        assert!(!b.holds("EPSG:32633/10/2560/0/5"), "another stride");
+        assert!(!b.holds("EPSG:32634/10/256/0/5"), "another CRS");
+        assert!(!b.holds("EPSG:32633/10/256/x/5"));
+        let w = TaskWindow {
+            index: 0,
+            start: 0,
+            end: 1,
+        };
+        let whole = Task::in_window("job", w, None, vec![input("file:///a")]);
+        let block = Task::in_window("job", w, Some(b.clone()), vec![input("file:///a")]);
+        assert_ne!(whole.task_id, block.task_id);
+        let other = CellBlock { col: 1, ..b };
+        let next = Task::in_window("job", w, Some(other), vec![input("file:///a")]);
+        assert_ne!(block.task_id, next.task_id);
+    }
+
+    #[test]
     fn a_window_s_task_is_named_by_its_window_too() {
         let w = TaskWindow {
             index: 1,
@@ -288,12 +375,12 @@ mod tests {
             end: 20,
         };
         let plain = Task::new("job", vec![input("file:///a")]);
-        let a = Task::in_window("job", w, vec![input("file:///a")]);
+        let a = Task::in_window("job", w, None, vec![input("file:///a")]);
         assert_ne!(a.task_id, plain.task_id);
-        assert_eq!(a, Task::in_window("job", w, vec![input("file:///a")]));
+        assert_eq!(a, Task::in_window("job", w, None, vec![input("file:///a")]));
         let other = TaskWindow { index: 2, ..w };
         assert_ne!(
-            Task::in_window("job", other, vec![input("file:///a")]).task_id,
+            Task::in_window("job", other, None, vec![input("file:///a")]).task_id,
             a.task_id
         );
         // Recorded in the message; absent from a plain task's.

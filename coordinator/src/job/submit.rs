@@ -400,6 +400,7 @@ async fn forget_done(job: &PublishJob<'_>, job_id: &str, task_id: &str) -> Resul
         task_id: task_id.to_owned(),
         inputs: vec![],
         window: None,
+        cells: None,
     };
     crate::job::output::delete_if_present(out, &task.chips_path()).await?;
     crate::job::output::delete_if_present(out, &task.errors_path()).await?;

@@ -157,7 +157,7 @@ impl WindowPlan {
                     acquisitions: inputs.len() as u64,
                     dropped: b.dropped,
                 };
-                Some((Task::in_window(job_id, window, inputs), count))
+                Some((Task::in_window(job_id, window, None, inputs), count))
             })
             .collect()
     }
