@@ -316,7 +316,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
                 let c = windows.iter().find(|c| c.index as usize == k);
                 serde_json::json!({
                     "window": tw.label(),
-                    "tasks": u64::from(c.is_some()),
+                    "tasks": c.map_or(0, |c| c.tasks),
                     "acquisitions": c.map_or(0, |c| c.acquisitions),
                     "dropped_past_max_scenes": c.map_or(0, |c| c.dropped),
                 })
@@ -347,7 +347,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
             );
             for x in w["windows"].as_array().into_iter().flatten() {
                 println!(
-                    "    {}  {} task, {} acquisitions, {} dropped past --max-scenes",
+                    "    {}  {} tasks, {} acquisitions, {} dropped past --max-scenes",
                     x["window"].as_str().unwrap_or_default(),
                     x["tasks"],
                     x["acquisitions"],

@@ -90,7 +90,7 @@ fn plan_puts_each_item_in_its_quarter_and_caps_each_quarter() {
         "{text}"
     );
     assert!(
-        text.contains("2024-07-01T00:00:00Z/2024-10-01T00:00:00Z  0 task, 0 acquisitions"),
+        text.contains("2024-07-01T00:00:00Z/2024-10-01T00:00:00Z  0 tasks, 0 acquisitions"),
         "{text}"
     );
 }

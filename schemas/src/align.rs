@@ -78,16 +78,20 @@ pub struct Cell {
     pub row: i64,
 }
 
+impl Cell {
+    /// The lattice the cell is on, as the cell names it before its column
+    /// and row: `EPSG:<code>/<res>/<stride>`.
+    pub fn lattice(&self) -> String {
+        format!("EPSG:{}/{}/{}", self.epsg, self.res, self.stride)
+    }
+}
+
 impl std::fmt::Display for Cell {
     /// `EPSG:<code>/<res>/<stride>/<col>/<row>`; `<res>` is the shortest
     /// decimal that reads back as the pixel size (`10`, `0.5`), never with an
     /// exponent.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "EPSG:{}/{}/{}/{}/{}",
-            self.epsg, self.res, self.stride, self.col, self.row
-        )
+        write!(f, "{}/{}/{}", self.lattice(), self.col, self.row)
     }
 }
 

@@ -710,6 +710,7 @@ mod tests {
             duration: "P3M".into(),
             composite: crate::window::Composite::Best,
             max_scenes: 64,
+            cell_blocks: true,
         }
     }
 

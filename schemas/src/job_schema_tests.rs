@@ -166,6 +166,7 @@ fn windows_are_the_job_s_identity_and_absent_without_them() {
         duration: "P3M".into(),
         composite: Composite::Best,
         max_scenes: 64,
+        cell_blocks: true,
     };
     let windowed = |w: &WindowSpec| {
         let mut t = tiling(3);
@@ -204,10 +205,34 @@ fn windows_are_the_job_s_identity_and_absent_without_them() {
     let json = serde_json::to_value(&ours).unwrap();
     assert_eq!(
         json["tiling"]["windows"],
-        serde_json::json!({"duration": "P3M", "composite": "best", "max_scenes": 64})
+        serde_json::json!({"duration": "P3M", "composite": "best", "max_scenes": 64,
+                           "cell_blocks": true})
     );
-    let back: JobSpec = serde_json::from_value(json).unwrap();
+    let back: JobSpec = serde_json::from_value(json.clone()).unwrap();
     assert_eq!(back, ours);
+    // A job the previous version started records no split: it is the same job
+    // (the split is not in its id), and resuming it keeps whole windows.
+    let mut old_json = json;
+    old_json["tiling"]["windows"]
+        .as_object_mut()
+        .unwrap()
+        .remove("cell_blocks");
+    let old: JobSpec = serde_json::from_value(old_json).unwrap();
+    assert!(!old.tiling.windows.as_ref().unwrap().cell_blocks);
+    assert_eq!(old.job_id, ours.job_id);
+    assert_eq!(old.fingerprint, ours.fingerprint);
+    let resumed = ours.clone().resuming_cell_blocks(Some(&old));
+    assert!(!resumed.tiling.windows.as_ref().unwrap().cell_blocks);
+    let other = windowed(&WindowSpec {
+        max_scenes: 8,
+        cell_blocks: false,
+        ..quarters.clone()
+    });
+    let fresh = ours.clone().resuming_cell_blocks(Some(&other));
+    assert!(
+        fresh.tiling.windows.unwrap().cell_blocks,
+        "another job: ours"
+    );
     let json = serde_json::to_value(&plain).unwrap();
     assert!(json["tiling"].get("windows").is_none(), "{json}");
 }

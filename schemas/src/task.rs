@@ -60,11 +60,28 @@ pub struct ItemInfo {
     /// grid records an error instead of cutting the wrong blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grid: Option<[u32; 2]>,
+    /// Where the scene's grid lies in its CRS, as the item's projection
+    /// extension says: what places a window's acquisition on the CRS lattice
+    /// without a read. A worker that finds the file elsewhere records an
+    /// error instead of cutting cells the task does not hold.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proj: Option<ItemProj>,
     /// Why the item cannot be read (an asset it lacks, a value that is not
     /// what STAC says it is): the worker writes this as the item's error
     /// record instead of reading anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// An item's grid in its CRS: `proj:code` (or `proj:epsg`) and
+/// `proj:transform` of the asset whose `proj:shape` is the scene's grid.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ItemProj {
+    /// The CRS's EPSG code.
+    pub epsg: u32,
+    /// The affine in GDAL's order: x = t0 + col·t1 + row·t2,
+    /// y = t3 + col·t4 + row·t5.
+    pub transform: [f64; 6],
 }
 
 /// A linear map from stored numbers to physical units: `DN * scale + offset`.

@@ -362,6 +362,13 @@ pub struct WindowSpec {
     pub composite: Composite,
     /// `--max-scenes`: acquisitions kept per window and block of cells.
     pub max_scenes: u32,
+    /// Whether a window's tasks are blocks of cells (true for every job this
+    /// version starts; not part of the fingerprint: it changes which task
+    /// writes a row, not the row). A job an older rsembed started records
+    /// nothing and keeps its whole-window tasks when resumed: block tasks
+    /// would write a second row for a (window, cell) it has.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cell_blocks: bool,
 }
 
 impl WindowSpec {

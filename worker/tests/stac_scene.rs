@@ -149,6 +149,7 @@ fn item(id: &str, parts: Vec<BandFile>, units: Vec<Option<Units>>) -> TaskInput 
             units,
             mask: None,
             grid: Some([SIDE, SIDE]),
+            proj: None,
             error: None,
         })),
     }

@@ -143,7 +143,8 @@ impl JobOutput {
         if !given.footprint_tolerance {
             spec = spec.resuming_old_footprints(theirs.as_ref());
         }
-        Ok(spec.resuming_schema(theirs.as_ref()))
+        let spec = spec.resuming_schema(theirs.as_ref());
+        Ok(spec.resuming_cell_blocks(theirs.as_ref()))
     }
 
     /// Decides whether the job `ours` may use this output. Without `replace`

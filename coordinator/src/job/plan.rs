@@ -275,6 +275,7 @@ async fn list_stac(
                         mask: None,
                         grid: None,
                         // The source already names the item and its href.
+                        proj: None,
                         error: Some(reason),
                     })),
                 },
@@ -525,7 +526,19 @@ pub async fn plan(
         &source,
         sharding.as_ref().and_then(|s| s.tiling.windows.as_ref()),
     ) {
-        (Source::Stac(src), Some(w)) => Some(WindowPlan::new(w, src.search.datetime.as_deref())?),
+        (Source::Stac(src), Some(w)) => {
+            let t = &sharding
+                .as_ref()
+                .expect("windows come with sharding")
+                .tiling;
+            Some(WindowPlan::new(
+                w,
+                src.search.datetime.as_deref(),
+                t.chip_size,
+                t.stride,
+                grouping.chips,
+            )?)
+        }
         _ => None,
     };
     let (itx, mut irx) = mpsc::channel::<TaskInput>(1024);
@@ -651,7 +664,8 @@ pub async fn plan(
     g
 }
 
-/// The tasks of a windowed job: one a window, once every item is placed;
+/// The tasks of a windowed job: a window's blocks of cells (or the whole
+/// window), once every item is placed;
 /// items that cannot be read are grouped as any input is, so that their
 /// errors are recorded.
 async fn group_windows(
@@ -685,8 +699,15 @@ async fn group_windows(
     if !errors.is_empty() {
         send(Task::new(job_id, errors)).await?;
     }
-    for (task, count) in plan.finish(job_id) {
-        let bytes: u64 = task.inputs.iter().map(|i| i.size).sum();
+    for (count, window_tasks) in plan.finish(job_id) {
+        // An acquisition in several blocks' tasks is one input's bytes.
+        let mut seen = std::collections::HashSet::new();
+        let bytes: u64 = window_tasks
+            .iter()
+            .flat_map(|t| &t.inputs)
+            .filter(|i| seen.insert(i.uri.as_str()))
+            .map(|i| i.size)
+            .sum();
         stats.bytes.fetch_add(bytes, Ordering::Relaxed);
         stats
             .unmeasured
@@ -696,7 +717,9 @@ async fn group_windows(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(count);
-        send(task).await?;
+        for task in window_tasks {
+            send(task).await?;
+        }
     }
     Ok(())
 }

@@ -261,6 +261,7 @@ pub fn window_spec(t: &TilingArgs) -> Result<(Option<WindowSpec>, Align)> {
             duration: duration.to_string(),
             composite,
             max_scenes,
+            cell_blocks: true,
         }),
         Align::Crs,
     ))

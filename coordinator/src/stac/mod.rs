@@ -10,7 +10,8 @@
 //! - `search.rs` holds the search: what is sent to an API, and the same
 //!   filters applied on the client;
 //! - `scene.rs` turns one item into one task input: its assets in R,G,B order,
-//!   their physical units, the cloud mask, the acquisition time;
+//!   their physical units, the cloud mask, the acquisition time, and
+//!   (`proj.rs`) where its grid lies in its CRS;
 //! - `out.rs` writes `<output>/stac/collection.json` and its items.
 
 pub(crate) mod api;
@@ -20,6 +21,7 @@ pub(crate) mod emit;
 pub(crate) mod fetch;
 pub(crate) mod items;
 pub mod out;
+mod proj;
 pub mod scene;
 pub mod search;
 pub mod source;

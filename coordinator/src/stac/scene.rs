@@ -6,7 +6,7 @@
 //! be resolved (an asset the item lacks) becomes `ItemInfo::error`, which the
 //! worker writes as the item's error record: the item is reported, not skipped.
 
-use rsembed_schemas::task::{BandFile, CloudMask, ItemInfo, MaskKind, TaskInput, Units};
+use rsembed_schemas::task::{BandFile, CloudMask, ItemInfo, ItemProj, MaskKind, TaskInput, Units};
 use serde_json::{Map, Value};
 use stac::{Asset, Item};
 use url::Url;
@@ -41,6 +41,7 @@ pub fn scene_of(href: &str, base: &Url, item: &Item, sel: &Selection) -> TaskInp
         units: vec![],
         mask: None,
         grid: None,
+        proj: None,
         error: None,
     };
     let p = &item.properties;
@@ -63,7 +64,7 @@ pub fn scene_of(href: &str, base: &Url, item: &Item, sel: &Selection) -> TaskInp
         item: None,
     };
     match resolve(base, item, sel) {
-        Ok((parts, units, mask, grid)) => {
+        Ok((parts, units, mask, grid, proj)) => {
             input.size = parts.iter().map(|p| p.size).sum();
             input.version = Some(version(item, &parts, mask.as_ref()));
             input.parts = parts;
@@ -74,6 +75,7 @@ pub fn scene_of(href: &str, base: &Url, item: &Item, sel: &Selection) -> TaskInp
             };
             info.mask = mask;
             info.grid = grid;
+            info.proj = proj;
         }
         Err(reason) => {
             info.error = Some(format!("STAC item {}: {reason}", item.id));
@@ -89,6 +91,7 @@ type Resolved = (
     Vec<Option<Units>>,
     Option<CloudMask>,
     Option<[u32; 2]>,
+    Option<ItemProj>,
 );
 
 fn resolve(base: &Url, item: &Item, sel: &Selection) -> Result<Resolved, String> {
@@ -142,7 +145,9 @@ fn resolve(base: &Url, item: &Item, sel: &Selection) -> Result<Resolved, String>
     // A PNG or JPEG asset is one whole-image chip (the worker tells it by its
     // name or bytes): a grid would split it into blocks it does not have.
     let image = parts.len() == 1 && picks.iter().all(|p| is_image_type(p.asset));
-    Ok((parts, units, mask, grid.filter(|_| !image)))
+    let grid = grid.filter(|_| !image);
+    let proj = grid.and_then(|g| super::proj::scene_proj(item, picks.iter().map(|p| p.asset), g));
+    Ok((parts, units, mask, grid, proj))
 }
 
 /// Whether an asset's media type is a whole image's (PNG, JPEG).

@@ -92,4 +92,19 @@ impl JobSpec {
             _ => self,
         }
     }
+
+    /// The job a command asks for, given the job `theirs` at its output:
+    /// `theirs`'s way of splitting windows (whole, or blocks of cells) when
+    /// the two are one job, so a windowed job an older rsembed started keeps
+    /// its whole-window tasks and never writes a second row for a (window,
+    /// cell). The split is not in the job id: it takes nothing else along.
+    pub fn resuming_cell_blocks(mut self, theirs: Option<&JobSpec>) -> JobSpec {
+        let Some(t) = theirs.filter(|t| t.job_id == self.job_id) else {
+            return self;
+        };
+        if let (Some(ours), Some(theirs)) = (&mut self.tiling.windows, &t.tiling.windows) {
+            ours.cell_blocks = theirs.cell_blocks;
+        }
+        self
+    }
 }

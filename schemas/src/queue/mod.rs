@@ -216,6 +216,7 @@ mod tests {
             duration: "P3M".into(),
             composite: crate::window::Composite::Best,
             max_scenes: 64,
+            cell_blocks: true,
         });
         assert_eq!(
             TaskMessage::format_for(&t),

@@ -189,6 +189,18 @@ impl Lattice {
         }
     }
 
+    /// The cells of the chips that overlap a scene of `width` × `height`
+    /// pixels: the first and last column, and the first and last row (the
+    /// chips of [`Lattice::grid`], without cutting them).
+    pub fn cell_span(&self, width: u32, height: u32) -> [[i64; 2]; 2] {
+        let s = i64::from(self.stride);
+        let last = |p0: i64, n: u32| (p0 + i64::from(n.max(1)) - 1).div_euclid(s);
+        [
+            [self.first(self.col0), last(self.col0, width)],
+            [self.first(self.row0), last(self.row0, height)],
+        ]
+    }
+
     /// The cell of the chip whose window starts at scene pixel (`w.x`, `w.y`)
     /// (a window of [`Lattice::grid`]).
     pub fn cell(&self, w: Window) -> Cell {

@@ -250,6 +250,7 @@ mod tests {
                 units: vec![],
                 mask: None,
                 grid,
+                proj: None,
                 error: error.map(str::to_owned),
             })),
         }
