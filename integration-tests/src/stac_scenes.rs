@@ -125,6 +125,11 @@ pub enum ItemStyle {
     V10,
     /// Only a `visual` asset (8-bit), STAC 1.1.
     Visual,
+    /// As Earth Search's `sentinel-2-l2a` items: STAC 1.0, assets `red`,
+    /// `green`, `blue` and `scl` with `eo:bands`, `raster:bands` (scale 1e-4,
+    /// offset −0.1: the baseline-04.00 files), `proj:shape` and
+    /// `proj:transform`, and `proj:epsg` on the item.
+    EarthSearch,
 }
 
 /// A STAC item for `scene`, whose asset hrefs are `href(file name)`.
@@ -184,6 +189,27 @@ pub fn item(
             );
             "1.0.0"
         }
+        ItemStyle::EarthSearch => {
+            let (x0, y0) = scene.origin;
+            let transform = |res: f64| json!([res, 0.0, x0, 0.0, -res, y0]);
+            for (key, cn) in names {
+                let f = format!("o_{key}.tif");
+                assets.insert(cn.into(), json!({
+                    "href": href(&f), "type": "image/tiff; application=geotiff; profile=cloud-optimized",
+                    "roles": ["data", "reflectance"], "file:size": size(&f),
+                    "proj:shape": shape, "proj:transform": transform(PIXEL),
+                    "eo:bands": [{"name": key, "common_name": cn}],
+                    "raster:bands": [{"nodata": 0, "data_type": "uint16", "scale": 0.0001,
+                                      "offset": -0.1}]}));
+            }
+            assets.insert(
+                "scl".into(),
+                json!({"href": href("SCL.tif"), "roles": ["data"],
+                "file:size": size("SCL.tif"), "proj:shape": half,
+                "proj:transform": transform(2.0 * PIXEL)}),
+            );
+            "1.0.0"
+        }
         ItemStyle::Visual => {
             assets.insert(
                 "visual".into(),
@@ -198,8 +224,16 @@ pub fn item(
     json!({
         "type": "Feature", "stac_version": version, "id": id, "collection": collection,
         "geometry": geometry, "bbox": b,
-        "properties": {"datetime": datetime, "eo:cloud_cover": cloud_cover,
-                       "updated": "2024-09-01T00:00:00Z"},
+        "properties": properties(style, datetime, cloud_cover),
         "links": [], "assets": assets,
     })
+}
+
+fn properties(style: ItemStyle, datetime: &str, cloud_cover: Value) -> Value {
+    let mut p = json!({"datetime": datetime, "eo:cloud_cover": cloud_cover,
+                       "updated": "2024-09-01T00:00:00Z"});
+    if style == ItemStyle::EarthSearch {
+        p["proj:epsg"] = json!(32633);
+    }
+    p
 }
