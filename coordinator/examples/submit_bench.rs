@@ -188,6 +188,8 @@ async fn ours(bin: &Path, tasks: Vec<Task>, model: &ModelRef, tiling: &TilingSpe
         retried: 0,
         failed_inputs: 0,
         superseded: 0,
+        outside_windows: 0,
+        dropped_past_max_scenes: 0,
         seconds: 0.0,
     };
     // The capacity `submit` gives the planner's channel.

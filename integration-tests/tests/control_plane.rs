@@ -32,6 +32,7 @@ fn done(rows: u64, failed_inputs: Option<u64>) -> TaskDone {
         output: None,
         empty_inputs: vec![],
         inputs_without_chips: 0,
+        unclear_cells: 0,
         worker: "w".into(),
         finished_at: "2026-12-06T10:00:00Z".into(),
         seconds: 1.0,

@@ -273,8 +273,12 @@ fn each_cell_of_each_quarter_gets_its_clearest_acquisition() {
         (Some(4), Some(0)),
         "{st}"
     );
+    // The worker's count of cells with no clear pixel reaches status and
+    // finalize through its done record, as `run`'s summary has it.
+    assert_eq!(st["unclear_cells"], 1, "{st}");
     drop(worker);
     let (code, report) = finalize(&nats.url(), &dist);
     assert_eq!(code, Some(0), "finalize: {report}");
+    assert_eq!(report["unclear_cells"], 1, "{report}");
     assert_eq!(rows(&dist).as_array().unwrap(), got);
 }

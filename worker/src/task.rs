@@ -214,6 +214,7 @@ impl TaskReport {
             output: None,
             empty_inputs: vec![],
             inputs_without_chips: self.empty_inputs.len() as u64,
+            unclear_cells: self.unclear_cells,
             chips_file: self.chips_file.clone(),
             errors_file: self.errors_file.clone(),
             worker: worker.to_owned(),

@@ -65,6 +65,7 @@ pub(crate) async fn convert(output: &Location) -> Result<FinalizeReport> {
         failed_inputs: m.failed_inputs,
         inputs_without_chips: m.inputs_without_chips,
         superseded: 0,
+        windows: Default::default(),
         manifest: Some(url.clone()),
         stac: None,
         converted: Some(converted),

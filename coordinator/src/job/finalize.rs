@@ -167,6 +167,7 @@ pub async fn finalize(args: FinalizeArgs) -> Result<FinalizeReport> {
         failed_inputs: totals.failed_inputs,
         inputs_without_chips: totals.inputs_without_chips,
         superseded: 0,
+        windows: crate::job::summary::WindowCounts::of(&totals, record.as_ref()),
         manifest: None,
         stac: None,
         converted: None,

@@ -507,6 +507,19 @@ fn start_with(
     Planner { tasks, stats, done }
 }
 
+impl ListStats {
+    /// A windowed job's acquisitions left out of a task by `--max-scenes`,
+    /// over every window planned so far.
+    pub fn dropped_past_max_scenes(&self) -> u64 {
+        self.windows
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|w| w.dropped)
+            .sum()
+    }
+}
+
 /// Streams the tasks of a job into `tasks`. Returns when the listing is done.
 ///
 /// With `sharding`, a large georeferenced TIFF becomes tasks of its own, one per

@@ -238,13 +238,7 @@ pub async fn run(args: RunArgs) -> Result<Summary> {
     );
 
     let elapsed = started.elapsed();
-    let dropped_past_max_scenes = stats
-        .windows
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .map(|w| w.dropped)
-        .sum();
+    let dropped_past_max_scenes = stats.dropped_past_max_scenes();
     Ok(Summary {
         job_id,
         output: output.url.to_string(),

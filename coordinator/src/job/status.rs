@@ -14,6 +14,8 @@ use std::collections::HashMap;
 
 use rsembed_schemas::job::{JobSpec, JOB_FILE};
 use rsembed_schemas::queue::{JobRecord, JobTotals, TaskRunning};
+
+use crate::job::summary::WindowCounts;
 use rsembed_worker::queue::{self, Queue, QueueConfig};
 use rsembed_worker::store::{Location, StoreCache};
 use serde::Serialize;
@@ -56,6 +58,10 @@ pub struct JobStatus {
     pub(crate) chips: u64,
     /// Inputs recorded in errors/.
     pub(crate) failed_inputs: u64,
+    /// A windowed job's cells with no clear pixel in their window (no row),
+    /// items outside every window and acquisitions past `--max-scenes`.
+    #[serde(flatten)]
+    pub(crate) windows: WindowCounts,
     /// Chips per second over the last minutes of finished tasks.
     pub(crate) chips_per_s: Option<f64>,
     /// Seconds until every task is done at that rate.
@@ -99,7 +105,7 @@ impl JobStatus {
         let silent = holders::describe(self.silent, self.redelivery_due, &self.silent_holders)
             .map_or_else(String::new, |s| format!("  silent     {s}\n"));
         format!(
-            "rsembed status: job {}\n  output     {}\n  tasks      {total}\n  done       {}\n  in flight  {}\n{silent}  pending    {}\n  failed     {}\n  chips      {} ({} failed inputs)\n  chips/s    {rate}\n  ETA        {eta}\n  workers    {} waiting for work\n  finished   {}\n{}",
+            "rsembed status: job {}\n  output     {}\n  tasks      {total}\n  done       {}\n  in flight  {}\n{silent}  pending    {}\n  failed     {}\n  chips      {} ({} failed inputs)\n{}  chips/s    {rate}\n  ETA        {eta}\n  workers    {} waiting for work\n  finished   {}\n{}",
             self.job_id,
             self.output,
             self.done,
@@ -108,6 +114,7 @@ impl JobStatus {
             self.failed,
             self.chips,
             self.failed_inputs,
+            self.windows.line(),
             self.workers_waiting,
             if self.finished { "yes" } else { "no" },
             self.note
@@ -244,6 +251,7 @@ pub(crate) fn summarize(
         failed,
         chips,
         failed_inputs,
+        windows: WindowCounts::of(t, state.record.as_ref()),
         chips_per_s,
         eta_s,
         finished: tasks.is_some_and(|t| done + failed >= t) && queued == 0,
@@ -471,6 +479,7 @@ mod tests {
             failed: 0,
             chips: 34,
             failed_inputs: 0,
+            windows: WindowCounts::default(),
             chips_per_s: Some(1.0),
             eta_s: Some(1.0),
             finished: false,

@@ -69,6 +69,12 @@ pub struct SubmitSummary {
     /// Done or failed tasks of an earlier plan that this one no longer has
     /// (an input changed since): their records and files were removed.
     pub superseded: u64,
+    /// A windowed job's items that no window holds.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub outside_windows: u64,
+    /// A windowed job's acquisitions left out of a task by `--max-scenes`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub dropped_past_max_scenes: u64,
     /// Seconds taken.
     pub seconds: f64,
 }
@@ -104,6 +110,12 @@ impl SubmitSummary {
             s += &format!(
                 "  superseded {} tasks of an earlier plan removed (records and files)\n",
                 self.superseded
+            );
+        }
+        if self.outside_windows > 0 || self.dropped_past_max_scenes > 0 {
+            s += &format!(
+                "  windows    {} items outside every window, {} acquisitions past --max-scenes dropped\n",
+                self.outside_windows, self.dropped_past_max_scenes
             );
         }
         if let Some(hint) =
@@ -176,7 +188,7 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
     let prior = q.state.record(&job_id).await?;
     // Planning again: until it ends, `finalize` must not take the old plan
     // (tasks.txt is being rewritten) for a finished one.
-    let record = |tasks, inputs, published, planned| JobRecord {
+    let record = |tasks, inputs, published, planned, windows: (u64, u64)| JobRecord {
         job_id: job_id.clone(),
         output: output.url.to_string(),
         tasks,
@@ -184,6 +196,8 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         published,
         submitted_at: now_rfc3339(),
         planned,
+        outside_windows: windows.0,
+        dropped_past_max_scenes: windows.1,
     };
     let prior_published = prior.as_ref().map_or(0, |p| p.published);
     q.state
@@ -192,6 +206,9 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
             prior.as_ref().map_or(0, |p| p.inputs),
             prior_published,
             false,
+            prior
+                .as_ref()
+                .map_or((0, 0), |p| (p.outside_windows, p.dropped_past_max_scenes)),
         ))
         .await?;
 
@@ -208,6 +225,8 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         retried: 0,
         failed_inputs: 0,
         superseded: 0,
+        outside_windows: 0,
+        dropped_past_max_scenes: 0,
         seconds: 0.0,
     };
     let first = futures::stream::once(std::future::ready(first));
@@ -236,12 +255,15 @@ pub async fn submit(args: SubmitArgs) -> Result<SubmitSummary> {
         source,
     })??;
     s.inputs = planner.stats.inputs.load(Ordering::Relaxed);
+    s.outside_windows = planner.stats.outside_windows.load(Ordering::Relaxed);
+    s.dropped_past_max_scenes = planner.stats.dropped_past_max_scenes();
     q.state
         .put_record(&record(
             s.tasks,
             s.inputs,
             s.published + prior_published,
             true,
+            (s.outside_windows, s.dropped_past_max_scenes),
         ))
         .await?;
     s.seconds = started.elapsed().as_secs_f64();
@@ -439,4 +461,8 @@ async fn forget_job(q: &Queue, old_job: &str) -> Result<()> {
         .map_err(|e| Error::nats(format!("purging job {old_job}'s tasks"), e))?;
     q.state.purge_job(old_job).await?;
     Ok(())
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

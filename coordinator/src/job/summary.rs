@@ -212,6 +212,51 @@ fn listed(v: &[String]) -> String {
     s
 }
 
+/// What a windowed job left out, counted where it was decided: cells by the
+/// workers (in their done records), items and acquisitions by `submit`'s plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub(crate) struct WindowCounts {
+    /// Cells with no clear pixel in their window: no row.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub(crate) unclear_cells: u64,
+    /// Items that no window holds.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub(crate) outside_windows: u64,
+    /// Acquisitions left out of a task by `--max-scenes`.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub(crate) dropped_past_max_scenes: u64,
+}
+
+impl WindowCounts {
+    /// A job's counts from its totals and what `submit` recorded.
+    pub(crate) fn of(
+        totals: &rsembed_schemas::queue::JobTotals,
+        record: Option<&rsembed_schemas::queue::JobRecord>,
+    ) -> WindowCounts {
+        WindowCounts {
+            unclear_cells: totals.unclear_cells,
+            outside_windows: record.map_or(0, |r| r.outside_windows),
+            dropped_past_max_scenes: record.map_or(0, |r| r.dropped_past_max_scenes),
+        }
+    }
+
+    /// The `windows` line, when there is anything to say.
+    pub(crate) fn line(&self) -> String {
+        if *self == WindowCounts::default() {
+            return String::new();
+        }
+        format!(
+            "  windows    {} unclear cells (no row), {} items outside every window, {} \
+             acquisitions past --max-scenes dropped\n",
+            self.unclear_cells, self.outside_windows, self.dropped_past_max_scenes
+        )
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// What `finalize` found.
 #[derive(Debug, Clone, Serialize)]
 pub struct FinalizeReport {
@@ -233,6 +278,9 @@ pub struct FinalizeReport {
     pub(crate) inputs_without_chips: u64,
     /// Chip files of no task of the plan, removed (an earlier plan's).
     pub(crate) superseded: u64,
+    /// What a windowed job left out.
+    #[serde(flatten)]
+    pub(crate) windows: WindowCounts,
     /// Where the manifest went, when it was written.
     pub manifest: Option<String>,
     /// Where the STAC collection of the job went, when it was written.
@@ -261,6 +309,7 @@ impl FinalizeReport {
                 self.superseded
             ));
         }
+        s.push_str(&self.windows.line());
         if let Some(hint) = how_to_retry("submit", self.failed_inputs, self.failed) {
             s.push_str(&format!("  retry      {hint}\n"));
         }

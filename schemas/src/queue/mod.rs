@@ -83,6 +83,9 @@ pub struct TaskDone {
     /// How many inputs of the task gave neither a chip nor an error row.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub inputs_without_chips: u64,
+    /// A window task's cells with no clear pixel in the window: no row.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unclear_cells: u64,
     /// The worker that wrote them.
     pub worker: String,
     /// RFC 3339.
@@ -163,6 +166,12 @@ pub struct JobRecord {
     pub submitted_at: String,
     /// Whether planning finished: `status` counts an ETA only then.
     pub planned: bool,
+    /// A windowed job's items that no window holds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub outside_windows: u64,
+    /// A windowed job's acquisitions left out of a task by `--max-scenes`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dropped_past_max_scenes: u64,
 }
 
 #[cfg(test)]

@@ -19,6 +19,11 @@ use crate::job::ManifestFile;
 /// refused rather than misread.
 pub const RECORD_FORMAT: u8 = 1;
 
+/// The first byte of a record that counts a window task's unclear cells:
+/// format 1's bytes, then the count. Only such a record is written in it, so
+/// every other job's records stay readable by a coordinator before it.
+pub const RECORD_FORMAT_WINDOW: u8 = 2;
+
 /// Coordinates on the outline grid of 10⁻⁷ degrees.
 const PER_DEGREE: f64 = 1e7;
 
@@ -35,6 +40,10 @@ pub struct DoneRecord {
     pub finished_ms: i64,
     /// Seconds the task took on the worker.
     pub seconds: f32,
+    /// A window task's cells with no clear pixel: stored after the rest, in
+    /// [`RECORD_FORMAT_WINDOW`] only.
+    #[serde(skip)]
+    pub unclear_cells: u64,
 }
 
 /// One of a task's files, as stored.
@@ -162,13 +171,23 @@ impl DoneRecord {
             without_chips: done.without_chips(),
             finished_ms: rfc3339_ms(&done.finished_at).unwrap_or(0),
             seconds: done.seconds as f32,
+            unclear_cells: done.unclear_cells,
         }
     }
 
-    /// The stored bytes: [`RECORD_FORMAT`], then the record.
+    /// The stored bytes: [`RECORD_FORMAT`], then the record; or
+    /// [`RECORD_FORMAT_WINDOW`], the record and its unclear cells.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![RECORD_FORMAT];
+        let window = self.unclear_cells > 0;
+        let mut out = vec![if window {
+            RECORD_FORMAT_WINDOW
+        } else {
+            RECORD_FORMAT
+        }];
         out.extend(postcard::to_stdvec(self).expect("a record serializes"));
+        if window {
+            out.extend(postcard::to_stdvec(&self.unclear_cells).expect("a count serializes"));
+        }
         out
     }
 
@@ -178,6 +197,13 @@ impl DoneRecord {
         match bytes.split_first() {
             Some((&RECORD_FORMAT, rest)) => {
                 postcard::from_bytes(rest).map_err(|e| format!("done record: {e}"))
+            }
+            Some((&RECORD_FORMAT_WINDOW, rest)) => {
+                let bad = |e: postcard::Error| format!("done record: {e}");
+                let (mut d, rest): (DoneRecord, _) =
+                    postcard::take_from_bytes(rest).map_err(bad)?;
+                d.unclear_cells = postcard::from_bytes(rest).map_err(bad)?;
+                Ok(d)
             }
             Some((f, _)) => Err(format!(
                 "done record of format {f}, not {RECORD_FORMAT}: written by another version"
@@ -199,6 +225,7 @@ impl DoneRecord {
             output: None,
             empty_inputs: vec![],
             inputs_without_chips: self.without_chips,
+            unclear_cells: self.unclear_cells,
             worker: String::new(),
             finished_at: ms_rfc3339(self.finished_ms),
             seconds: f64::from(self.seconds),
@@ -219,6 +246,10 @@ fn ms_rfc3339(ms: i64) -> String {
                 .ok()
         })
         .unwrap_or_default()
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Width of a rate bucket, ms.
@@ -244,6 +275,9 @@ pub struct JobTotals {
     pub failed_inputs: u64,
     /// Inputs that gave neither a chip nor an error row.
     pub inputs_without_chips: u64,
+    /// A windowed job's cells with no clear pixel in their window.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unclear_cells: u64,
     /// Chips finished per 10 s, over the last five minutes of
     /// finishing: the rate, in bounded space.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -280,6 +314,7 @@ impl JobTotals {
             d.errors.as_ref().map_or(0, |e| e.rows),
         );
         add(&mut self.inputs_without_chips, d.without_chips);
+        add(&mut self.unclear_cells, d.unclear_cells);
         if sign > 0 && d.finished_ms > 0 {
             self.note_finish(d);
         }
@@ -343,6 +378,7 @@ mod tests {
             output: Some("file:///out".into()),
             empty_inputs: vec!["a.png".into()],
             inputs_without_chips: 0,
+            unclear_cells: 0,
             worker: "w1".into(),
             finished_at: "2026-12-06T10:00:00.250Z".into(),
             seconds: 1.5,
@@ -372,6 +408,30 @@ mod tests {
         assert_eq!(back.without_chips(), 1);
         assert_eq!(back.finished_at, "2026-12-06T10:00:00.25Z");
         assert_eq!(back.seconds, 1.5);
+    }
+
+    #[test]
+    fn a_window_task_s_unclear_cells_are_kept_in_format_2_only() {
+        let plain = DoneRecord::of(&done(None)).encode();
+        assert_eq!(plain[0], RECORD_FORMAT, "other jobs' records are unchanged");
+        let mut d = done(None);
+        d.unclear_cells = 300;
+        let stored = DoneRecord::of(&d).encode();
+        assert_eq!(stored[0], RECORD_FORMAT_WINDOW);
+        assert_eq!(
+            &stored[1..plain.len()],
+            &plain[1..],
+            "format 1's bytes, then the count"
+        );
+        let back = DoneRecord::decode(&stored).unwrap();
+        assert_eq!(back.unclear_cells, 300);
+        let mut totals = JobTotals::default();
+        totals.add_done(&back, 1);
+        totals.add_done(&DoneRecord::decode(&plain).unwrap(), 1);
+        assert_eq!((totals.done, totals.unclear_cells), (2, 300));
+        assert_eq!(back.into_task_done("t1").unclear_cells, 300);
+        // A count cut short is an error, not a zero.
+        assert!(DoneRecord::decode(&stored[..stored.len() - 1]).is_err());
     }
 
     #[test]
