@@ -11,7 +11,7 @@ use rsembed_schemas::ids::chip_id;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::engine::PixelBatch;
+use crate::engine::{PixelBatch, PixelFormat, Pixels};
 use crate::error::{Error, Result};
 use crate::input::{Item, Prepared};
 use crate::metrics;
@@ -106,9 +106,26 @@ impl TaskRunner {
             self.preprocessor.height() as usize,
             self.preprocessor.width() as usize,
         );
-        let mut data = Vec::with_capacity(n * self.preprocessor.len());
+        let len = self.preprocessor.len();
+        // A uint8 entry takes the 8-bit images as they are (a quarter of the
+        // bytes); a float one, rescaled and normalized here.
+        let data = match self.engine.pixel_format() {
+            PixelFormat::U8Nhwc => {
+                let mut data = Vec::with_capacity(n * len);
+                for p in &batch {
+                    data.extend_from_slice(&p.pixels);
+                }
+                Pixels::U8(data)
+            }
+            PixelFormat::F32Nchw => {
+                let mut data = vec![0f32; n * len];
+                for (p, out) in batch.iter().zip(data.chunks_exact_mut(len)) {
+                    self.preprocessor.normalize_into(&p.pixels, out);
+                }
+                Pixels::F32(data)
+            }
+        };
         for p in &mut batch {
-            data.extend_from_slice(&p.pixels);
             // Each chip's pixels live once, in the request.
             p.pixels = Vec::new();
             p.queued.release();

@@ -33,7 +33,7 @@ use crate::engine::controller::{
     bucket_for, buckets, choose, keep_probing, Change, Controller, ProbeOutcome, ProbeRow,
     DEFAULT_RECOVER_AFTER,
 };
-use crate::engine::{Backend, DeviceMemory, Embeddings, PixelBatch, RunHints};
+use crate::engine::{Backend, DeviceMemory, Embeddings, PixelBatch, PixelFormat, RunHints};
 use crate::error::{is_out_of_memory, Error, Result};
 use crate::model::ModelDir;
 
@@ -85,13 +85,17 @@ impl ImageShape {
         }
     }
 
-    fn zeros(self, n: usize) -> PixelBatch {
+    fn zeros(self, n: usize, format: PixelFormat) -> PixelBatch {
+        let len = n * self.channels * self.height * self.width;
         PixelBatch {
             n,
             channels: self.channels,
             height: self.height,
             width: self.width,
-            data: vec![0.0; n * self.channels * self.height * self.width],
+            data: match format {
+                PixelFormat::F32Nchw => vec![0f32; len].into(),
+                PixelFormat::U8Nhwc => vec![0u8; len].into(),
+            },
         }
     }
 }
@@ -290,7 +294,7 @@ impl<B: Backend> Adaptive<B> {
             if b > self.ctl.ceiling() {
                 break;
             }
-            let batch = shape.zeros(b);
+            let batch = shape.zeros(b, self.inner.pixel_format());
             let row = match self.measure(&batch) {
                 Ok(images_per_s) => {
                     let mem = self.inner.device_memory();
@@ -425,7 +429,7 @@ impl<B: Backend> Adaptive<B> {
             return Err(Error::Device {
                 context: "adaptive batching".into(),
                 message: format!(
-                    "a batch of {} images of {il} floats holds {} floats",
+                    "a batch of {} images of {il} values holds {} values",
                     batch.n,
                     batch.data.len()
                 ),
@@ -558,15 +562,14 @@ pub(crate) fn piece(batch: &PixelBatch, range: Range<usize>, size: usize) -> Cow
         return Cow::Borrowed(batch);
     }
     let il = batch.image_len();
-    let mut data = Vec::with_capacity(size * il);
-    data.extend_from_slice(&batch.data[range.start * il..range.end * il]);
-    data.resize(size * il, 0.0);
     Cow::Owned(PixelBatch {
         n: size,
         channels: batch.channels,
         height: batch.height,
         width: batch.width,
-        data,
+        data: batch
+            .data
+            .padded(range.start * il..range.end * il, size * il),
     })
 }
 
@@ -602,5 +605,9 @@ impl<B: Backend> Backend for Adaptive<B> {
 
     fn device_memory(&self) -> Option<DeviceMemory> {
         self.inner.device_memory()
+    }
+
+    fn pixel_format(&self) -> PixelFormat {
+        self.inner.pixel_format()
     }
 }

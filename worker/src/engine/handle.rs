@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use crate::engine::{Backend, Embeddings, PixelBatch};
+use crate::engine::{Backend, Embeddings, PixelBatch, PixelFormat};
 use crate::error::{Error, Result};
 
 enum Request {
@@ -31,6 +31,8 @@ enum Request {
 pub struct EngineHandle {
     tx: mpsc::Sender<Request>,
     max_batch: Option<usize>,
+    /// The pixels the backend takes.
+    pixel_format: PixelFormat,
     /// The backend's preferred batch after its latest request; 0 is none.
     preferred: Arc<AtomicUsize>,
     /// Nanoseconds the thread spent answering requests.
@@ -49,7 +51,7 @@ impl EngineHandle {
         F: FnOnce() -> Result<B> + Send + 'static,
     {
         let (tx, mut rx) = mpsc::channel::<Request>(queue.max(1));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Option<usize>>>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(Option<usize>, PixelFormat)>>();
         let preferred = Arc::new(AtomicUsize::new(0));
         let publish = preferred.clone();
         let busy_ns = Arc::new(AtomicU64::new(0));
@@ -61,7 +63,7 @@ impl EngineHandle {
                     Ok(b) => {
                         publish.store(b.preferred_batch().unwrap_or(0), Ordering::Relaxed);
                         crate::metrics::global().observe_backend(&b);
-                        let _ = ready_tx.send(Ok(b.max_batch()));
+                        let _ = ready_tx.send(Ok((b.max_batch(), b.pixel_format())));
                         b
                     }
                     Err(e) => {
@@ -94,12 +96,13 @@ impl EngineHandle {
                 }
             })
             .map_err(Error::Io)?;
-        let max_batch = ready_rx
+        let (max_batch, pixel_format) = ready_rx
             .recv()
             .map_err(|_| Error::EngineGone("engine thread died while starting".into()))??;
         Ok(EngineHandle {
             tx,
             max_batch,
+            pixel_format,
             preferred,
             busy_ns,
             ready_at: Instant::now(),
@@ -119,6 +122,11 @@ impl EngineHandle {
     /// The backend's batch limit, if it has one.
     pub fn max_batch(&self) -> Option<usize> {
         self.max_batch
+    }
+
+    /// The pixels the backend takes: the batcher assembles batches in it.
+    pub fn pixel_format(&self) -> PixelFormat {
+        self.pixel_format
     }
 
     /// The batch size the backend runs best at now (the adaptive bucket), as
@@ -159,10 +167,8 @@ mod tests {
     struct Echo;
     impl Backend for Echo {
         fn run(&mut self, batch: &PixelBatch, _: crate::engine::RunHints) -> Result<Embeddings> {
-            let data = batch
-                .data
-                .chunks_exact(batch.image_len())
-                .flat_map(|img| [img[0], 1.0])
+            let data = (0..batch.n)
+                .flat_map(|i| [batch.data.value(i * batch.image_len()).unwrap(), 1.0])
                 .collect();
             Ok(Embeddings {
                 n: batch.n,
@@ -180,7 +186,7 @@ mod tests {
             channels: 1,
             height: 1,
             width: 1,
-            data: vec![5.0, 7.0],
+            data: vec![5.0, 7.0].into(),
         };
         let e = h.embed(batch).await.unwrap();
         assert_eq!(e.data, vec![5.0, 1.0, 7.0, 1.0]);
@@ -205,7 +211,7 @@ mod tests {
             channels: 1,
             height: 1,
             width: 1,
-            data: vec![1.0, 2.0, 3.0],
+            data: vec![1.0, 2.0, 3.0].into(),
         };
         h.embed(batch).await.unwrap();
         assert_eq!(h.preferred_batch(), Some(6));
@@ -229,7 +235,7 @@ mod tests {
             channels: 1,
             height: 1,
             width: 1,
-            data: vec![1.0],
+            data: vec![1.0].into(),
         };
         h.embed(batch.clone()).await.unwrap();
         h.embed(batch).await.unwrap();

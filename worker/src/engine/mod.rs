@@ -1,6 +1,7 @@
 //! Inference: the ONNX Runtime sessions, the backend trait and the engine thread.
 
 pub mod adaptive;
+pub(crate) mod bound;
 pub mod controller;
 pub(crate) mod fixed;
 pub mod flags;
@@ -16,7 +17,9 @@ pub mod vision;
 
 use crate::error::Result;
 
-/// A batch of preprocessed images, NCHW float32.
+/// A batch of preprocessed images: NCHW float32 for a float vision entry, or
+/// the 8-bit resized images, NHWC, for a uint8 entry (`vision_u8`), which
+/// rescales and normalizes inside the graph.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PixelBatch {
     /// Images in the batch.
@@ -27,14 +30,90 @@ pub struct PixelBatch {
     pub height: usize,
     /// Width.
     pub width: usize,
-    /// `n * channels * height * width` floats.
-    pub data: Vec<f32>,
+    /// `n * channels * height * width` values, in the layout of their type.
+    pub data: Pixels,
 }
 
 impl PixelBatch {
-    /// Floats per image.
+    /// Values per image.
     pub fn image_len(&self) -> usize {
         self.channels * self.height * self.width
+    }
+}
+
+/// What a vision entry takes as input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PixelFormat {
+    /// float32 `[N,3,H,W]`, rescaled and normalized by the preprocessor.
+    #[default]
+    F32Nchw,
+    /// uint8 `[N,H,W,3]`: the resized 8-bit image, a quarter of the bytes.
+    U8Nhwc,
+}
+
+/// The values of a [`PixelBatch`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pixels {
+    /// [`PixelFormat::F32Nchw`].
+    F32(Vec<f32>),
+    /// [`PixelFormat::U8Nhwc`].
+    U8(Vec<u8>),
+}
+
+impl From<Vec<f32>> for Pixels {
+    fn from(v: Vec<f32>) -> Pixels {
+        Pixels::F32(v)
+    }
+}
+
+impl From<Vec<u8>> for Pixels {
+    fn from(v: Vec<u8>) -> Pixels {
+        Pixels::U8(v)
+    }
+}
+
+impl Pixels {
+    /// Values held.
+    pub fn len(&self) -> usize {
+        match self {
+            Pixels::F32(v) => v.len(),
+            Pixels::U8(v) => v.len(),
+        }
+    }
+
+    /// True when there are no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The layout these values are in.
+    pub fn format(&self) -> PixelFormat {
+        match self {
+            Pixels::F32(_) => PixelFormat::F32Nchw,
+            Pixels::U8(_) => PixelFormat::U8Nhwc,
+        }
+    }
+
+    /// Value `i` as a float (simulated backends and tests identify images by it).
+    pub fn value(&self, i: usize) -> Option<f32> {
+        match self {
+            Pixels::F32(v) => v.get(i).copied(),
+            Pixels::U8(v) => v.get(i).map(|x| *x as f32),
+        }
+    }
+
+    /// Values `range`, followed by zeros up to `len` values.
+    pub fn padded(&self, range: std::ops::Range<usize>, len: usize) -> Pixels {
+        fn pad<T: Copy + Default>(v: &[T], len: usize) -> Vec<T> {
+            let mut out = Vec::with_capacity(len.max(v.len()));
+            out.extend_from_slice(v);
+            out.resize(len.max(v.len()), T::default());
+            out
+        }
+        match self {
+            Pixels::F32(v) => Pixels::F32(pad(&v[range], len)),
+            Pixels::U8(v) => Pixels::U8(pad(&v[range], len)),
+        }
     }
 }
 
@@ -94,6 +173,10 @@ pub trait Backend: Send {
     /// Device memory now, when the backend can measure it.
     fn device_memory(&self) -> Option<DeviceMemory> {
         None
+    }
+    /// The pixels the backend takes; the batcher assembles batches in it.
+    fn pixel_format(&self) -> PixelFormat {
+        PixelFormat::F32Nchw
     }
 }
 

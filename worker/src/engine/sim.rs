@@ -298,7 +298,7 @@ impl Backend for SimulatedDevice {
         let mut data = vec![0.0f32; n * dim];
         for (i, row) in data.chunks_exact_mut(dim).enumerate() {
             let ident = [
-                batch.data.get(i * il).copied().unwrap_or(0.0),
+                batch.data.value(i * il).unwrap_or(0.0),
                 n as f32,
                 i as f32,
                 if hints.shrink_arena { 1.0 } else { 0.0 },
