@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use rsembed_schemas::job::{FileDigest, ModelRef};
 use rsembed_schemas::model::{
-    GraphSpec, ModelManifest, PreprocessorConfig, U8GraphSpec, MODEL_MANIFEST,
-    PREPROCESSOR_CONFIG, TOKENIZER,
+    GraphSpec, ModelManifest, PreprocessorConfig, U8GraphSpec, MODEL_MANIFEST, PREPROCESSOR_CONFIG,
+    TOKENIZER,
 };
 use sha2::{Digest, Sha256};
 

@@ -58,10 +58,9 @@ impl Backend for Slow {
                 message: "injected failure".into(),
             });
         }
-        let data = batch
-            .data
-            .chunks_exact(batch.image_len())
-            .flat_map(|img| [img[0], 1.0])
+        let il = batch.image_len();
+        let data = (0..batch.n)
+            .flat_map(|i| [batch.data.value(i * il).unwrap(), 1.0])
             .collect();
         Ok(Embeddings {
             n: batch.n,

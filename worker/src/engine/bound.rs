@@ -50,7 +50,10 @@ impl BoundSets {
     pub(crate) fn new(session: &Session, device: Device) -> Result<BoundSets> {
         let (input_alloc, output_alloc) = match device {
             Device::Cpu => (Allocator::default(), Allocator::default()),
-            Device::Cuda(_) => (pinned(session, MemoryType::CPUInput)?, pinned(session, MemoryType::CPUOutput)?),
+            Device::Cuda(_) => (
+                pinned(session, MemoryType::CPUInput)?,
+                pinned(session, MemoryType::CPUOutput)?,
+            ),
         };
         Ok(BoundSets {
             input_alloc,
@@ -98,9 +101,9 @@ impl BoundSets {
                 if self.sets.len() >= MAX_SETS {
                     self.sets.remove(0);
                 }
-                let set = self
-                    .make(session, output, dim, shape, batch)
-                    .map_err(|e| Error::ort(format!("binding buffers for {} images", batch.n), e))?;
+                let set = self.make(session, output, dim, shape, batch).map_err(|e| {
+                    Error::ort(format!("binding buffers for {} images", batch.n), e)
+                })?;
                 self.sets.push(set);
                 self.sets.len() - 1
             }
@@ -128,9 +131,17 @@ impl BoundSets {
         set.binding
             .bind_input(input, &set.input)
             .map_err(|e| Error::ort(context(), e))?;
-        session
+        let ran = session
             .run_binding_with_options(&set.binding, options)
-            .map_err(|e| Error::ort(context(), e))?;
+            .map(drop);
+        if let Err(e) = ran {
+            // A failed run (most often out of memory, which the adaptive layer
+            // answers by splitting) lets its size's buffers go before the
+            // halves are made.
+            self.sets.pop();
+            return Err(Error::ort(context(), e));
+        }
+        let set = self.sets.last().expect("the set just run");
         let (_, rows) = set.output.extract_tensor();
         Ok(rows.to_vec())
     }
@@ -162,7 +173,12 @@ impl BoundSets {
 
 /// CUDA's page-locked host allocator, registered by the CUDA provider.
 fn pinned(session: &Session, kind: MemoryType) -> Result<Allocator> {
-    let info = MemoryInfo::new(AllocationDevice::CUDA_PINNED, 0, AllocatorType::Device, kind)
-        .map_err(|e| Error::ort("pinned memory info", e))?;
+    let info = MemoryInfo::new(
+        AllocationDevice::CUDA_PINNED,
+        0,
+        AllocatorType::Device,
+        kind,
+    )
+    .map_err(|e| Error::ort("pinned memory info", e))?;
     Allocator::new(session, info).map_err(|e| Error::ort("CUDA pinned host allocator", e))
 }

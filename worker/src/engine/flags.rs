@@ -112,7 +112,7 @@ impl EngineArgs {
             arena_shrink: self.arena_shrink,
             ort_lib: self.ort_lib.clone(),
             input_dtype: self.input_dtype,
-            io_binding: true,
+            io_binding: matches!(self.device, Device::Cuda(_)),
         }
     }
 

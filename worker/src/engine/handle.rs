@@ -51,7 +51,8 @@ impl EngineHandle {
         F: FnOnce() -> Result<B> + Send + 'static,
     {
         let (tx, mut rx) = mpsc::channel::<Request>(queue.max(1));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(Option<usize>, PixelFormat)>>();
+        let (ready_tx, ready_rx) =
+            std::sync::mpsc::channel::<Result<(Option<usize>, PixelFormat)>>();
         let preferred = Arc::new(AtomicUsize::new(0));
         let publish = preferred.clone();
         let busy_ns = Arc::new(AtomicU64::new(0));

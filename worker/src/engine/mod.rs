@@ -72,7 +72,27 @@ impl From<Vec<u8>> for Pixels {
     }
 }
 
+impl FromIterator<f32> for Pixels {
+    fn from_iter<I: IntoIterator<Item = f32>>(iter: I) -> Pixels {
+        Pixels::F32(iter.into_iter().collect())
+    }
+}
+
+impl FromIterator<u8> for Pixels {
+    fn from_iter<I: IntoIterator<Item = u8>>(iter: I) -> Pixels {
+        Pixels::U8(iter.into_iter().collect())
+    }
+}
+
 impl Pixels {
+    /// The float32 values, if these are float32.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            Pixels::F32(v) => Some(v),
+            Pixels::U8(_) => None,
+        }
+    }
+
     /// Values held.
     pub fn len(&self) -> usize {
         match self {

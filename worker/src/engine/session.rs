@@ -177,7 +177,9 @@ pub struct SessionConfig {
     pub input_dtype: InputDtype,
     /// Run the vision graph through IO binding, with an input and an output
     /// allocated once per batch size (CUDA: page-locked host memory). Off runs
-    /// the plain way (each run's tensors made for it), for comparison.
+    /// the plain way: ORT reads the batch where it is and allocates each
+    /// run's output. The command line binds on CUDA only: on the CPU a bound
+    /// input is one more copy of every batch, with no device to copy it to.
     pub io_binding: bool,
 }
 
@@ -197,7 +199,7 @@ impl Default for SessionConfig {
             arena_shrink: ArenaShrink::OnChange,
             ort_lib: None,
             input_dtype: InputDtype::Float,
-            io_binding: true,
+            io_binding: false,
         }
     }
 }

@@ -11,8 +11,7 @@ use crate::engine::session::{
     finish_profile, open_graph, static_last_dim, ArenaShrink, Device, InputDtype, SessionConfig,
 };
 use crate::engine::{
-    l2_normalize_rows, Backend, DeviceMemory, Embeddings, PixelBatch, PixelFormat, Pixels,
-    RunHints,
+    l2_normalize_rows, Backend, DeviceMemory, Embeddings, PixelBatch, PixelFormat, Pixels, RunHints,
 };
 use crate::error::{Error, Result};
 use crate::model::ModelDir;
@@ -272,7 +271,6 @@ impl OrtVision {
         }
         Ok(data.to_vec())
     }
-
 }
 
 impl Drop for OrtVision {
