@@ -5,7 +5,7 @@
         --json $OUT/results.json
 
 Reads what exists of: steps.tsv, gpu.txt, build_info.json, sweep_fp32.json, sweep_fp16.json,
-torch_fp16.json, torch_fp32.json, oom.json, shrink.json, e2e_small.json, e2e_large.json,
+torch_fp16.json, torch_fp32.json, oom.json, shrink.json, copies.json, e2e_small.json, e2e_large.json,
 e2e_params.json; a missing part is reported as missing, never an error.
 """
 
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     p.add_argument("--json")
     args = p.parse_args(argv)
     d = args.results
-    names = ["build_info", "sweep_fp32", "sweep_fp16", "torch_fp16", "torch_fp32", "oom", "shrink",
+    names = ["build_info", "sweep_fp32", "sweep_fp16", "torch_fp16", "torch_fp32", "oom", "shrink", "copies",
              "e2e_small", "e2e_large", "e2e_auto_small", "e2e_auto_large",
              "e2e_tiny_small", "e2e_tiny_large", "e2e_params"]
     r = {n: load(d, n + ".json") for n in names}
@@ -190,6 +190,33 @@ def main(argv=None) -> int:
         add(f"Per request: {per}.")
         if o.get("last_oom"):
             add(f"Last OOM message: `{o['last_oom'].splitlines()[0][:300]}`")
+    add("")
+
+    add("## Engine time per chip: copy in, compute, copy out (fp16)")
+    add("")
+    cp = r["copies"]
+    if cp:
+        add("The same batch four ways (`gpu_bench copies`, median of the timed runs): input and output "
+            "on the device (compute), output copied to pinned host memory (+ copy out), input from pinned "
+            "host memory as the worker binds it on CUDA (+ copy in by DMA), input from pageable memory, "
+            "unbound (+ staging). ms per chip; the copy columns are differences, so noise can make them "
+            "negative. \"engine\" is the pinned-input run: what the worker's engine thread spends a chip "
+            "(docs/gpu-memory.md, \"Engine time\").")
+        add("")
+        add("| entry | bucket | input bytes/chip | compute | copy out | copy in (pinned) | copy in (pageable) "
+            "| engine (pinned) | engine (pageable) |")
+        add("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for row in cp.get("rows", []):
+            if "error" in row:
+                add(f"| {row['entry']} | error: {row['error']} | | | | | | | |")
+                continue
+            m = row["ms_per_chip"]
+            add(f"| {row['entry']} | {row['bucket']} | {row['input_bytes_per_chip']:,} | "
+                f"{row['compute_ms_per_chip']:.4f} | {row['copy_out_ms_per_chip']:.4f} | "
+                f"{row['copy_in_pinned_ms_per_chip']:.4f} | {row['copy_in_pageable_ms_per_chip']:.4f} | "
+                f"{m['pinned_input']:.4f} | {m['pageable_input']:.4f} |")
+    else:
+        add("(not run)")
     add("")
 
     add("## Arena shrinking after a large batch")

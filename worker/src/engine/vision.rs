@@ -16,6 +16,9 @@ use crate::engine::{
 use crate::error::{Error, Result};
 use crate::model::ModelDir;
 
+mod copies;
+pub use copies::CopyTimes;
+
 /// The ONNX Runtime config key that returns an arena's free chunks to the
 /// device at the end of a run. A run option: as a session option ORT ignores it.
 pub const ARENA_SHRINK_KEY: &str = "memory.enable_memory_arena_shrinkage";
