@@ -24,7 +24,7 @@ use rsembed_schemas::model::PreprocessorConfig;
 use rsembed_schemas::task::{Task, TaskInput};
 use rsembed_worker::batch::BATCHES_IN_FLIGHT;
 use rsembed_worker::engine::handle::EngineHandle;
-use rsembed_worker::engine::{Backend, Embeddings, PixelBatch, RunHints};
+use rsembed_worker::engine::{Backend, Embeddings, PixelBatch, PixelFormat, RunHints};
 use rsembed_worker::error::{Error, Result};
 use rsembed_worker::metrics;
 use rsembed_worker::preprocess::Preprocessor;
@@ -44,6 +44,8 @@ struct Slow {
     runs: usize,
     fail_at: Option<usize>,
     most_at_engine: Arc<AtomicI64>,
+    /// Takes 8-bit NHWC batches, as a uint8 vision entry does.
+    u8: bool,
 }
 
 impl Backend for Slow {
@@ -62,11 +64,20 @@ impl Backend for Slow {
         let data = (0..batch.n)
             .flat_map(|i| [batch.data.value(i * il).unwrap(), 1.0])
             .collect();
+        assert_eq!(batch.data.format(), self.pixel_format(), "batch format");
         Ok(Embeddings {
             n: batch.n,
             dim: 2,
             data,
         })
+    }
+
+    fn pixel_format(&self) -> PixelFormat {
+        if self.u8 {
+            PixelFormat::U8Nhwc
+        } else {
+            PixelFormat::F32Nchw
+        }
     }
 }
 
@@ -189,6 +200,7 @@ async fn the_next_batch_waits_at_the_engine_and_every_chip_keeps_its_embedding()
         runs: 0,
         fail_at: None,
         most_at_engine: most.clone(),
+        u8: false,
     };
     let out = tmp.path().join("out");
     let (r, job) = runner(&out, backend, 4);
@@ -237,6 +249,7 @@ async fn a_fatal_engine_error_fails_the_task_and_writes_nothing() {
         runs: 0,
         fail_at: Some(2),
         most_at_engine: Arc::default(),
+        u8: false,
     };
     let out = tmp.path().join("out");
     let (r, job) = runner(&out, backend, 4);
@@ -273,6 +286,7 @@ async fn an_unreadable_input_fails_the_task_with_its_store_error_and_bad_content
         runs: 0,
         fail_at: None,
         most_at_engine: Arc::new(AtomicI64::new(0)),
+        u8: false,
     };
     let out = tmp.path().join("out");
 
@@ -311,4 +325,30 @@ async fn an_unreadable_input_fails_the_task_with_its_store_error_and_bad_content
     assert_eq!(report.failures[0].source_uri, inputs[0].uri);
     assert_eq!(report.failures[0].store, None);
     assert!(report.failures[0].cause.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uint8_engine_is_sent_the_8_bit_images() {
+    let _serial = SERIAL.lock().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let inputs = images(tmp.path(), 10);
+    let backend = Slow {
+        delay: Duration::from_millis(1),
+        runs: 0,
+        fail_at: None,
+        most_at_engine: Arc::default(),
+        u8: true,
+    };
+    let out = tmp.path().join("out");
+    let (r, job) = runner(&out, backend, 4);
+    let task = Task::new("job", inputs);
+    let report = r.run(&job, &task).await.unwrap();
+    assert_eq!(report.chips_file.rows, 10);
+    let rows = read_rows(&out.join(task.chips_path()));
+    assert_eq!(rows.len(), 10);
+    for (uri, got) in &rows {
+        let i: usize = uri.rsplit("img").next().unwrap()[..3].parse().unwrap();
+        // The grey level itself: the engine normalises, not the batcher.
+        assert_eq!(*got, (5 * i) as f32, "{uri}");
+    }
 }
