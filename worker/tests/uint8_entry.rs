@@ -310,3 +310,53 @@ fn a_split_batch_runs_on_the_smaller_buckets_buffers() {
     a.embed(&b).unwrap();
     assert_eq!(a.inner_mut().inner.bound_input_addr(4), Some(addr));
 }
+
+#[test]
+fn a_batch_assembled_in_a_lent_buffer_runs_from_it_and_the_buffer_comes_back() {
+    let m = ModelDir::open(tiny_dir()).unwrap();
+    let pre = Preprocessor::new(&m.preprocessor);
+    let imgs = images();
+    let n = imgs.len();
+    let mut plain = OrtVision::open(&m, false, &cfg(InputDtype::Uint8, false)).unwrap();
+    assert!(plain.input_pool().is_none(), "unbound: nothing to lend");
+    let mut bound = OrtVision::open(&m, false, &cfg(InputDtype::Uint8, true)).unwrap();
+    let pool = bound.input_pool().expect("bound: buffers to lend");
+    assert_eq!(pool.format(), PixelFormat::U8Nhwc);
+    let own = batch(&pre, &imgs, PixelFormat::U8Nhwc);
+    let want = plain.embed(&own).unwrap();
+    let mut addrs = Vec::new();
+    for _ in 0..3 {
+        let mut l = pool.lease(n).unwrap();
+        addrs.push(l.addr());
+        let out = l.u8_mut().unwrap();
+        for (img, o) in imgs.iter().zip(out.chunks_exact_mut(pre.len())) {
+            o.copy_from_slice(&pre.run(img).unwrap());
+        }
+        let lent = PixelBatch {
+            data: Pixels::Leased(l),
+            ..own.clone()
+        };
+        assert_eq!(lent.data, own.data);
+        assert_eq!(bound.embed(&lent).unwrap(), want);
+        assert!(pool.free_sizes().is_empty(), "lent while the batch lives");
+        drop(lent);
+        assert_eq!(pool.free_sizes(), vec![n], "back after the run");
+    }
+    assert!(
+        addrs.iter().all(|a| *a == addrs[0]),
+        "one buffer, reused: {addrs:?}"
+    );
+    assert_eq!(
+        bound.bound_input_addr(n),
+        None,
+        "bound as it is: no input buffer of the engine's own"
+    );
+    // A shrinking run at a smaller size lets the larger free buffers go.
+    bound
+        .run(
+            &batch(&pre, &imgs[..1], PixelFormat::U8Nhwc),
+            RunHints { shrink_arena: true },
+        )
+        .unwrap();
+    assert!(pool.free_sizes().is_empty());
+}

@@ -610,4 +610,8 @@ impl<B: Backend> Backend for Adaptive<B> {
     fn pixel_format(&self) -> PixelFormat {
         self.inner.pixel_format()
     }
+
+    fn input_pool(&self) -> Option<crate::engine::pool::InputPool> {
+        self.inner.input_pool()
+    }
 }

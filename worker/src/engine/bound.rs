@@ -2,10 +2,11 @@
 //! bound to it (ONNX Runtime's IO binding).
 //!
 //! A plain run gives ORT the batch's own memory and takes a freshly allocated
-//! output back. Bound, each batch size has one input and one output buffer
-//! for good: a batch is copied into its size's input, the input is bound again
-//! (on CUDA that is when ORT copies it to the device), and the run writes the
-//! bound output. On the CPU the buffers come from ORT's default allocator,
+//! output back. Bound, each batch size has one output buffer for good, and
+//! the input is bound again for every batch (on CUDA that is when ORT copies
+//! it to the device): the batch's own buffer when the batcher assembled it in
+//! one the engine lent ([`crate::engine::pool`]), otherwise the size's input
+//! buffer, made at its first such batch, with the batch copied into it. On the CPU the buffers come from ORT's default allocator,
 //! outside the session's arena; on CUDA from the CUDA provider's page-locked
 //! ("pinned") host allocator, from which the copy to the device is a DMA
 //! transfer with no staging through a pageable buffer. The CUDA path cannot
@@ -24,7 +25,7 @@ use ort::session::{IoBinding, RunOptions, Session};
 use ort::value::{DynTensor, Tensor};
 
 use crate::engine::session::Device;
-use crate::engine::{PixelBatch, Pixels};
+use crate::engine::{PixelBatch, PixelFormat, PixelView, Pixels};
 use crate::error::{Error, Result};
 
 /// Batch sizes whose buffers are kept at once.
@@ -34,7 +35,8 @@ pub const MAX_SETS: usize = 6;
 struct Set {
     n: usize,
     binding: IoBinding,
-    input: DynTensor,
+    /// Made at the first batch of this size that is not in a lent buffer.
+    input: Option<DynTensor>,
     output: Tensor<f32>,
 }
 
@@ -67,7 +69,8 @@ impl BoundSets {
         self.sets
             .iter()
             .find(|s| s.n == n)
-            .map(|s| s.input.data_ptr() as usize)
+            .and_then(|s| s.input.as_ref())
+            .map(|t| t.data_ptr() as usize)
     }
 
     /// The batch sizes bound now.
@@ -101,7 +104,7 @@ impl BoundSets {
                 if self.sets.len() >= MAX_SETS {
                     self.sets.remove(0);
                 }
-                let set = self.make(session, output, dim, shape, batch).map_err(|e| {
+                let set = self.make(session, output, dim, batch.n).map_err(|e| {
                     Error::ort(format!("binding buffers for {} images", batch.n), e)
                 })?;
                 self.sets.push(set);
@@ -112,25 +115,43 @@ impl BoundSets {
         let set = self.sets.remove(at);
         self.sets.push(set);
         let set = self.sets.last_mut().expect("just pushed");
-        match &batch.data {
-            Pixels::F32(d) => set
-                .input
-                .try_extract_tensor_mut::<f32>()
-                .map_err(|e| Error::ort(context(), e))?
-                .1
-                .copy_from_slice(d),
-            Pixels::U8(d) => set
-                .input
-                .try_extract_tensor_mut::<u8>()
-                .map_err(|e| Error::ort(context(), e))?
-                .1
-                .copy_from_slice(d),
-        }
         // Bound again for every batch: where the session wants the input on
         // another device, this is the copy to it.
-        set.binding
-            .bind_input(input, &set.input)
-            .map_err(|e| Error::ort(context(), e))?;
+        match &batch.data {
+            // Assembled by the batcher in a buffer of the pool: bound as it is.
+            Pixels::Leased(l) if l.n() == batch.n => set.binding.bind_input(input, l.tensor()),
+            data => {
+                if set.input.is_none() {
+                    let dims: Vec<usize> = shape.iter().map(|d| *d as usize).collect();
+                    let made = match data.format() {
+                        PixelFormat::F32Nchw => {
+                            Tensor::<f32>::new(&self.input_alloc, dims).map(|t| t.upcast())
+                        }
+                        PixelFormat::U8Nhwc => {
+                            Tensor::<u8>::new(&self.input_alloc, dims).map(|t| t.upcast())
+                        }
+                    };
+                    set.input = Some(made.map_err(|e| {
+                        Error::ort(format!("binding an input for {} images", batch.n), e)
+                    })?);
+                }
+                let t = set.input.as_mut().expect("just made");
+                match data.view() {
+                    PixelView::F32(d) => t
+                        .try_extract_tensor_mut::<f32>()
+                        .map_err(|e| Error::ort(context(), e))?
+                        .1
+                        .copy_from_slice(d),
+                    PixelView::U8(d) => t
+                        .try_extract_tensor_mut::<u8>()
+                        .map_err(|e| Error::ort(context(), e))?
+                        .1
+                        .copy_from_slice(d),
+                }
+                set.binding.bind_input(input, &*t)
+            }
+        }
+        .map_err(|e| Error::ort(context(), e))?;
         let ran = session
             .run_binding_with_options(&set.binding, options)
             .map(drop);
@@ -146,33 +167,21 @@ impl BoundSets {
         Ok(rows.to_vec())
     }
 
-    fn make(
-        &self,
-        session: &Session,
-        output: &str,
-        dim: usize,
-        shape: [i64; 4],
-        batch: &PixelBatch,
-    ) -> ort::Result<Set> {
-        let dims: Vec<usize> = shape.iter().map(|d| *d as usize).collect();
-        let input = match &batch.data {
-            Pixels::F32(_) => Tensor::<f32>::new(&self.input_alloc, dims)?.upcast(),
-            Pixels::U8(_) => Tensor::<u8>::new(&self.input_alloc, dims)?.upcast(),
-        };
-        let mut out = Tensor::<f32>::new(&self.output_alloc, [batch.n, dim])?;
+    fn make(&self, session: &Session, output: &str, dim: usize, n: usize) -> ort::Result<Set> {
+        let mut out = Tensor::<f32>::new(&self.output_alloc, [n, dim])?;
         let mut binding = session.create_binding()?;
         binding.bind_output(output, &mut out)?;
         Ok(Set {
-            n: batch.n,
+            n,
             binding,
-            input,
+            input: None,
             output: out,
         })
     }
 }
 
 /// CUDA's page-locked host allocator, registered by the CUDA provider.
-fn pinned(session: &Session, kind: MemoryType) -> Result<Allocator> {
+pub(crate) fn pinned(session: &Session, kind: MemoryType) -> Result<Allocator> {
     let info = MemoryInfo::new(
         AllocationDevice::CUDA_PINNED,
         0,

@@ -68,6 +68,10 @@ impl<B: Backend> Backend for FixedShapes<B> {
     fn pixel_format(&self) -> PixelFormat {
         self.inner.pixel_format()
     }
+
+    fn input_pool(&self) -> Option<crate::engine::pool::InputPool> {
+        self.inner.input_pool()
+    }
 }
 
 #[cfg(test)]

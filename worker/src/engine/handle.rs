@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
+use crate::engine::pool::InputPool;
 use crate::engine::{Backend, Embeddings, PixelBatch, PixelFormat};
 use crate::error::{Error, Result};
 
@@ -33,6 +34,8 @@ pub struct EngineHandle {
     max_batch: Option<usize>,
     /// The pixels the backend takes.
     pixel_format: PixelFormat,
+    /// Buffers the backend lends to assemble batches in.
+    pool: Option<InputPool>,
     /// The backend's preferred batch after its latest request; 0 is none.
     preferred: Arc<AtomicUsize>,
     /// Nanoseconds the thread spent answering requests.
@@ -52,7 +55,7 @@ impl EngineHandle {
     {
         let (tx, mut rx) = mpsc::channel::<Request>(queue.max(1));
         let (ready_tx, ready_rx) =
-            std::sync::mpsc::channel::<Result<(Option<usize>, PixelFormat)>>();
+            std::sync::mpsc::channel::<Result<(Option<usize>, PixelFormat, Option<InputPool>)>>();
         let preferred = Arc::new(AtomicUsize::new(0));
         let publish = preferred.clone();
         let busy_ns = Arc::new(AtomicU64::new(0));
@@ -64,7 +67,8 @@ impl EngineHandle {
                     Ok(b) => {
                         publish.store(b.preferred_batch().unwrap_or(0), Ordering::Relaxed);
                         crate::metrics::global().observe_backend(&b);
-                        let _ = ready_tx.send(Ok((b.max_batch(), b.pixel_format())));
+                        let _ =
+                            ready_tx.send(Ok((b.max_batch(), b.pixel_format(), b.input_pool())));
                         b
                     }
                     Err(e) => {
@@ -97,13 +101,14 @@ impl EngineHandle {
                 }
             })
             .map_err(Error::Io)?;
-        let (max_batch, pixel_format) = ready_rx
+        let (max_batch, pixel_format, pool) = ready_rx
             .recv()
             .map_err(|_| Error::EngineGone("engine thread died while starting".into()))??;
         Ok(EngineHandle {
             tx,
             max_batch,
             pixel_format,
+            pool,
             preferred,
             busy_ns,
             ready_at: Instant::now(),
@@ -128,6 +133,11 @@ impl EngineHandle {
     /// The pixels the backend takes: the batcher assembles batches in it.
     pub fn pixel_format(&self) -> PixelFormat {
         self.pixel_format
+    }
+
+    /// The buffers the backend lends to assemble batches in, if it lends any.
+    pub fn input_pool(&self) -> Option<&InputPool> {
+        self.pool.as_ref()
     }
 
     /// The batch size the backend runs best at now (the adaptive bucket), as

@@ -7,6 +7,7 @@ pub(crate) mod fixed;
 pub mod flags;
 pub mod handle;
 pub mod nvml;
+pub mod pool;
 pub mod runtime;
 pub mod session;
 #[cfg(any(test, feature = "sim"))]
@@ -52,12 +53,42 @@ pub enum PixelFormat {
 }
 
 /// The values of a [`PixelBatch`].
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub enum Pixels {
     /// [`PixelFormat::F32Nchw`].
     F32(Vec<f32>),
     /// [`PixelFormat::U8Nhwc`].
     U8(Vec<u8>),
+    /// Either format, in a buffer the engine lent ([`pool`]): bound as the
+    /// session's input as it is.
+    Leased(pool::Leased),
+}
+
+/// The values of [`Pixels`], borrowed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PixelView<'a> {
+    /// float32, NCHW.
+    F32(&'a [f32]),
+    /// uint8, NHWC.
+    U8(&'a [u8]),
+}
+
+impl Clone for Pixels {
+    /// A lent buffer's values are copied into the batch's own memory.
+    fn clone(&self) -> Pixels {
+        match self {
+            Pixels::F32(v) => Pixels::F32(v.clone()),
+            Pixels::U8(v) => Pixels::U8(v.clone()),
+            Pixels::Leased(l) => l.to_pixels(),
+        }
+    }
+}
+
+impl PartialEq for Pixels {
+    /// Equal values in the same format, wherever they live.
+    fn eq(&self, other: &Pixels) -> bool {
+        self.view() == other.view()
+    }
 }
 
 impl From<Vec<f32>> for Pixels {
@@ -85,19 +116,31 @@ impl FromIterator<u8> for Pixels {
 }
 
 impl Pixels {
+    /// The values, borrowed.
+    pub fn view(&self) -> PixelView<'_> {
+        match self {
+            Pixels::F32(v) => PixelView::F32(v),
+            Pixels::U8(v) => PixelView::U8(v),
+            Pixels::Leased(l) => match l.format() {
+                PixelFormat::F32Nchw => PixelView::F32(l.f32().unwrap_or_default()),
+                PixelFormat::U8Nhwc => PixelView::U8(l.u8().unwrap_or_default()),
+            },
+        }
+    }
+
     /// The float32 values, if these are float32.
     pub fn as_f32(&self) -> Option<&[f32]> {
-        match self {
-            Pixels::F32(v) => Some(v),
-            Pixels::U8(_) => None,
+        match self.view() {
+            PixelView::F32(v) => Some(v),
+            PixelView::U8(_) => None,
         }
     }
 
     /// Values held.
     pub fn len(&self) -> usize {
-        match self {
-            Pixels::F32(v) => v.len(),
-            Pixels::U8(v) => v.len(),
+        match self.view() {
+            PixelView::F32(v) => v.len(),
+            PixelView::U8(v) => v.len(),
         }
     }
 
@@ -108,21 +151,22 @@ impl Pixels {
 
     /// The layout these values are in.
     pub fn format(&self) -> PixelFormat {
-        match self {
-            Pixels::F32(_) => PixelFormat::F32Nchw,
-            Pixels::U8(_) => PixelFormat::U8Nhwc,
+        match self.view() {
+            PixelView::F32(_) => PixelFormat::F32Nchw,
+            PixelView::U8(_) => PixelFormat::U8Nhwc,
         }
     }
 
     /// Value `i` as a float (simulated backends and tests identify images by it).
     pub fn value(&self, i: usize) -> Option<f32> {
-        match self {
-            Pixels::F32(v) => v.get(i).copied(),
-            Pixels::U8(v) => v.get(i).map(|x| *x as f32),
+        match self.view() {
+            PixelView::F32(v) => v.get(i).copied(),
+            PixelView::U8(v) => v.get(i).map(|x| *x as f32),
         }
     }
 
-    /// Values `range`, followed by zeros up to `len` values.
+    /// Values `range`, followed by zeros up to `len` values, in the batch's
+    /// own memory.
     pub fn padded(&self, range: std::ops::Range<usize>, len: usize) -> Pixels {
         fn pad<T: Copy + Default>(v: &[T], len: usize) -> Vec<T> {
             let mut out = Vec::with_capacity(len.max(v.len()));
@@ -130,9 +174,9 @@ impl Pixels {
             out.resize(len.max(v.len()), T::default());
             out
         }
-        match self {
-            Pixels::F32(v) => Pixels::F32(pad(&v[range], len)),
-            Pixels::U8(v) => Pixels::U8(pad(&v[range], len)),
+        match self.view() {
+            PixelView::F32(v) => Pixels::F32(pad(&v[range], len)),
+            PixelView::U8(v) => Pixels::U8(pad(&v[range], len)),
         }
     }
 }
@@ -197,6 +241,10 @@ pub trait Backend: Send {
     /// The pixels the backend takes; the batcher assembles batches in it.
     fn pixel_format(&self) -> PixelFormat {
         PixelFormat::F32Nchw
+    }
+    /// Buffers the backend lends the batcher to assemble batches in, if any.
+    fn input_pool(&self) -> Option<pool::InputPool> {
+        None
     }
 }
 

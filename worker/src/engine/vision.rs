@@ -5,13 +5,15 @@ use std::path::PathBuf;
 use ort::session::{RunOptions, Session};
 use ort::value::{TensorElementType, TensorRef, ValueType};
 
-use crate::engine::bound::BoundSets;
+use crate::engine::bound::{pinned, BoundSets};
 use crate::engine::nvml::Nvml;
+use crate::engine::pool::InputPool;
 use crate::engine::session::{
     finish_profile, open_graph, static_last_dim, ArenaShrink, Device, InputDtype, SessionConfig,
 };
 use crate::engine::{
-    l2_normalize_rows, Backend, DeviceMemory, Embeddings, PixelBatch, PixelFormat, Pixels, RunHints,
+    l2_normalize_rows, Backend, DeviceMemory, Embeddings, PixelBatch, PixelFormat, PixelView,
+    RunHints,
 };
 use crate::error::{Error, Result};
 use crate::model::ModelDir;
@@ -45,6 +47,8 @@ pub struct OrtVision {
     width: usize,
     /// Inputs and outputs bound once per batch size; `None` runs unbound.
     bound: Option<BoundSets>,
+    /// Input buffers lent to the batcher (with `bound`).
+    pool: Option<InputPool>,
 }
 
 /// The graph a session opens: its file, tensor names and input format.
@@ -128,10 +132,22 @@ impl OrtVision {
             Device::Cuda(_) => Nvml::load(),
             Device::Cpu => None,
         };
-        let bound = if cfg.io_binding {
-            Some(BoundSets::new(&session, cfg.device)?)
+        let (bound, pool) = if cfg.io_binding {
+            let alloc = match cfg.device {
+                Device::Cpu => ort::memory::Allocator::default(),
+                Device::Cuda(_) => pinned(&session, ort::memory::MemoryType::CPUInput)?,
+            };
+            let image = (
+                3,
+                model.preprocessor.size.height as usize,
+                model.preprocessor.size.width as usize,
+            );
+            (
+                Some(BoundSets::new(&session, cfg.device)?),
+                Some(InputPool::new(alloc, entry.format, image)),
+            )
         } else {
-            None
+            (None, None)
         };
         tracing::info!(
             graph = %file.display(),
@@ -156,6 +172,7 @@ impl OrtVision {
             height: model.preprocessor.size.height as usize,
             width: model.preprocessor.size.width as usize,
             bound,
+            pool,
         };
         let probe = v.zeros(1);
         // The probe runs unbound, so a graph of the wrong output shape fails
@@ -234,11 +251,11 @@ impl OrtVision {
     fn run_unbound(&mut self, batch: &PixelBatch, shrink: bool) -> Result<Vec<f32>> {
         let shape = shape_of(self.format, &self.file, batch)?;
         let context = || format!("vision run of {} images", batch.n);
-        let input = match &batch.data {
-            Pixels::F32(d) => TensorRef::from_array_view((shape, d.as_slice()))
+        let input = match batch.data.view() {
+            PixelView::F32(d) => TensorRef::from_array_view((shape, d))
                 .map_err(|e| Error::ort("vision input tensor", e))?
                 .into_dyn(),
-            Pixels::U8(d) => TensorRef::from_array_view((shape, d.as_slice()))
+            PixelView::U8(d) => TensorRef::from_array_view((shape, d))
                 .map_err(|e| Error::ort("vision input tensor", e))?
                 .into_dyn(),
         };
@@ -280,6 +297,7 @@ impl Drop for OrtVision {
     fn drop(&mut self) {
         // Bound values hold the session's allocators: release them first.
         self.bound = None;
+        self.pool = None;
         if let Some(p) = &self.profile {
             finish_profile(&mut self.session, p);
         }
@@ -356,6 +374,9 @@ impl Backend for OrtVision {
                     // The arena cannot return a region that a bound buffer
                     // holds: let the larger sizes' buffers go first.
                     bound.release_above(batch.n);
+                    if let Some(p) = &self.pool {
+                        p.release_above(batch.n);
+                    }
                 }
                 let options = match &self.shrink {
                     Some(o) if shrink => o,
@@ -392,5 +413,9 @@ impl Backend for OrtVision {
 
     fn pixel_format(&self) -> PixelFormat {
         self.format
+    }
+
+    fn input_pool(&self) -> Option<InputPool> {
+        self.pool.clone()
     }
 }

@@ -18,6 +18,7 @@ use ort::value::{DynTensor, Tensor};
 
 use super::*;
 use crate::engine::bound::BoundSets;
+use crate::engine::PixelView;
 
 /// Median seconds of one run of a batch, fed four ways.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -45,11 +46,11 @@ impl OrtVision {
             Device::Cpu => (AllocationDevice::CPU, 0),
             Device::Cuda(n) => (AllocationDevice::CUDA, n as i32),
         };
-        let host: DynTensor = match &batch.data {
-            Pixels::F32(d) => Tensor::from_array((shape, d.clone()))
+        let host: DynTensor = match batch.data.view() {
+            PixelView::F32(d) => Tensor::from_array((shape, d.to_vec()))
                 .map_err(ort_err("input"))?
                 .upcast(),
-            Pixels::U8(d) => Tensor::from_array((shape, d.clone()))
+            PixelView::U8(d) => Tensor::from_array((shape, d.to_vec()))
                 .map_err(ort_err("input"))?
                 .upcast(),
         };
