@@ -514,6 +514,8 @@ impl<B: Backend> Adaptive<B> {
                 Ok(())
             }
             Err(e) if is_out_of_memory(&e) => {
+                // The next batch's staged copy gives its memory to the retries.
+                self.inner.unstage();
                 self.ctl.on_oom(size);
                 self.note_oom(&e);
                 self.publish();
@@ -613,5 +615,19 @@ impl<B: Backend> Backend for Adaptive<B> {
 
     fn input_pool(&self) -> Option<crate::engine::pool::InputPool> {
         self.inner.input_pool()
+    }
+
+    /// Staged as the one piece it will run as, when it fits the current
+    /// bucket; a batch that will be cut is not staged (no piece of it would
+    /// match).
+    fn stage(&mut self, next: &PixelBatch) {
+        if next.n <= self.ctl.bucket() {
+            let p = piece(next, 0..next.n, bucket_for(next.n));
+            self.inner.stage(&p);
+        }
+    }
+
+    fn unstage(&mut self) {
+        self.inner.unstage();
     }
 }

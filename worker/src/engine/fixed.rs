@@ -72,6 +72,15 @@ impl<B: Backend> Backend for FixedShapes<B> {
     fn input_pool(&self) -> Option<crate::engine::pool::InputPool> {
         self.inner.input_pool()
     }
+
+    fn stage(&mut self, next: &PixelBatch) {
+        let size = self.shape_for(next.n);
+        self.inner.stage(&piece(next, 0..next.n, size));
+    }
+
+    fn unstage(&mut self) {
+        self.inner.unstage();
+    }
 }
 
 #[cfg(test)]

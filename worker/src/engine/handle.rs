@@ -76,7 +76,17 @@ impl EngineHandle {
                         return;
                     }
                 };
-                while let Some(req) = rx.blocking_recv() {
+                // The request after the one running, taken off the queue early
+                // so the backend can stage its batch while this one runs.
+                let mut next: Option<Request> = None;
+                loop {
+                    let req = match next.take() {
+                        Some(r) => r,
+                        None => match rx.blocking_recv() {
+                            Some(r) => r,
+                            None => break,
+                        },
+                    };
                     let (batch, reply, span) = match req {
                         Request::Embed { batch, reply, span } => (batch, reply, span),
                         Request::Shutdown(done) => {
@@ -87,6 +97,12 @@ impl EngineHandle {
                     };
                     let _enter = span.enter();
                     let started = Instant::now();
+                    if let Ok(r) = rx.try_recv() {
+                        if let Request::Embed { batch: after, .. } = &r {
+                            backend.stage(after);
+                        }
+                        next = Some(r);
+                    }
                     let out = backend.embed(&batch);
                     let took = started.elapsed();
                     busy.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
@@ -145,6 +161,12 @@ impl EngineHandle {
     /// backend has no preference (a fixed `--batch-size`).
     pub fn preferred_batch(&self) -> Option<usize> {
         Some(self.preferred.load(Ordering::Relaxed)).filter(|n| *n > 0)
+    }
+
+    /// Requests waiting in the engine's queue (not counting the one running
+    /// or the one taken off the queue to be staged).
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
     }
 
     /// Embeds one batch, waiting for room in the queue first.
@@ -253,6 +275,72 @@ mod tests {
         let (busy, since) = h.busy();
         assert!(busy >= Duration::from_millis(60), "{busy:?}");
         assert!(since >= busy, "{since:?} < {busy:?}");
+    }
+
+    /// Logs its runs and stages by the first value of each batch; its first
+    /// run signals that it started and waits for the gate.
+    struct Gated {
+        log: Arc<std::sync::Mutex<Vec<String>>>,
+        started: Option<std::sync::mpsc::Sender<()>>,
+        gate: Option<std::sync::mpsc::Receiver<()>>,
+    }
+    impl Backend for Gated {
+        fn run(&mut self, b: &PixelBatch, h: crate::engine::RunHints) -> Result<Embeddings> {
+            if let (Some(s), Some(g)) = (self.started.take(), self.gate.take()) {
+                s.send(()).unwrap();
+                g.recv().unwrap();
+            }
+            let id = b.data.value(0).unwrap();
+            self.log.lock().unwrap().push(format!("run {id}"));
+            Echo.run(b, h)
+        }
+        fn stage(&mut self, next: &PixelBatch) {
+            let id = next.data.value(0).unwrap();
+            self.log.lock().unwrap().push(format!("stage {id}"));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_batch_queued_next_is_staged_before_the_run_ahead_of_it() {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (open, gate) = std::sync::mpsc::channel();
+        let backend = Gated {
+            log: log.clone(),
+            started: Some(started_tx),
+            gate: Some(gate),
+        };
+        let h = EngineHandle::spawn("test-engine", 8, move || Ok(backend)).unwrap();
+        let one = |id: f32| PixelBatch {
+            n: 1,
+            channels: 1,
+            height: 1,
+            width: 1,
+            data: vec![id].into(),
+        };
+        let send = |id: f32| {
+            let h = h.clone();
+            let b = one(id);
+            tokio::spawn(async move { h.embed(b).await.unwrap().data[0] })
+        };
+        let first = send(1.0);
+        // The first run started with nothing queued behind it.
+        tokio::task::spawn_blocking(move || started.recv().unwrap())
+            .await
+            .unwrap();
+        let rest: Vec<_> = [2.0, 3.0, 4.0].into_iter().map(send).collect();
+        while h.queued() < 3 {
+            tokio::task::yield_now().await;
+        }
+        open.send(()).unwrap();
+        assert_eq!(first.await.unwrap(), 1.0);
+        for (t, id) in rest.into_iter().zip([2.0, 3.0, 4.0]) {
+            assert_eq!(t.await.unwrap(), id, "each answer is its own batch's");
+        }
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["run 1", "stage 3", "run 2", "stage 4", "run 3", "run 4"]
+        );
     }
 
     #[test]

@@ -246,6 +246,17 @@ pub trait Backend: Send {
     fn input_pool(&self) -> Option<pool::InputPool> {
         None
     }
+    /// Starts moving `next`, the batch queued behind the one about to run, to
+    /// the device while that run goes on (two batches in flight: batch n
+    /// computes while batch n+1 is copied). A later run may skip its copy only
+    /// when it is that very batch; any other run ignores what is staged.
+    /// Default: nothing (the copy happens in [`Backend::run`]).
+    fn stage(&mut self, next: &PixelBatch) {
+        let _ = next;
+    }
+    /// Drops what [`Backend::stage`] holds on the device (before an
+    /// out-of-memory retry, so the retry has that memory too).
+    fn unstage(&mut self) {}
 }
 
 /// Scales every row of `data` (rows of `dim`) to unit L2 norm.
