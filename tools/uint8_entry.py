@@ -185,7 +185,7 @@ def build_wrapper(model_dir: str, spec: dict, pre: dict) -> "onnx.ModelProto":  
         if t.data_location == TensorProto.EXTERNAL:
             # Already external (a graph over 2 GB): the wrapper reads the same file.
             loc = next((e.value for e in t.external_data if e.key == "location"), "")
-            if os.path.dirname(spec["file"]) or os.path.isabs(loc) or ".." in loc.split("/"):
+            if not loc or os.path.isabs(loc) or ".." in loc.replace("\\", "/").split("/"):
                 raise Refused(f"{src}: external data {loc!r} of {t.name} is not beside the graph")
             continue
         if len(t.raw_data) < INLINE_BELOW:
