@@ -54,7 +54,7 @@ def main(argv=None) -> int:
     d = args.results
     names = ["build_info", "sweep_fp32", "sweep_fp16", "torch_fp16", "torch_fp32", "oom", "shrink", "copies",
              "e2e_small", "e2e_large", "e2e_auto_small", "e2e_auto_large",
-             "e2e_tiny_small", "e2e_tiny_large", "e2e_params"]
+             "e2e_tiny_small", "e2e_tiny_large", "e2e_float_small", "e2e_float_large", "e2e_params"]
     r = {n: load(d, n + ".json") for n in names}
     steps = []
     if os.path.isfile(os.path.join(d, "steps.tsv")):
@@ -246,7 +246,8 @@ def main(argv=None) -> int:
     ep = r["e2e_params"] or {}
     e2e = None
     for mode, es, el in (("fixed", r["e2e_small"], r["e2e_large"]), ("auto", r["e2e_auto_small"], r["e2e_auto_large"]),
-                         ("tiny", r["e2e_tiny_small"], r["e2e_tiny_large"])):
+                         ("tiny", r["e2e_tiny_small"], r["e2e_tiny_large"]),
+                         ("float", r["e2e_float_small"], r["e2e_float_large"])):
         if not (es and el and "chips_embedded" in es and "chips_embedded" in el):
             add(f"{mode}: not run")
             add("")
@@ -264,7 +265,9 @@ def main(argv=None) -> int:
             e2e = {**(e2e or {}), mode: one}
         flag = {"fixed": f"fixed `--batch-size {ep.get('batch_size')}` (the fp16 probe's choice)",
                 "auto": f"`--batch-size auto --max-batch {ep.get('batch_size')}`",
-                "tiny": f"the committed tiny model (readers and writers alone), fixed `--batch-size {ep.get('batch_size')}`"}[mode]
+                "tiny": f"the committed tiny model (readers and writers alone), fixed `--batch-size {ep.get('batch_size')}`",
+                "float": f"fixed `--batch-size {ep.get('batch_size')}`, `--input-dtype float` (float32 pixels; "
+                         f"the other modes feed the uint8 entry when part `copies` added it)"}[mode]
         add(f"{mode}: two runs, {es['chips_embedded']} and {el['chips_embedded']} chips ({ep.get('scene_size')}x"
             f"{ep.get('scene_size')} JPEGs, one chip each), {flag}: {es['seconds']:.1f} s and {el['seconds']:.1f} s "
             f"wall, failed inputs {es['failed_inputs']} + {el['failed_inputs']}; engine busy "
