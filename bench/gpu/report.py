@@ -215,6 +215,13 @@ def main(argv=None) -> int:
                 f"{row['compute_ms_per_chip']:.4f} | {row['copy_out_ms_per_chip']:.4f} | "
                 f"{row['copy_in_pinned_ms_per_chip']:.4f} | {row['copy_in_pageable_ms_per_chip']:.4f} | "
                 f"{m['pinned_input']:.4f} | {m['pageable_input']:.4f} |")
+        add("")
+        for pp in cp.get("bound_parity", []):
+            q = pp["parity"]
+            add(f"- {pp['entry']}: bound runs against plain ones on {q['images']} images: own buffer max |Δ| "
+                f"{q['own_buffer']['max_abs_diff']:.2e}, min cosine {q['own_buffer']['min_cosine']:.7f}; "
+                f"lent (pinned) buffer max |Δ| {q['lent_buffer']['max_abs_diff']:.2e}, min cosine "
+                f"{q['lent_buffer']['min_cosine']:.7f}")
     else:
         add("(not run)")
     add("")

@@ -2,7 +2,7 @@
 //! out (`OrtVision::copy_times`), for the float graph and the uint8 entry.
 
 use rsembed_worker::engine::session::InputDtype;
-use rsembed_worker::engine::PixelFormat;
+use rsembed_worker::engine::{PixelFormat, PixelView, Pixels};
 
 use super::*;
 
@@ -18,9 +18,56 @@ fn images_u8(first: usize, n: usize, s: ImageShape) -> PixelBatch {
     }
 }
 
+/// The bound paths against the plain one on `batch`: a session with IO
+/// binding, fed the batch from its own memory and from a buffer of the
+/// session's pool (as the worker's batcher fills it). Max |Δ| and the least
+/// cosine of the L2-normalized rows against `plain`'s.
+fn bound_parity(
+    c: &Common,
+    cfg: &SessionConfig,
+    batch: &PixelBatch,
+    plain: &Embeddings,
+) -> Res<Value> {
+    let cfg = SessionConfig {
+        io_binding: true,
+        ..cfg.clone()
+    };
+    let (_, mut bound, _) = open(c, &cfg)?;
+    let own = bound
+        .embed(batch)
+        .map_err(|e| engine_err("bound run", &e))?;
+    let pool = bound.input_pool().ok_or("no input pool with IO binding")?;
+    let mut l = pool.lease(batch.n).ok_or("the pool lent nothing")?;
+    match batch.data.view() {
+        PixelView::F32(d) => l.f32_mut().ok_or("pool format")?.copy_from_slice(d),
+        PixelView::U8(d) => l.u8_mut().ok_or("pool format")?.copy_from_slice(d),
+    }
+    let lent = PixelBatch {
+        data: Pixels::Leased(l),
+        ..batch.clone()
+    };
+    let leased = bound
+        .embed(&lent)
+        .map_err(|e| engine_err("lent-buffer run", &e))?;
+    let cmp = |e: &Embeddings| {
+        let max = e
+            .data
+            .iter()
+            .zip(&plain.data)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let cos = (0..e.n)
+            .map(|i| cosine(e.row(i), plain.row(i)))
+            .fold(1.0, f64::min);
+        json!({ "max_abs_diff": max, "min_cosine": cos })
+    };
+    Ok(json!({ "images": batch.n, "own_buffer": cmp(&own), "lent_buffer": cmp(&leased) }))
+}
+
 pub(crate) fn copies(a: &CopiesArgs) -> Res<()> {
     let c = &a.common;
     let mut rows = Vec::new();
+    let mut parity = Vec::new();
     println!("| entry | bucket | input bytes/chip | compute ms/chip | copy out ms/chip | copy in (pinned) ms/chip | copy in (pageable) ms/chip | engine ms/chip (pinned) |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for dtype in [InputDtype::Float, InputDtype::Uint8] {
@@ -78,12 +125,25 @@ pub(crate) fn copies(a: &CopiesArgs) -> Res<()> {
             );
             rows.push(row);
         }
+        // The bound and lent-buffer paths give the plain path's embeddings.
+        if let Some(&n) = a.buckets.last() {
+            let batch = match v.pixel_format() {
+                PixelFormat::F32Nchw => images(0, n, shape),
+                PixelFormat::U8Nhwc => images_u8(0, n, shape),
+            };
+            let plain = v.embed(&batch).map_err(|e| engine_err("plain run", &e))?;
+            drop(v);
+            let p = bound_parity(c, &cfg, &batch, &plain)?;
+            println!("bound vs plain ({dtype}, {n} images): {p}");
+            parity.push(json!({ "entry": dtype.to_string(), "parity": p }));
+        }
     }
     let out = json!({
         "device": c.device.to_string(),
         "precision": c.precision(),
         "runs": a.runs,
         "rows": rows,
+        "bound_parity": parity,
     });
     write_json(c.json.as_deref(), &out)
 }
