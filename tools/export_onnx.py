@@ -496,6 +496,12 @@ def export(model_path: str, out_dir: str, fp16: bool = False, opset: int = DEFAU
         f.write("\n")
     # The digests of every other file, which `rsembed fetch-model` checks.
     record_digests.record(out_dir)
+    # The uint8 NHWC entries wrapping the vision graphs (their weights shared);
+    # they re-record the digests.
+    import uint8_entry
+
+    for line in uint8_entry.add_entries(out_dir):
+        print(line)
 
     ok = verify_tokenizer(tok_path, slow_tok, length)
     ok &= check_parity(out_dir, model, fp16)

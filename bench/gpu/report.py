@@ -5,7 +5,7 @@
         --json $OUT/results.json
 
 Reads what exists of: steps.tsv, gpu.txt, build_info.json, sweep_fp32.json, sweep_fp16.json,
-torch_fp16.json, torch_fp32.json, oom.json, shrink.json, e2e_small.json, e2e_large.json,
+torch_fp16.json, torch_fp32.json, oom.json, shrink.json, copies.json, e2e_small.json, e2e_large.json,
 e2e_params.json; a missing part is reported as missing, never an error.
 """
 
@@ -52,9 +52,9 @@ def main(argv=None) -> int:
     p.add_argument("--json")
     args = p.parse_args(argv)
     d = args.results
-    names = ["build_info", "sweep_fp32", "sweep_fp16", "torch_fp16", "torch_fp32", "oom", "shrink",
+    names = ["build_info", "sweep_fp32", "sweep_fp16", "torch_fp16", "torch_fp32", "oom", "shrink", "copies",
              "e2e_small", "e2e_large", "e2e_auto_small", "e2e_auto_large",
-             "e2e_tiny_small", "e2e_tiny_large", "e2e_params"]
+             "e2e_tiny_small", "e2e_tiny_large", "e2e_float_small", "e2e_float_large", "e2e_params"]
     r = {n: load(d, n + ".json") for n in names}
     steps = []
     if os.path.isfile(os.path.join(d, "steps.tsv")):
@@ -192,6 +192,40 @@ def main(argv=None) -> int:
             add(f"Last OOM message: `{o['last_oom'].splitlines()[0][:300]}`")
     add("")
 
+    add("## Engine time per chip: copy in, compute, copy out (fp16)")
+    add("")
+    cp = r["copies"]
+    if cp:
+        add("The same batch four ways (`gpu_bench copies`, median of the timed runs): input and output "
+            "on the device (compute), output copied to pinned host memory (+ copy out), input from pinned "
+            "host memory as the worker binds it on CUDA (+ copy in by DMA), input from pageable memory, "
+            "unbound (+ staging). ms per chip; the copy columns are differences, so noise can make them "
+            "negative. \"engine\" is the pinned-input run: what the worker's engine thread spends a chip "
+            "(docs/gpu-memory.md, \"Engine time\").")
+        add("")
+        add("| entry | bucket | input bytes/chip | compute | copy out | copy in (pinned) | copy in (pageable) "
+            "| engine (pinned) | engine (pageable) |")
+        add("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for row in cp.get("rows", []):
+            if "error" in row:
+                add(f"| {row['entry']} | error: {row['error']} | | | | | | | |")
+                continue
+            m = row["ms_per_chip"]
+            add(f"| {row['entry']} | {row['bucket']} | {row['input_bytes_per_chip']:,} | "
+                f"{row['compute_ms_per_chip']:.4f} | {row['copy_out_ms_per_chip']:.4f} | "
+                f"{row['copy_in_pinned_ms_per_chip']:.4f} | {row['copy_in_pageable_ms_per_chip']:.4f} | "
+                f"{m['pinned_input']:.4f} | {m['pageable_input']:.4f} |")
+        add("")
+        for pp in cp.get("bound_parity", []):
+            q = pp["parity"]
+            add(f"- {pp['entry']}: bound runs against plain ones on {q['images']} images: own buffer max |Δ| "
+                f"{q['own_buffer']['max_abs_diff']:.2e}, min cosine {q['own_buffer']['min_cosine']:.7f}; "
+                f"lent (pinned) buffer max |Δ| {q['lent_buffer']['max_abs_diff']:.2e}, min cosine "
+                f"{q['lent_buffer']['min_cosine']:.7f}")
+    else:
+        add("(not run)")
+    add("")
+
     add("## Arena shrinking after a large batch")
     add("")
     sh = r["shrink"]
@@ -219,7 +253,8 @@ def main(argv=None) -> int:
     ep = r["e2e_params"] or {}
     e2e = None
     for mode, es, el in (("fixed", r["e2e_small"], r["e2e_large"]), ("auto", r["e2e_auto_small"], r["e2e_auto_large"]),
-                         ("tiny", r["e2e_tiny_small"], r["e2e_tiny_large"])):
+                         ("tiny", r["e2e_tiny_small"], r["e2e_tiny_large"]),
+                         ("float", r["e2e_float_small"], r["e2e_float_large"])):
         if not (es and el and "chips_embedded" in es and "chips_embedded" in el):
             add(f"{mode}: not run")
             add("")
@@ -237,7 +272,9 @@ def main(argv=None) -> int:
             e2e = {**(e2e or {}), mode: one}
         flag = {"fixed": f"fixed `--batch-size {ep.get('batch_size')}` (the fp16 probe's choice)",
                 "auto": f"`--batch-size auto --max-batch {ep.get('batch_size')}`",
-                "tiny": f"the committed tiny model (readers and writers alone), fixed `--batch-size {ep.get('batch_size')}`"}[mode]
+                "tiny": f"the committed tiny model (readers and writers alone), fixed `--batch-size {ep.get('batch_size')}`",
+                "float": f"fixed `--batch-size {ep.get('batch_size')}`, `--input-dtype float` (float32 pixels; "
+                         f"the other modes feed the uint8 entry when part `copies` added it)"}[mode]
         add(f"{mode}: two runs, {es['chips_embedded']} and {el['chips_embedded']} chips ({ep.get('scene_size')}x"
             f"{ep.get('scene_size')} JPEGs, one chip each), {flag}: {es['seconds']:.1f} s and {el['seconds']:.1f} s "
             f"wall, failed inputs {es['failed_inputs']} + {el['failed_inputs']}; engine busy "

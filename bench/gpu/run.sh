@@ -7,7 +7,7 @@
 #                                      (preflight) and starts the model build in
 #                                      the background
 #   bash bench/gpu/run.sh [PART...]    the benchmark; default `all`:
-#       unpack model sweep16 sweep32 torch16 oom shrink e2e torch32 report
+#       unpack model sweep16 sweep32 torch16 oom shrink copies e2e torch32 report
 #   bash bench/gpu/run.sh preflight    only the machine checks
 #
 # Results: /tmp/rsembed-gpu/results/*.json, and under $OUT: report.md (the tables),
@@ -42,6 +42,8 @@ if [[ $LOCAL == 1 ]]; then
   PROBE_MAX=${PROBE_MAX:-16}
   OOM_ARGS="--requests 2 --request-size 24 --max-batch 16"
   SHRINK_ARGS="--big 32 --small 4"
+  COPIES_BUCKETS=${COPIES_BUCKETS:-1,8}
+  COPIES_ARGS="--runs 3"
   TORCH_DEVICE=cpu
   E2E_SMALL=8 E2E_LARGE=40 E2E_UNIQUE=8
 else
@@ -55,6 +57,7 @@ else
   PROBE_MAX=${PROBE_MAX:-256}
   OOM_ARGS="--requests 3 --request-size 256 --max-batch 256"
   SHRINK_ARGS="--big 256 --small 8"
+  COPIES_ARGS="--runs 5"
   TORCH_DEVICE=cuda
   # 256x256 JPEGs: one model-sized chip each (rsembed takes a PNG/JPEG as one chip), so
   # the run measures decode + the engine, not a resize of big scenes.
@@ -309,6 +312,15 @@ part_shrink() {
   ort_env "$GPU_BENCH" shrink --model "$MODEL" --device "$DEVICE" --fp16 $SHRINK_ARGS --json "$RES/shrink.json"
 }
 
+part_copies() {
+  # The uint8 entries (idempotent; the model was built without them), then the
+  # engine time per chip split into copy in, compute and copy out, float and uint8.
+  "$PY" "$REPO/tools/uint8_entry.py" --no-verify "$MODEL" || return 1
+  # shellcheck disable=SC2086
+  ort_env "$GPU_BENCH" copies --model "$MODEL" --device "$DEVICE" --fp16 --buckets "${COPIES_BUCKETS:-1,16,64,256}" \
+    $COPIES_ARGS --json "$RES/copies.json"
+}
+
 part_torch() {  # part_torch fp16|fp32
   "$PY" "$REPO/bench/gpu/torch_bench.py" --checkpoint "$CKPT" --device "$TORCH_DEVICE" --dtype "$1" --attn sdpa \
     --max-batch "$MAX" --deadline-seconds 80 --json "$RES/torch_$1.json"
@@ -327,13 +339,16 @@ part_e2e() {
   local set mode name
   # `tiny`: the committed 2-layer model, whose runs take next to nothing, so its
   # rate is what the readers and writers alone can feed on this machine's cores.
-  for mode in fixed auto tiny; do
+  # `float`: as `fixed`, feeding float32 pixels (`--input-dtype float`); `fixed`, `auto`
+  # and `tiny` feed the uint8 entry when the model has one (part `copies` adds it).
+  for mode in fixed auto tiny float; do
     for set in small large; do
       name=e2e_$set; [[ $mode != fixed ]] && name=e2e_${mode}_$set
       rm -rf "$W/e2e/$set"
       local flags=(--batch-size "$bs") model=$MODEL
       [[ $mode == auto ]] && flags=(--batch-size auto --max-batch "$bs")
       [[ $mode == tiny ]] && model=$REPO/fixtures/models/tiny-siglip
+      [[ $mode == float ]] && flags+=(--input-dtype float)
       log "rsembed run: $(ls "$W/images/$set" | wc -l) scenes, $mode, --fp16 ${flags[*]}"
       ort_env "$RSEMBED" run --input "$W/images/$set" --output "$W/e2e/$set" --model "$model" --device "$DEVICE" \
         --fp16 "${flags[@]}" --json >"$RES/$name.json" || return 1
@@ -360,7 +375,8 @@ run_parts() {
       torch16) step torch_fp16 35 110 part_torch fp16 ;;
       oom) step oom 35 110 part_oom ;;
       shrink) step shrink 35 110 part_shrink ;;
-      e2e) step e2e 80 190 part_e2e ;;
+      copies) step copies 40 110 part_copies ;;
+      e2e) step e2e 95 220 part_e2e ;;
       torch32) step torch_fp32 50 110 part_torch fp32 ;;
       report) BUDGET=$(( $(elapsed) + 60 )) step report 1 60 part_report ;;
       *) fatal "unknown part $p" ;;
@@ -382,7 +398,7 @@ case ${1:-all} in
     [[ $LOCAL == 1 ]] || nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/gpu.txt"
     # The report is written even when a fatal step ends the run early.
     trap 'run_parts report' EXIT
-    run_parts unpack model sweep16 sweep32 torch16 oom shrink e2e torch32
+    run_parts unpack model sweep16 sweep32 torch16 oom shrink copies e2e torch32
     ;;
   *)
     exec > >(tee -a "$OUT/run.log") 2>&1

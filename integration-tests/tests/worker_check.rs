@@ -23,14 +23,25 @@ fn check_runs_both_graphs_and_names_the_provider() {
     assert_eq!(r["model"], "tiny-siglip");
     assert_eq!(r["embed_dim"], 64);
     assert_eq!(r["execution_provider"], "CPUExecutionProvider");
-    assert_eq!(r["vision_graph"], "vision_model.onnx");
+    // The graph the worker feeds: the model's uint8 entry, unless told otherwise.
+    assert_eq!(r["vision_graph"], "vision_model_u8.onnx");
     assert_eq!(r["batch"], 3);
+    let o = check(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--json",
+        "--input-dtype",
+        "float",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let r: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["vision_graph"], "vision_model.onnx");
 
     let o = check(&["--model", model.to_str().unwrap(), "--fp16"]);
     assert_eq!(o.status.code(), Some(0));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.starts_with("rsembed-worker check: ok"), "{text}");
-    assert!(text.contains("vision_model_fp16.onnx"), "{text}");
+    assert!(text.contains("vision_model_fp16_u8.onnx"), "{text}");
 }
 
 #[test]

@@ -41,6 +41,13 @@ pub struct ModelManifest {
     /// Optional float16 vision graph with float32 inputs and outputs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vision_fp16: Option<GraphSpec>,
+    /// Optional uint8 entry of `vision`: takes the resized 8-bit image, NHWC,
+    /// and rescales and normalizes it in the graph (`tools/uint8_entry.py`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision_u8: Option<U8GraphSpec>,
+    /// Optional uint8 entry of `vision_fp16`, made the same way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision_fp16_u8: Option<U8GraphSpec>,
     /// The raw learned logit scale; scores use `exp(logit_scale)`.
     pub logit_scale: f64,
     /// The learned logit bias.
@@ -51,6 +58,25 @@ pub struct ModelManifest {
     /// Optional: directories made before it existed have none.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub files: BTreeMap<String, FileRecord>,
+}
+
+/// A uint8 entry of a vision graph: input uint8 `[N,H,W,3]`, the graph it
+/// wraps after the preprocessor's rescaling and normalisation, the same
+/// output. Its weights are the wrapped graph's own bytes (ONNX external data),
+/// so it is only valid beside the very file it was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct U8GraphSpec {
+    /// Graph file, relative to the model directory.
+    pub file: String,
+    /// Name of the uint8 input tensor.
+    pub input: String,
+    /// Name of the output tensor.
+    pub output: String,
+    /// SHA-256 of the float graph it wraps, when it was made.
+    pub wraps_sha256: String,
+    /// SHA-256 of `preprocessor_config.json`, whose rescaling and
+    /// normalisation it carries, when it was made.
+    pub preprocessor_sha256: String,
 }
 
 /// What `rsembed-model.json` records about one file of the model directory.
@@ -127,6 +153,7 @@ mod tests {
         .unwrap();
         assert_eq!(m.text.max_length, Some(64));
         assert!(m.vision_fp16.is_none());
+        assert!(m.vision_u8.is_none() && m.vision_fp16_u8.is_none());
         assert!(m.files.is_empty(), "older manifests record no digests");
     }
 

@@ -11,7 +11,7 @@ use rsembed_schemas::ids::chip_id;
 use tokio::sync::mpsc;
 use tracing::Instrument;
 
-use crate::engine::PixelBatch;
+use crate::engine::{PixelBatch, PixelFormat, Pixels};
 use crate::error::{Error, Result};
 use crate::input::{Item, Prepared};
 use crate::metrics;
@@ -106,9 +106,50 @@ impl TaskRunner {
             self.preprocessor.height() as usize,
             self.preprocessor.width() as usize,
         );
-        let mut data = Vec::with_capacity(n * self.preprocessor.len());
+        let len = self.preprocessor.len();
+        // A uint8 entry takes the 8-bit images as they are (a quarter of the
+        // bytes); a float one, rescaled and normalized here. Into a buffer the
+        // engine lends when it lends one (bound as the session's input with
+        // no further copy; page-locked on CUDA), else into our own.
+        let leased = self
+            .engine
+            .input_pool()
+            .and_then(|pool| pool.lease(n))
+            .and_then(|mut l| {
+                let ok = match l.format() {
+                    PixelFormat::U8Nhwc => l.u8_mut().map(|out| {
+                        for (p, o) in batch.iter().zip(out.chunks_exact_mut(len)) {
+                            o.copy_from_slice(&p.pixels);
+                        }
+                    }),
+                    PixelFormat::F32Nchw => l.f32_mut().map(|out| {
+                        for (p, o) in batch.iter().zip(out.chunks_exact_mut(len)) {
+                            self.preprocessor.normalize_into(&p.pixels, o);
+                        }
+                    }),
+                };
+                ok.map(|()| Pixels::Leased(l))
+            });
+        let data = match leased {
+            Some(d) => d,
+            None => match self.engine.pixel_format() {
+                PixelFormat::U8Nhwc => {
+                    let mut data = Vec::with_capacity(n * len);
+                    for p in &batch {
+                        data.extend_from_slice(&p.pixels);
+                    }
+                    Pixels::U8(data)
+                }
+                PixelFormat::F32Nchw => {
+                    let mut data = vec![0f32; n * len];
+                    for (p, out) in batch.iter().zip(data.chunks_exact_mut(len)) {
+                        self.preprocessor.normalize_into(&p.pixels, out);
+                    }
+                    Pixels::F32(data)
+                }
+            },
+        };
         for p in &mut batch {
-            data.extend_from_slice(&p.pixels);
             // Each chip's pixels live once, in the request.
             p.pixels = Vec::new();
             p.queued.release();

@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::engine::flags::EngineArgs;
 use crate::engine::text::TextEncoder;
 use crate::engine::vision::OrtVision;
-use crate::engine::{Backend, PixelBatch};
+use crate::engine::{Backend, PixelBatch, PixelFormat, Pixels};
 use crate::error::{chain, Error, Result};
 use crate::model::ModelDir;
 
@@ -99,12 +99,17 @@ pub(crate) fn check(args: &CheckArgs) -> Result<CheckReport> {
     );
     // Distinct images (a gradient shifted per image), so the rows must differ.
     let n = args.batch;
-    let data: Vec<f32> = (0..n * 3 * h * w)
-        .map(|i| {
-            let img = i / (3 * h * w);
-            (((i + 7919 * img) % 251) as f32 / 125.0) - 1.0
-        })
-        .collect();
+    let value = |i: usize| (i + 7919 * (i / (3 * h * w))) % 251;
+    let data: Pixels = match vision.pixel_format() {
+        PixelFormat::F32Nchw => (0..n * 3 * h * w)
+            .map(|i| (value(i) as f32 / 125.0) - 1.0)
+            .collect::<Vec<f32>>()
+            .into(),
+        PixelFormat::U8Nhwc => (0..n * 3 * h * w)
+            .map(|i| value(i) as u8)
+            .collect::<Vec<u8>>()
+            .into(),
+    };
     let batch = PixelBatch {
         n,
         channels: 3,
@@ -141,7 +146,7 @@ pub(crate) fn check(args: &CheckArgs) -> Result<CheckReport> {
         embed_dim: model.manifest.embed_dim,
         execution_provider: providers[0].clone(),
         providers,
-        vision_graph: model.vision_graph(args.engine.fp16)?.file.clone(),
+        vision_graph: vision_graph_name(&model, &vision),
         batch: n,
         vision_load_seconds,
         vision_batch_seconds,
@@ -199,4 +204,13 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::process:
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The graph file the check ran, relative to the model directory.
+fn vision_graph_name(model: &ModelDir, vision: &OrtVision) -> String {
+    let f = vision.graph_file();
+    f.strip_prefix(&model.dir)
+        .unwrap_or(f)
+        .to_string_lossy()
+        .into_owned()
 }

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use rsembed_schemas::job::{FileDigest, ModelRef};
 use rsembed_schemas::model::{
-    GraphSpec, ModelManifest, PreprocessorConfig, MODEL_MANIFEST, PREPROCESSOR_CONFIG, TOKENIZER,
+    GraphSpec, ModelManifest, PreprocessorConfig, U8GraphSpec, MODEL_MANIFEST, PREPROCESSOR_CONFIG,
+    TOKENIZER,
 };
 use sha2::{Digest, Sha256};
 
@@ -154,12 +155,60 @@ impl ModelDir {
         for g in self.graphs() {
             self.graph_path(g)?;
         }
+        for g in [&self.manifest.vision_u8, &self.manifest.vision_fp16_u8]
+            .into_iter()
+            .flatten()
+        {
+            self.file_path(&g.file)?;
+        }
         Ok(())
     }
 
-    /// Path of a graph of the manifest, checked to exist.
-    pub(crate) fn graph_path(&self, g: &GraphSpec) -> Result<PathBuf> {
-        let p = self.dir.join(&g.file);
+    /// The uint8 entry of the vision graph a run of `fp16` opens, when the
+    /// manifest has one.
+    pub fn u8_graph(&self, fp16: bool) -> Option<&U8GraphSpec> {
+        if fp16 {
+            self.manifest.vision_fp16_u8.as_ref()
+        } else {
+            self.manifest.vision_u8.as_ref()
+        }
+    }
+
+    /// The path of the uint8 entry of `fp16`'s vision graph, checked to be
+    /// usable: its file is there, and the float graph it wraps and the
+    /// preprocessor it carries are the ones it was made from (it reads its
+    /// weights at offsets into the float graph's file, and its normalisation
+    /// is the preprocessor's). `Ok(None)` without an entry; an error, saying
+    /// how to fix it, when it is stale.
+    pub fn u8_entry(&self, fp16: bool) -> Result<Option<(PathBuf, &U8GraphSpec)>> {
+        let Some(u8g) = self.u8_graph(fp16) else {
+            return Ok(None);
+        };
+        let path = self.file_path(&u8g.file)?;
+        let float = self.vision_graph(fp16)?;
+        let stale = |what: &str| {
+            invalid(
+                &path,
+                format!(
+                    "the uint8 entry was made for another {what}; rerun \
+                     `python tools/uint8_entry.py {}` (or pass --input-dtype float)",
+                    self.dir.display()
+                ),
+            )
+        };
+        let (wrapped, _) = sha256_file(&self.graph_path(float)?)?;
+        if wrapped != u8g.wraps_sha256 {
+            return Err(stale(&format!("{} than this one", float.file)));
+        }
+        let (pre, _) = sha256_file(&self.path(PREPROCESSOR_CONFIG))?;
+        if pre != u8g.preprocessor_sha256 {
+            return Err(stale(&format!("{PREPROCESSOR_CONFIG} than this one")));
+        }
+        Ok(Some((path, u8g)))
+    }
+
+    fn file_path(&self, file: &str) -> Result<PathBuf> {
+        let p = self.dir.join(file);
         if p.is_file() {
             return Ok(p);
         }
@@ -170,6 +219,11 @@ impl ModelDir {
                 format!("named by {MODEL_MANIFEST} but missing"),
             ),
         })
+    }
+
+    /// Path of a graph of the manifest, checked to exist.
+    pub(crate) fn graph_path(&self, g: &GraphSpec) -> Result<PathBuf> {
+        self.file_path(&g.file)
     }
 
     /// Every graph the manifest names.
@@ -214,7 +268,9 @@ impl ModelDir {
     /// Model identity for job specs: the digests of the vision graph the job
     /// runs and of the preprocessor, the only files that shape its embeddings.
     /// The other graphs are neither read nor required, so the identity does
-    /// not depend on whether a copy of the directory carries them.
+    /// not depend on whether a copy of the directory carries them. A uint8
+    /// entry is the float graph's (same weights, the preprocessor's own
+    /// normalisation): adding one, or feeding it, leaves the identity as it was.
     pub fn model_ref(&self, fp16: bool) -> Result<ModelRef> {
         let vision = self.vision_graph(fp16)?;
         let (sha256, bytes) = sha256_file(&self.graph_path(vision)?)?;

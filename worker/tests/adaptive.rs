@@ -480,7 +480,7 @@ fn one(batch: &PixelBatch, i: usize) -> PixelBatch {
     let il = batch.image_len();
     PixelBatch {
         n: 1,
-        data: batch.data[i * il..(i + 1) * il].to_vec(),
+        data: batch.data.padded(i * il..(i + 1) * il, il),
         ..batch.clone()
     }
 }

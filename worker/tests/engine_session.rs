@@ -260,7 +260,8 @@ fn the_shrink_entry_reaches_orts_run() {
     let mut run = |target: &str| {
         let mut o = RunOptions::new().unwrap();
         o.set(ARENA_SHRINK_KEY, target).unwrap();
-        let x = TensorRef::from_array_view(([1i64, 3, 256, 256], b.data.as_slice())).unwrap();
+        let x =
+            TensorRef::from_array_view(([1i64, 3, 256, 256], b.data.as_f32().unwrap())).unwrap();
         s.run_with_options(ort::inputs![g.input.as_str() => x], &o)
             .map(|_| ())
             .map_err(|e| e.to_string())

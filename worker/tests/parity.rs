@@ -106,7 +106,7 @@ fn preprocessing_matches_siglip_image_processor() {
         let file = root().join("fixtures").join(img["file"].as_str().unwrap());
         let rgb = decode(&file);
         assert_eq!(rgb.width as u64, img["width"].as_u64().unwrap());
-        let px = pre.run(&rgb).unwrap();
+        let px = pre.run_f32(&rgb).unwrap();
         let plane = (pre.width() * pre.height()) as usize;
         // JPEG too: the decoder is libjpeg-turbo-exact, as Pillow is.
         let tol = 1e-5;
@@ -152,14 +152,14 @@ fn image_embeddings_match_get_image_features() {
     for img in images {
         let file = root().join("fixtures").join(img["file"].as_str().unwrap());
         let rgb = decode(&file);
-        data.extend(pre.run(&rgb).unwrap());
+        data.extend(pre.run_f32(&rgb).unwrap());
     }
     let batch = PixelBatch {
         n: images.len(),
         channels: 3,
         height: pre.height() as usize,
         width: pre.width() as usize,
-        data,
+        data: data.into(),
     };
     let emb = vision.embed(&batch).unwrap();
     for (i, img) in images.iter().enumerate() {
@@ -193,7 +193,7 @@ fn fp16_graph_stays_close() {
         channels: 3,
         height: pre.height() as usize,
         width: pre.width() as usize,
-        data: pre.run(&rgb).unwrap(),
+        data: pre.run_f32(&rgb).unwrap().into(),
     };
     let a = to_f64(&fp32.embed(&batch).unwrap().data);
     let b = to_f64(&fp16.embed(&batch).unwrap().data);

@@ -24,7 +24,8 @@ use rsembed_schemas::model::PreprocessorConfig;
 use rsembed_schemas::task::{Task, TaskInput};
 use rsembed_worker::batch::BATCHES_IN_FLIGHT;
 use rsembed_worker::engine::handle::EngineHandle;
-use rsembed_worker::engine::{Backend, Embeddings, PixelBatch, RunHints};
+use rsembed_worker::engine::pool::InputPool;
+use rsembed_worker::engine::{Backend, Embeddings, PixelBatch, PixelFormat, Pixels, RunHints};
 use rsembed_worker::error::{Error, Result};
 use rsembed_worker::metrics;
 use rsembed_worker::preprocess::Preprocessor;
@@ -44,6 +45,11 @@ struct Slow {
     runs: usize,
     fail_at: Option<usize>,
     most_at_engine: Arc<AtomicI64>,
+    /// Takes 8-bit NHWC batches, as a uint8 vision entry does.
+    u8: bool,
+    /// Lends the batcher buffers to assemble batches in; the addresses of
+    /// the lent buffers its runs were given.
+    pool: Option<(InputPool, Arc<std::sync::Mutex<Vec<usize>>>)>,
 }
 
 impl Backend for Slow {
@@ -58,16 +64,31 @@ impl Backend for Slow {
                 message: "injected failure".into(),
             });
         }
-        let data = batch
-            .data
-            .chunks_exact(batch.image_len())
-            .flat_map(|img| [img[0], 1.0])
+        let il = batch.image_len();
+        let data = (0..batch.n)
+            .flat_map(|i| [batch.data.value(i * il).unwrap(), 1.0])
             .collect();
+        assert_eq!(batch.data.format(), self.pixel_format(), "batch format");
+        if let (Some((_, seen)), Pixels::Leased(l)) = (&self.pool, &batch.data) {
+            seen.lock().unwrap().push(l.addr());
+        }
         Ok(Embeddings {
             n: batch.n,
             dim: 2,
             data,
         })
+    }
+
+    fn input_pool(&self) -> Option<InputPool> {
+        self.pool.as_ref().map(|(p, _)| p.clone())
+    }
+
+    fn pixel_format(&self) -> PixelFormat {
+        if self.u8 {
+            PixelFormat::U8Nhwc
+        } else {
+            PixelFormat::F32Nchw
+        }
     }
 }
 
@@ -190,6 +211,8 @@ async fn the_next_batch_waits_at_the_engine_and_every_chip_keeps_its_embedding()
         runs: 0,
         fail_at: None,
         most_at_engine: most.clone(),
+        u8: false,
+        pool: None,
     };
     let out = tmp.path().join("out");
     let (r, job) = runner(&out, backend, 4);
@@ -238,6 +261,8 @@ async fn a_fatal_engine_error_fails_the_task_and_writes_nothing() {
         runs: 0,
         fail_at: Some(2),
         most_at_engine: Arc::default(),
+        u8: false,
+        pool: None,
     };
     let out = tmp.path().join("out");
     let (r, job) = runner(&out, backend, 4);
@@ -274,6 +299,8 @@ async fn an_unreadable_input_fails_the_task_with_its_store_error_and_bad_content
         runs: 0,
         fail_at: None,
         most_at_engine: Arc::new(AtomicI64::new(0)),
+        u8: false,
+        pool: None,
     };
     let out = tmp.path().join("out");
 
@@ -312,4 +339,64 @@ async fn an_unreadable_input_fails_the_task_with_its_store_error_and_bad_content
     assert_eq!(report.failures[0].source_uri, inputs[0].uri);
     assert_eq!(report.failures[0].store, None);
     assert!(report.failures[0].cause.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uint8_engine_is_sent_the_8_bit_images() {
+    let _serial = SERIAL.lock().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let inputs = images(tmp.path(), 10);
+    let backend = Slow {
+        delay: Duration::from_millis(1),
+        runs: 0,
+        fail_at: None,
+        most_at_engine: Arc::default(),
+        u8: true,
+        pool: None,
+    };
+    let out = tmp.path().join("out");
+    let (r, job) = runner(&out, backend, 4);
+    let task = Task::new("job", inputs);
+    let report = r.run(&job, &task).await.unwrap();
+    assert_eq!(report.chips_file.rows, 10);
+    let rows = read_rows(&out.join(task.chips_path()));
+    assert_eq!(rows.len(), 10);
+    for (uri, got) in &rows {
+        let i: usize = uri.rsplit("img").next().unwrap()[..3].parse().unwrap();
+        // The grey level itself: the engine normalises, not the batcher.
+        assert_eq!(*got, (5 * i) as f32, "{uri}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_assembled_in_the_engines_lent_buffers_and_reuse_them() {
+    let _serial = SERIAL.lock().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let inputs = images(tmp.path(), 40);
+    let pool = InputPool::host(PixelFormat::U8Nhwc, (3, 8, 8));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let backend = Slow {
+        delay: Duration::from_millis(5),
+        runs: 0,
+        fail_at: None,
+        most_at_engine: Arc::default(),
+        u8: true,
+        pool: Some((pool.clone(), seen.clone())),
+    };
+    let out = tmp.path().join("out");
+    let (r, job) = runner(&out, backend, 4);
+    let task = Task::new("job", inputs);
+    let report = r.run(&job, &task).await.unwrap();
+    assert_eq!(report.chips_file.rows, 40);
+    for (uri, got) in &read_rows(&out.join(task.chips_path())) {
+        let i: usize = uri.rsplit("img").next().unwrap()[..3].parse().unwrap();
+        assert_eq!(*got, (5 * i) as f32, "{uri}");
+    }
+    let mut addrs = seen.lock().unwrap().clone();
+    assert_eq!(addrs.len(), 10, "every batch of 4 came in a lent buffer");
+    addrs.sort_unstable();
+    addrs.dedup();
+    // One assembling, two at the engine at most: never one buffer a batch.
+    assert!(addrs.len() <= 3, "{} buffers for 10 batches", addrs.len());
+    assert!(!pool.free_sizes().is_empty(), "the buffers came back");
 }

@@ -23,7 +23,7 @@ pub(crate) fn images(first: usize, n: usize, s: ImageShape) -> PixelBatch {
         channels: s.channels,
         height: s.height,
         width: s.width,
-        data,
+        data: data.into(),
     }
 }
 
@@ -33,7 +33,7 @@ pub(crate) fn prefix(b: &PixelBatch, n: usize) -> PixelBatch {
         channels: b.channels,
         height: b.height,
         width: b.width,
-        data: b.data[..n * b.image_len()].to_vec(),
+        data: b.data.padded(0..n * b.image_len(), 0),
     }
 }
 
@@ -99,7 +99,7 @@ pub(crate) fn parity(model: &ModelDir, v: &mut OrtVision) -> Res<Value> {
         channels: s.channels,
         height: s.height,
         width: s.width,
-        data: input,
+        data: input.into(),
     };
     let got = v.embed(&batch).map_err(|e| engine_err("parity run", &e))?;
     if got.dim != dim {

@@ -25,6 +25,10 @@
 //!   then small ones (the first with the shrink hint); device memory and run
 //!   times after each phase.
 //!
+//! - `copies`: the engine's time per chip split into compute, copy out and
+//!   copy in (from pinned and from pageable host memory), for the float graph
+//!   and the uint8 entry, at a few buckets.
+//!
 //! Each part prints a Markdown table and, with `--json FILE`, writes its
 //! figures as JSON. Not a test: timings depend on the machine.
 
@@ -47,6 +51,7 @@ use rsembed_worker::model::ModelDir;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
+mod copies;
 mod inputs;
 mod memory;
 mod oom;
@@ -54,6 +59,7 @@ mod shrink;
 mod sweep;
 mod unpack;
 
+use copies::*;
 use inputs::*;
 use memory::*;
 use oom::*;
@@ -78,6 +84,8 @@ enum Part {
     Oom(OomArgs),
     /// Device memory with and without arena shrinking after a large batch.
     Shrink(ShrinkArgs),
+    /// Engine time per chip split into copy in, compute and copy out.
+    Copies(CopiesArgs),
 }
 
 #[derive(Args, Clone)]
@@ -192,6 +200,18 @@ struct OomArgs {
 }
 
 #[derive(Args)]
+struct CopiesArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Buckets to time.
+    #[arg(long, default_value = "1,16,64,256", value_delimiter = ',')]
+    buckets: Vec<usize>,
+    /// Timed runs per bucket and way (the median is kept).
+    #[arg(long, default_value_t = 5)]
+    runs: usize,
+}
+
+#[derive(Args)]
 struct ShrinkArgs {
     #[command(flatten)]
     common: Common,
@@ -228,6 +248,7 @@ fn main() {
         Part::Sweep(a) => sweep(&a),
         Part::Oom(a) => oom(&a),
         Part::Shrink(a) => shrink(&a),
+        Part::Copies(a) => copies(&a),
     };
     if let Err(e) = res {
         eprintln!("gpu_bench: error: {e}");

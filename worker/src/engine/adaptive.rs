@@ -33,7 +33,7 @@ use crate::engine::controller::{
     bucket_for, buckets, choose, keep_probing, Change, Controller, ProbeOutcome, ProbeRow,
     DEFAULT_RECOVER_AFTER,
 };
-use crate::engine::{Backend, DeviceMemory, Embeddings, PixelBatch, RunHints};
+use crate::engine::{Backend, DeviceMemory, Embeddings, PixelBatch, PixelFormat, RunHints};
 use crate::error::{is_out_of_memory, Error, Result};
 use crate::model::ModelDir;
 
@@ -85,13 +85,17 @@ impl ImageShape {
         }
     }
 
-    fn zeros(self, n: usize) -> PixelBatch {
+    fn zeros(self, n: usize, format: PixelFormat) -> PixelBatch {
+        let len = n * self.channels * self.height * self.width;
         PixelBatch {
             n,
             channels: self.channels,
             height: self.height,
             width: self.width,
-            data: vec![0.0; n * self.channels * self.height * self.width],
+            data: match format {
+                PixelFormat::F32Nchw => vec![0f32; len].into(),
+                PixelFormat::U8Nhwc => vec![0u8; len].into(),
+            },
         }
     }
 }
@@ -290,7 +294,7 @@ impl<B: Backend> Adaptive<B> {
             if b > self.ctl.ceiling() {
                 break;
             }
-            let batch = shape.zeros(b);
+            let batch = shape.zeros(b, self.inner.pixel_format());
             let row = match self.measure(&batch) {
                 Ok(images_per_s) => {
                     let mem = self.inner.device_memory();
@@ -425,7 +429,7 @@ impl<B: Backend> Adaptive<B> {
             return Err(Error::Device {
                 context: "adaptive batching".into(),
                 message: format!(
-                    "a batch of {} images of {il} floats holds {} floats",
+                    "a batch of {} images of {il} values holds {} values",
                     batch.n,
                     batch.data.len()
                 ),
@@ -510,6 +514,8 @@ impl<B: Backend> Adaptive<B> {
                 Ok(())
             }
             Err(e) if is_out_of_memory(&e) => {
+                // The next batch's staged copy gives its memory to the retries.
+                self.inner.unstage();
                 self.ctl.on_oom(size);
                 self.note_oom(&e);
                 self.publish();
@@ -558,15 +564,14 @@ pub(crate) fn piece(batch: &PixelBatch, range: Range<usize>, size: usize) -> Cow
         return Cow::Borrowed(batch);
     }
     let il = batch.image_len();
-    let mut data = Vec::with_capacity(size * il);
-    data.extend_from_slice(&batch.data[range.start * il..range.end * il]);
-    data.resize(size * il, 0.0);
     Cow::Owned(PixelBatch {
         n: size,
         channels: batch.channels,
         height: batch.height,
         width: batch.width,
-        data,
+        data: batch
+            .data
+            .padded(range.start * il..range.end * il, size * il),
     })
 }
 
@@ -602,5 +607,27 @@ impl<B: Backend> Backend for Adaptive<B> {
 
     fn device_memory(&self) -> Option<DeviceMemory> {
         self.inner.device_memory()
+    }
+
+    fn pixel_format(&self) -> PixelFormat {
+        self.inner.pixel_format()
+    }
+
+    fn input_pool(&self) -> Option<crate::engine::pool::InputPool> {
+        self.inner.input_pool()
+    }
+
+    /// Staged as the one piece it will run as, when it fits the current
+    /// bucket; a batch that will be cut is not staged (no piece of it would
+    /// match).
+    fn stage(&mut self, next: &PixelBatch) {
+        if next.n <= self.ctl.bucket() {
+            let p = piece(next, 0..next.n, bucket_for(next.n));
+            self.inner.stage(&p);
+        }
+    }
+
+    fn unstage(&mut self) {
+        self.inner.unstage();
     }
 }

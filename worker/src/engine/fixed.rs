@@ -13,7 +13,7 @@
 
 use crate::engine::adaptive::piece;
 use crate::engine::controller::bucket_for;
-use crate::engine::{Backend, DeviceMemory, Embeddings, PixelBatch, RunHints};
+use crate::engine::{Backend, DeviceMemory, Embeddings, PixelBatch, PixelFormat, RunHints};
 use crate::error::Result;
 
 /// A backend whose runs are `size` images, or a power of two below it.
@@ -64,6 +64,23 @@ impl<B: Backend> Backend for FixedShapes<B> {
     fn device_memory(&self) -> Option<DeviceMemory> {
         self.inner.device_memory()
     }
+
+    fn pixel_format(&self) -> PixelFormat {
+        self.inner.pixel_format()
+    }
+
+    fn input_pool(&self) -> Option<crate::engine::pool::InputPool> {
+        self.inner.input_pool()
+    }
+
+    fn stage(&mut self, next: &PixelBatch) {
+        let size = self.shape_for(next.n);
+        self.inner.stage(&piece(next, 0..next.n, size));
+    }
+
+    fn unstage(&mut self) {
+        self.inner.unstage();
+    }
 }
 
 #[cfg(test)]
@@ -78,7 +95,9 @@ mod tests {
             Ok(Embeddings {
                 n: b.n,
                 dim: 1,
-                data: b.data.chunks_exact(b.image_len()).map(|i| i[0]).collect(),
+                data: (0..b.n)
+                    .map(|i| b.data.value(i * b.image_len()).unwrap())
+                    .collect(),
             })
         }
     }
@@ -89,7 +108,10 @@ mod tests {
             channels: 1,
             height: 1,
             width: 2,
-            data: (0..n).flat_map(|i| [i as f32 + 1.0, 0.5]).collect(),
+            data: (0..n)
+                .flat_map(|i| [i as f32 + 1.0, 0.5])
+                .collect::<Vec<f32>>()
+                .into(),
         }
     }
 

@@ -7,7 +7,7 @@ use clap::Args;
 
 use crate::engine::session::{
     parse_byte_size, ArenaExtendStrategy, ArenaShrink, ConvAlgoSearch, Device, GraphOptLevel,
-    SessionConfig,
+    InputDtype, SessionConfig,
 };
 use crate::error::Result;
 
@@ -84,6 +84,12 @@ pub struct EngineArgs {
     /// out-of-memory error; default) or `always` (after every run).
     #[arg(long, env = "RSEMBED_ARENA_SHRINK", default_value = "on-change")]
     pub arena_shrink: ArenaShrink,
+    /// Which vision entry to feed: `auto` (the model's uint8 entry, `vision_u8`, when
+    /// it has a valid one: 8-bit NHWC pixels, a quarter of the bytes, rescaled and
+    /// normalized in the graph; the float graph otherwise), `float` (always float32
+    /// pixels, for comparison) or `uint8` (an error without the entry).
+    #[arg(long, env = "RSEMBED_INPUT_DTYPE", default_value = "auto")]
+    pub input_dtype: InputDtype,
     /// Path of libonnxruntime.so. Default: ORT_DYLIB_PATH, then next to the executable, then the system.
     #[arg(long, env = "RSEMBED_ORT_LIB")]
     pub ort_lib: Option<PathBuf>,
@@ -105,6 +111,8 @@ impl EngineArgs {
             ort_profile: self.ort_profile.clone(),
             arena_shrink: self.arena_shrink,
             ort_lib: self.ort_lib.clone(),
+            input_dtype: self.input_dtype,
+            io_binding: matches!(self.device, Device::Cuda(_)),
         }
     }
 

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use crate::engine::{Backend, Embeddings, PixelBatch};
+use crate::engine::pool::InputPool;
+use crate::engine::{Backend, Embeddings, PixelBatch, PixelFormat};
 use crate::error::{Error, Result};
 
 enum Request {
@@ -31,6 +32,10 @@ enum Request {
 pub struct EngineHandle {
     tx: mpsc::Sender<Request>,
     max_batch: Option<usize>,
+    /// The pixels the backend takes.
+    pixel_format: PixelFormat,
+    /// Buffers the backend lends to assemble batches in.
+    pool: Option<InputPool>,
     /// The backend's preferred batch after its latest request; 0 is none.
     preferred: Arc<AtomicUsize>,
     /// Nanoseconds the thread spent answering requests.
@@ -49,7 +54,8 @@ impl EngineHandle {
         F: FnOnce() -> Result<B> + Send + 'static,
     {
         let (tx, mut rx) = mpsc::channel::<Request>(queue.max(1));
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<Option<usize>>>();
+        let (ready_tx, ready_rx) =
+            std::sync::mpsc::channel::<Result<(Option<usize>, PixelFormat, Option<InputPool>)>>();
         let preferred = Arc::new(AtomicUsize::new(0));
         let publish = preferred.clone();
         let busy_ns = Arc::new(AtomicU64::new(0));
@@ -61,7 +67,8 @@ impl EngineHandle {
                     Ok(b) => {
                         publish.store(b.preferred_batch().unwrap_or(0), Ordering::Relaxed);
                         crate::metrics::global().observe_backend(&b);
-                        let _ = ready_tx.send(Ok(b.max_batch()));
+                        let _ =
+                            ready_tx.send(Ok((b.max_batch(), b.pixel_format(), b.input_pool())));
                         b
                     }
                     Err(e) => {
@@ -69,7 +76,17 @@ impl EngineHandle {
                         return;
                     }
                 };
-                while let Some(req) = rx.blocking_recv() {
+                // The request after the one running, taken off the queue early
+                // so the backend can stage its batch while this one runs.
+                let mut next: Option<Request> = None;
+                loop {
+                    let req = match next.take() {
+                        Some(r) => r,
+                        None => match rx.blocking_recv() {
+                            Some(r) => r,
+                            None => break,
+                        },
+                    };
                     let (batch, reply, span) = match req {
                         Request::Embed { batch, reply, span } => (batch, reply, span),
                         Request::Shutdown(done) => {
@@ -80,6 +97,12 @@ impl EngineHandle {
                     };
                     let _enter = span.enter();
                     let started = Instant::now();
+                    if let Ok(r) = rx.try_recv() {
+                        if let Request::Embed { batch: after, .. } = &r {
+                            backend.stage(after);
+                        }
+                        next = Some(r);
+                    }
                     let out = backend.embed(&batch);
                     let took = started.elapsed();
                     busy.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
@@ -94,12 +117,14 @@ impl EngineHandle {
                 }
             })
             .map_err(Error::Io)?;
-        let max_batch = ready_rx
+        let (max_batch, pixel_format, pool) = ready_rx
             .recv()
             .map_err(|_| Error::EngineGone("engine thread died while starting".into()))??;
         Ok(EngineHandle {
             tx,
             max_batch,
+            pixel_format,
+            pool,
             preferred,
             busy_ns,
             ready_at: Instant::now(),
@@ -121,11 +146,27 @@ impl EngineHandle {
         self.max_batch
     }
 
+    /// The pixels the backend takes: the batcher assembles batches in it.
+    pub fn pixel_format(&self) -> PixelFormat {
+        self.pixel_format
+    }
+
+    /// The buffers the backend lends to assemble batches in, if it lends any.
+    pub fn input_pool(&self) -> Option<&InputPool> {
+        self.pool.as_ref()
+    }
+
     /// The batch size the backend runs best at now (the adaptive bucket), as
     /// of its latest request; the batcher fills batches to it. `None` when the
     /// backend has no preference (a fixed `--batch-size`).
     pub fn preferred_batch(&self) -> Option<usize> {
         Some(self.preferred.load(Ordering::Relaxed)).filter(|n| *n > 0)
+    }
+
+    /// Requests waiting in the engine's queue (not counting the one running
+    /// or the one taken off the queue to be staged).
+    pub fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
     }
 
     /// Embeds one batch, waiting for room in the queue first.
@@ -159,10 +200,8 @@ mod tests {
     struct Echo;
     impl Backend for Echo {
         fn run(&mut self, batch: &PixelBatch, _: crate::engine::RunHints) -> Result<Embeddings> {
-            let data = batch
-                .data
-                .chunks_exact(batch.image_len())
-                .flat_map(|img| [img[0], 1.0])
+            let data = (0..batch.n)
+                .flat_map(|i| [batch.data.value(i * batch.image_len()).unwrap(), 1.0])
                 .collect();
             Ok(Embeddings {
                 n: batch.n,
@@ -180,7 +219,7 @@ mod tests {
             channels: 1,
             height: 1,
             width: 1,
-            data: vec![5.0, 7.0],
+            data: vec![5.0, 7.0].into(),
         };
         let e = h.embed(batch).await.unwrap();
         assert_eq!(e.data, vec![5.0, 1.0, 7.0, 1.0]);
@@ -205,7 +244,7 @@ mod tests {
             channels: 1,
             height: 1,
             width: 1,
-            data: vec![1.0, 2.0, 3.0],
+            data: vec![1.0, 2.0, 3.0].into(),
         };
         h.embed(batch).await.unwrap();
         assert_eq!(h.preferred_batch(), Some(6));
@@ -229,13 +268,79 @@ mod tests {
             channels: 1,
             height: 1,
             width: 1,
-            data: vec![1.0],
+            data: vec![1.0].into(),
         };
         h.embed(batch.clone()).await.unwrap();
         h.embed(batch).await.unwrap();
         let (busy, since) = h.busy();
         assert!(busy >= Duration::from_millis(60), "{busy:?}");
         assert!(since >= busy, "{since:?} < {busy:?}");
+    }
+
+    /// Logs its runs and stages by the first value of each batch; its first
+    /// run signals that it started and waits for the gate.
+    struct Gated {
+        log: Arc<std::sync::Mutex<Vec<String>>>,
+        started: Option<std::sync::mpsc::Sender<()>>,
+        gate: Option<std::sync::mpsc::Receiver<()>>,
+    }
+    impl Backend for Gated {
+        fn run(&mut self, b: &PixelBatch, h: crate::engine::RunHints) -> Result<Embeddings> {
+            if let (Some(s), Some(g)) = (self.started.take(), self.gate.take()) {
+                s.send(()).unwrap();
+                g.recv().unwrap();
+            }
+            let id = b.data.value(0).unwrap();
+            self.log.lock().unwrap().push(format!("run {id}"));
+            Echo.run(b, h)
+        }
+        fn stage(&mut self, next: &PixelBatch) {
+            let id = next.data.value(0).unwrap();
+            self.log.lock().unwrap().push(format!("stage {id}"));
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_batch_queued_next_is_staged_before_the_run_ahead_of_it() {
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (open, gate) = std::sync::mpsc::channel();
+        let backend = Gated {
+            log: log.clone(),
+            started: Some(started_tx),
+            gate: Some(gate),
+        };
+        let h = EngineHandle::spawn("test-engine", 8, move || Ok(backend)).unwrap();
+        let one = |id: f32| PixelBatch {
+            n: 1,
+            channels: 1,
+            height: 1,
+            width: 1,
+            data: vec![id].into(),
+        };
+        let send = |id: f32| {
+            let h = h.clone();
+            let b = one(id);
+            tokio::spawn(async move { h.embed(b).await.unwrap().data[0] })
+        };
+        let first = send(1.0);
+        // The first run started with nothing queued behind it.
+        tokio::task::spawn_blocking(move || started.recv().unwrap())
+            .await
+            .unwrap();
+        let rest: Vec<_> = [2.0, 3.0, 4.0].into_iter().map(send).collect();
+        while h.queued() < 3 {
+            tokio::task::yield_now().await;
+        }
+        open.send(()).unwrap();
+        assert_eq!(first.await.unwrap(), 1.0);
+        for (t, id) in rest.into_iter().zip([2.0, 3.0, 4.0]) {
+            assert_eq!(t.await.unwrap(), id, "each answer is its own batch's");
+        }
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["run 1", "stage 3", "run 2", "stage 4", "run 3", "run 4"]
+        );
     }
 
     #[test]

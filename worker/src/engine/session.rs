@@ -128,6 +128,19 @@ kebab_enum! {
     }
 }
 
+kebab_enum! {
+    /// Which vision entry a run feeds (`--input-dtype`).
+    InputDtype {
+        /// The uint8 entry when the model directory has a valid one, the float
+        /// graph otherwise (our default).
+        Auto = "auto",
+        /// Always the float graph: float32 NCHW pixels from the preprocessor.
+        Float = "float",
+        /// The uint8 entry; an error when the directory has none or it is stale.
+        Uint8 = "uint8",
+    }
+}
+
 /// Session settings shared by the vision and text graphs.
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
@@ -157,6 +170,17 @@ pub struct SessionConfig {
     pub arena_shrink: ArenaShrink,
     /// Explicit `libonnxruntime.so`.
     pub ort_lib: Option<PathBuf>,
+    /// Which vision entry to feed. The default here is
+    /// [`InputDtype::Float`], what a caller with float pixels needs; the
+    /// command line's (`--input-dtype`) is [`InputDtype::Auto`], since the
+    /// batcher assembles batches in whichever format the engine takes.
+    pub input_dtype: InputDtype,
+    /// Run the vision graph through IO binding, with an input and an output
+    /// allocated once per batch size (CUDA: page-locked host memory). Off runs
+    /// the plain way: ORT reads the batch where it is and allocates each
+    /// run's output. The command line binds on CUDA only: on the CPU a bound
+    /// input is one more copy of every batch, with no device to copy it to.
+    pub io_binding: bool,
 }
 
 impl Default for SessionConfig {
@@ -174,6 +198,8 @@ impl Default for SessionConfig {
             ort_profile: None,
             arena_shrink: ArenaShrink::OnChange,
             ort_lib: None,
+            input_dtype: InputDtype::Float,
+            io_binding: false,
         }
     }
 }
@@ -401,6 +427,9 @@ mod tests {
         }
         for s in ["disable", "basic", "extended", "all"] {
             assert_eq!(s.parse::<GraphOptLevel>().unwrap().to_string(), s);
+        }
+        for s in ["auto", "float", "uint8"] {
+            assert_eq!(s.parse::<InputDtype>().unwrap().to_string(), s);
         }
         for s in ["never", "on-change", "always"] {
             assert_eq!(s.parse::<ArenaShrink>().unwrap().to_string(), s);

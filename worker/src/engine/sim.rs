@@ -18,6 +18,13 @@
 //! - **Device memory** (optional): an arena that holds the peak of the runs
 //!   since the last shrink run, inside a device whose other tenants use all but
 //!   `ceiling` images' worth.
+//! - **Copies** (optional, `copy_per_image`): a run first copies its input to
+//!   the device, serially, unless that very batch was staged
+//!   ([`Backend::stage`]) before the run ahead of it: then the copy ran while
+//!   that run computed, and the run waits only for what of it is left. A
+//!   staged batch holds `staged_share` of a run's memory per image until it
+//!   runs or is dropped ([`Backend::unstage`]); a run that does not match it
+//!   leaves it staged.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -77,6 +84,10 @@ pub struct SimConfig {
     /// The device total, when the device reports memory; `None` is a device
     /// without NVML (ONNX Runtime on CPU).
     pub total_memory: Option<u64>,
+    /// Cost of copying one image's input to the device (zero: no copies).
+    pub copy_per_image: Duration,
+    /// Device memory of one staged image, in images of a run's memory.
+    pub staged_share: f64,
 }
 
 impl Default for SimConfig {
@@ -90,6 +101,8 @@ impl Default for SimConfig {
             ceiling: 48,
             bytes_per_image: 64 << 20,
             total_memory: None,
+            copy_per_image: Duration::ZERO,
+            staged_share: 0.0,
         }
     }
 }
@@ -101,6 +114,11 @@ impl SimConfig {
         let eff = self.min_efficiency
             + (1.0 - self.min_efficiency) * (n.min(self.saturate_at) as f64 / sat);
         self.overhead + self.per_image.mul_f64(n as f64 / eff.max(1e-9))
+    }
+
+    /// Virtual time of copying `n` images' input to the device.
+    pub(crate) fn copy_time(&self, n: usize) -> Duration {
+        self.copy_per_image * n as u32
     }
 
     /// Virtual time of a run of `n` images that runs out of memory.
@@ -123,6 +141,8 @@ pub struct SimRun {
     pub shrink: bool,
     /// The ceiling when it ran.
     pub ceiling: usize,
+    /// Whether its input had been staged while the run before it computed.
+    pub staged: bool,
 }
 
 #[derive(Default)]
@@ -214,6 +234,24 @@ pub struct SimulatedDevice {
     cfg: SimConfig,
     handle: SimHandle,
     ooms: u64,
+    /// Batches copied ahead of their runs, oldest first: at most the one
+    /// about to run and the one queued behind it.
+    staged: VecDeque<Staged>,
+}
+
+/// A batch copied to the device ahead of its run.
+struct Staged {
+    /// The first value of each image: which batch it is.
+    key: Vec<f32>,
+    /// When its copy is done.
+    ready_at: Duration,
+}
+
+fn key_of(batch: &PixelBatch) -> Vec<f32> {
+    let il = batch.image_len().max(1);
+    (0..batch.n)
+        .map(|i| batch.data.value(i * il).unwrap_or(f32::NAN))
+        .collect()
 }
 
 impl SimulatedDevice {
@@ -225,6 +263,7 @@ impl SimulatedDevice {
             cfg,
             handle,
             ooms: 0,
+            staged: VecDeque::new(),
         }
     }
 
@@ -261,6 +300,26 @@ impl Backend for SimulatedDevice {
         }
         let ceiling = self.handle.ceiling();
         let n = batch.n;
+        // Its own staged copy, or the copy now; another batch's stays staged
+        // (it may be the next run) and holds its memory meanwhile.
+        let key = key_of(batch);
+        let staged = match self.staged.iter().position(|st| st.key == key) {
+            Some(i) => {
+                let st = self.staged.remove(i).expect("found above");
+                let now = self.handle.now();
+                self.handle.advance(st.ready_at.saturating_sub(now));
+                true
+            }
+            None => {
+                self.handle.advance(self.cfg.copy_time(n));
+                false
+            }
+        };
+        let held: usize = self
+            .staged
+            .iter()
+            .map(|st| (st.key.len() as f64 * self.cfg.staged_share).ceil() as usize)
+            .sum();
         let record = |ok, oom| {
             lock(&shared.log).push(SimRun {
                 n,
@@ -268,6 +327,7 @@ impl Backend for SimulatedDevice {
                 oom,
                 shrink: hints.shrink_arena,
                 ceiling,
+                staged,
             })
         };
         if let Some(message) = lock(&shared.fail_next).take() {
@@ -281,7 +341,7 @@ impl Backend for SimulatedDevice {
         if hints.shrink_arena {
             shared.arena_images.store(0, Ordering::Relaxed);
         }
-        if n > ceiling {
+        if n + held > ceiling {
             record(false, true);
             self.handle.advance(self.cfg.oom_time(n));
             let message = self.oom_message(n);
@@ -298,7 +358,7 @@ impl Backend for SimulatedDevice {
         let mut data = vec![0.0f32; n * dim];
         for (i, row) in data.chunks_exact_mut(dim).enumerate() {
             let ident = [
-                batch.data.get(i * il).copied().unwrap_or(0.0),
+                batch.data.value(i * il).unwrap_or(0.0),
                 n as f32,
                 i as f32,
                 if hints.shrink_arena { 1.0 } else { 0.0 },
@@ -308,6 +368,25 @@ impl Backend for SimulatedDevice {
             }
         }
         Ok(Embeddings { n, dim, data })
+    }
+
+    fn stage(&mut self, next: &PixelBatch) {
+        if self.cfg.copy_per_image.is_zero() {
+            return;
+        }
+        // The copy starts now, beside the run about to start (which may
+        // itself have been staged: two in flight).
+        if self.staged.len() >= 2 {
+            self.staged.pop_front();
+        }
+        self.staged.push_back(Staged {
+            key: key_of(next),
+            ready_at: self.handle.now() + self.cfg.copy_time(next.n),
+        });
+    }
+
+    fn unstage(&mut self) {
+        self.staged.clear();
     }
 
     fn device_memory(&self) -> Option<DeviceMemory> {

@@ -61,7 +61,8 @@ pub(crate) struct Prepared {
     pub(crate) cloud_fraction: Option<f32>,
     /// The chip's cell of the CRS lattice (`--align crs`).
     pub(crate) cell: Option<String>,
-    pub(crate) pixels: Vec<f32>,
+    /// The resized 8-bit image, HWC ([`crate::preprocess::Preprocessor::run`]).
+    pub(crate) pixels: Vec<u8>,
     /// Counts the chip in [`metrics::names::QUEUE_CHIPS`] until it is sent to
     /// the engine (or dropped with its task).
     pub(crate) queued: Held<'static>,

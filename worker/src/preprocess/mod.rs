@@ -85,7 +85,7 @@ impl Preprocessor {
         self.height
     }
 
-    /// Floats per image: 3 × height × width.
+    /// Values per image: 3 × height × width.
     pub fn len(&self) -> usize {
         3 * self.width as usize * self.height as usize
     }
@@ -97,22 +97,27 @@ impl Preprocessor {
 
     /// Writes one image as CHW float32 into `out` (length [`Self::len`]).
     pub fn run_into(&self, img: &Rgb8, out: &mut [f32]) -> Result<(), PreprocessError> {
-        assert_eq!(
-            out.len(),
-            self.len(),
-            "output slice has the wrong length: this is a bug"
-        );
         let sized = self.resized(img)?;
-        let pixels = &sized.data;
+        self.normalize_into(&sized.data, out);
+        Ok(())
+    }
+
+    /// Rescales and normalizes one resized 8-bit image (HWC, what
+    /// [`Self::run`] returns) into CHW float32 `out` (length [`Self::len`]).
+    /// A uint8 vision entry does the same inside its graph, with this table.
+    pub fn normalize_into(&self, hwc: &[u8], out: &mut [f32]) {
+        assert!(
+            out.len() == self.len() && hwc.len() == self.len(),
+            "pixel slices have the wrong length: this is a bug"
+        );
         let plane = self.width as usize * self.height as usize;
         let (r, rest) = out.split_at_mut(plane);
         let (g, b) = rest.split_at_mut(plane);
-        for (i, px) in pixels.chunks_exact(3).enumerate() {
+        for (i, px) in hwc.chunks_exact(3).enumerate() {
             r[i] = self.lut[0][px[0] as usize];
             g[i] = self.lut[1][px[1] as usize];
             b[i] = self.lut[2][px[2] as usize];
         }
-        Ok(())
     }
 
     /// The 8-bit image that rescaling and normalization see: `img` resized
@@ -149,8 +154,16 @@ impl Preprocessor {
         }))
     }
 
+    /// One image as the batcher takes it: resized to the model's input,
+    /// 8-bit, HWC ([`Self::len`] bytes). The batcher hands it to a uint8
+    /// vision entry as it is, or through [`Self::normalize_into`] to a float
+    /// one; a queued chip holds a quarter of the bytes of its float pixels.
+    pub fn run(&self, img: &Rgb8) -> Result<Vec<u8>, PreprocessError> {
+        Ok(self.resized(img)?.into_owned().data)
+    }
+
     /// One image as a fresh CHW float32 vector.
-    pub fn run(&self, img: &Rgb8) -> Result<Vec<f32>, PreprocessError> {
+    pub fn run_f32(&self, img: &Rgb8) -> Result<Vec<f32>, PreprocessError> {
         let mut out = vec![0f32; self.len()];
         self.run_into(img, &mut out)?;
         Ok(out)
@@ -178,7 +191,7 @@ mod tests {
             height: 2,
             data: vec![0, 255, 0, 0, 255, 0, 0, 255, 0, 255, 0, 255],
         };
-        let out = p.run(&img).unwrap();
+        let out = p.run_f32(&img).unwrap();
         assert_eq!(out.len(), 12);
         // R plane, then G, then B.
         assert_eq!(&out[0..4], &[-1.0, -1.0, -1.0, 1.0]);
@@ -197,7 +210,7 @@ mod tests {
         };
         let p = Preprocessor::new(&c);
         let out = p
-            .run(&Rgb8 {
+            .run_f32(&Rgb8 {
                 width: 1,
                 height: 1,
                 data: vec![255, 255, 255],
