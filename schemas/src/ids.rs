@@ -87,6 +87,25 @@ pub fn chip_id(
         .hex128()
 }
 
+/// The `chip_id` of a composite's row (`--composite median`): first 128
+/// bits of SHA-256 over (cell, window start, window end, composite, tiling
+/// fingerprint), in a domain of its own, so it never equals a scene chip's.
+pub fn composite_chip_id(
+    cell: &str,
+    window_start: i64,
+    window_end: i64,
+    composite: &str,
+    tiling_fingerprint: &str,
+) -> String {
+    IdHasher::new("rsembed.chip.composite.v1")
+        .str(cell)
+        .i64(window_start)
+        .i64(window_end)
+        .str(composite)
+        .str(tiling_fingerprint)
+        .hex128()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

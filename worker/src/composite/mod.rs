@@ -1,0 +1,273 @@
+//! A window's task (`--windows`): of the window's acquisitions, one row per
+//! cell of the CRS lattice, from the clearest acquisition (`--composite
+//! best`, [`best`]) or the per-pixel median of them all (`median`,
+//! [`median`]).
+//!
+//! The task is read **cell by cell**: every acquisition is opened once (its
+//! headers), the cells they cover are walked in row-major order (north to
+//! south, west to east: each scene's own chip order, so its block cache
+//! serves neighbouring chips exactly as a scene read alone does, and no
+//! block is fetched twice more than there), and for each cell its window of
+//! every acquisition that covers it is read, combined, and only the result
+//! is sent on to the batcher. `decode_concurrency` cells run at once.
+//!
+//! Memory: per cell in flight, best holds one 8-bit chip per acquisition
+//! read so far at most (the best so far and the one read), median the
+//! samples of every acquisition that covers it (f32 per band and pixel); the
+//! open scenes keep their headers and block caches (decoded blocks the walk
+//! still needs: a row of blocks across each file at most, up to 64 MiB a
+//! file). Nothing grows with the number of cells.
+
+mod best;
+mod median;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use rsembed_raster::scene::Scene;
+use rsembed_schemas::align::Cell;
+use rsembed_schemas::chip::ErrorStage;
+use rsembed_schemas::ids::Window;
+use rsembed_schemas::task::{Task, TaskInput};
+use rsembed_schemas::window::Composite;
+use tokio::sync::mpsc;
+use tracing::Instrument;
+
+use crate::context::JobContext;
+use crate::input::scene::{open_input, SceneContext};
+use crate::input::{input_error, item_kind, InputKind, Item, Readers, NOT_ON_A_LATTICE};
+use crate::sink::rows::ErrorRow;
+
+/// What the window's walk saw, for the rows and the summary.
+#[derive(Debug, Default)]
+pub(crate) struct Chosen {
+    /// Per cell: the acquisitions it counts (`best`: those with valid pixels
+    /// in it that passed `--min-valid` and `--max-cloud`; `median`: those
+    /// with a clear valid pixel in it).
+    pub(crate) scenes: HashMap<String, i32>,
+    /// The inputs that gave a chip in some cell, chosen or not.
+    pub(crate) inputs_with_chips: HashSet<String>,
+    /// Cells without a clear pixel in the window: no row.
+    pub(crate) unclear_cells: u64,
+    /// Chips left out because their cloud fraction exceeds `--max-cloud`.
+    pub(crate) cloudy_chips_dropped: u64,
+}
+
+/// One opened acquisition of the window.
+pub(crate) struct Acquisition {
+    pub(crate) input: TaskInput,
+    pub(crate) scene: Scene,
+}
+
+/// A cell of the walk and its window in each acquisition that covers it.
+pub(crate) struct CellJob {
+    pub(crate) cell: Cell,
+    pub(crate) name: String,
+    /// (acquisition index, its window of the cell), in acquisition order.
+    pub(crate) members: Vec<(usize, Window)>,
+}
+
+/// What one cell gave.
+#[derive(Default)]
+pub(crate) struct CellOutcome {
+    /// The row's chip, when the cell has one.
+    pub(crate) row: Option<crate::input::Prepared>,
+    /// The cell had chips but no clear pixel.
+    pub(crate) unclear: bool,
+    /// The acquisitions `scenes` counts.
+    pub(crate) scenes: i32,
+    /// Acquisitions that gave a chip in the cell.
+    pub(crate) with_chips: Vec<usize>,
+    /// Acquisitions whose read of the cell failed, with their error rows.
+    pub(crate) errors: Vec<(usize, ErrorRow)>,
+    /// Chips over `--max-cloud`.
+    pub(crate) cloudy: u64,
+}
+
+/// What a cell's composite needs besides its cell.
+pub(crate) struct Walk {
+    pub(crate) ctx: Arc<SceneContext>,
+    pub(crate) acquisitions: Vec<Option<Acquisition>>,
+    pub(crate) tiling_fp: String,
+    pub(crate) window: rsembed_schemas::task::TaskWindow,
+}
+
+/// Starts the window task's walk into `tx`; the handle gives what it saw
+/// once every cell is sent and `tx` is closed.
+pub(crate) fn spawn_window(
+    runner: &Readers<'_>,
+    job: &JobContext,
+    task: &Task,
+    tx: mpsc::Sender<Item>,
+) -> tokio::task::JoinHandle<Chosen> {
+    let ctx = Arc::new(SceneContext {
+        stores: runner.stores.clone(),
+        pre: runner.pre.clone(),
+        counters: runner.counters.clone(),
+        tiling: job.file_meta.tiling.clone(),
+        scale: job.scale,
+        limits: runner.tiff_limits.clone(),
+        cloudy_dropped: Default::default(),
+    });
+    let conc = runner.decode_concurrency.max(1);
+    let composite = job
+        .file_meta
+        .tiling
+        .windows
+        .as_ref()
+        .map_or(Composite::Best, |w| w.composite);
+    let task = task.clone();
+    let tiling_fp = job.file_meta.tiling.fingerprint();
+    tokio::spawn(
+        async move {
+            let window = task.window.expect("a window's task");
+            let mut chosen = Chosen::default();
+            let mut failed: HashSet<usize> = HashSet::new();
+            let (acquisitions, errors) = open_all(&ctx, &task.inputs, conc).await;
+            for (k, e) in errors {
+                failed.insert(k);
+                if tx.send(Err(e)).await.is_err() {
+                    return chosen;
+                }
+            }
+            let cells = cells_of(&acquisitions, task.cells.as_ref());
+            let walk = Arc::new(Walk {
+                ctx: ctx.clone(),
+                acquisitions,
+                tiling_fp,
+                window,
+            });
+            let mut outcomes = futures::stream::iter(cells)
+                .map(|job| {
+                    let walk = walk.clone();
+                    async move {
+                        match composite {
+                            Composite::Best => best::cell(&walk, job).await,
+                            Composite::Median => median::cell(&walk, job).await,
+                        }
+                    }
+                })
+                // In order: the walk stays row-major, as the caches expect.
+                .buffered(conc);
+            while let Some((name, o)) = outcomes.next().await {
+                chosen.cloudy_chips_dropped += o.cloudy;
+                for k in o.with_chips {
+                    if let Some(a) = &walk.acquisitions[k] {
+                        chosen.inputs_with_chips.insert(a.input.uri.clone());
+                    }
+                }
+                // One error row an acquisition: its first failure.
+                for (k, e) in o.errors {
+                    if failed.insert(k) && tx.send(Err(e)).await.is_err() {
+                        return chosen;
+                    }
+                }
+                if o.scenes > 0 {
+                    chosen.scenes.insert(name, o.scenes);
+                }
+                if o.unclear {
+                    chosen.unclear_cells += 1;
+                }
+                if let Some(p) = o.row {
+                    if tx.send(Ok(p)).await.is_err() {
+                        return chosen;
+                    }
+                }
+            }
+            ctx.counters
+                .inputs
+                .fetch_add(task.inputs.len() as u64, Ordering::Relaxed);
+            chosen
+        }
+        .in_current_span(),
+    )
+}
+
+/// Opens every acquisition, `conc` at once: the opened ones by input index,
+/// and the error rows of those that could not be.
+async fn open_all(
+    ctx: &Arc<SceneContext>,
+    inputs: &[TaskInput],
+    conc: usize,
+) -> (Vec<Option<Acquisition>>, Vec<(usize, ErrorRow)>) {
+    let opened: Vec<Result<Acquisition, ErrorRow>> = futures::stream::iter(inputs.to_vec())
+        .map(|input| {
+            let ctx = ctx.clone();
+            async move { open_one(&ctx, input).await }
+        })
+        .buffered(conc)
+        .collect()
+        .await;
+    let mut errors = Vec::new();
+    let acquisitions = opened
+        .into_iter()
+        .enumerate()
+        .map(|(k, o)| match o {
+            Ok(a) => Some(a),
+            Err(e) => {
+                errors.push((k, e));
+                None
+            }
+        })
+        .collect();
+    (acquisitions, errors)
+}
+
+/// Opens one acquisition on the job's lattice.
+async fn open_one(ctx: &SceneContext, input: TaskInput) -> Result<Acquisition, ErrorRow> {
+    // A window's inputs are STAC items; one whose asset is a whole
+    // image has no place on a lattice.
+    if input.item.is_some() && item_kind(&ctx.stores, &input).await == InputKind::Image {
+        let e = std::io::Error::other(NOT_ON_A_LATTICE);
+        return Err(input_error(&input, ErrorStage::Decode, e));
+    }
+    match open_input(&ctx.opener(), &input).await {
+        Ok(scene) if scene.lattice.is_some() => Ok(Acquisition { input, scene }),
+        Ok(_) => {
+            let e = std::io::Error::other(NOT_ON_A_LATTICE);
+            Err(input_error(&input, ErrorStage::Decode, e))
+        }
+        Err((stage, e)) => Err(input_error(&input, stage, e)),
+    }
+}
+
+/// The cells the acquisitions cover (those of `block` when the task is one
+/// block of cells), in row-major order of each lattice, each with its window
+/// of every acquisition that covers it.
+fn cells_of(
+    acquisitions: &[Option<Acquisition>],
+    block: Option<&rsembed_schemas::task::CellBlock>,
+) -> Vec<CellJob> {
+    // (EPSG, pixel size, row, column): rows count south, so this is each
+    // lattice's north-to-south, west-to-east order.
+    let mut cells: BTreeMap<(u32, u64, i64, i64), CellJob> = BTreeMap::new();
+    for (k, a) in acquisitions.iter().enumerate() {
+        let Some(a) = a else { continue };
+        let Some(lattice) = &a.scene.lattice else {
+            continue;
+        };
+        for w in a.scene.windows(a.input.chips) {
+            let cell = lattice.cell(w);
+            let key = (cell.epsg, cell.res.to_bits(), cell.row, cell.col);
+            if let Some(job) = cells.get_mut(&key) {
+                job.members.push((k, w));
+                continue;
+            }
+            let name = cell.to_string();
+            if block.is_some_and(|b| !b.holds(&name)) {
+                continue;
+            }
+            cells.insert(
+                key,
+                CellJob {
+                    cell,
+                    name,
+                    members: vec![(k, w)],
+                },
+            );
+        }
+    }
+    cells.into_values().collect()
+}
