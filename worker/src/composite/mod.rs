@@ -26,6 +26,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::StreamExt;
+use rsembed_raster::lattice::Lattice;
 use rsembed_raster::scene::Scene;
 use rsembed_schemas::align::Cell;
 use rsembed_schemas::chip::ErrorStage;
@@ -240,15 +241,24 @@ fn cells_of(
     acquisitions: &[Option<Acquisition>],
     block: Option<&rsembed_schemas::task::CellBlock>,
 ) -> Vec<CellJob> {
+    let placed = acquisitions.iter().enumerate().filter_map(|(k, a)| {
+        let a = a.as_ref()?;
+        let lattice = a.scene.lattice.as_ref()?;
+        Some((k, lattice, a.scene.windows(a.input.chips)))
+    });
+    walk_order(placed, block)
+}
+
+/// [`cells_of`] from each acquisition's (index, lattice, chip windows).
+fn walk_order<'a>(
+    placed: impl Iterator<Item = (usize, &'a Lattice, Vec<Window>)>,
+    block: Option<&rsembed_schemas::task::CellBlock>,
+) -> Vec<CellJob> {
     // (EPSG, pixel size, row, column): rows count south, so this is each
     // lattice's north-to-south, west-to-east order.
     let mut cells: BTreeMap<(u32, u64, i64, i64), CellJob> = BTreeMap::new();
-    for (k, a) in acquisitions.iter().enumerate() {
-        let Some(a) = a else { continue };
-        let Some(lattice) = &a.scene.lattice else {
-            continue;
-        };
-        for w in a.scene.windows(a.input.chips) {
+    for (k, lattice, windows) in placed {
+        for w in windows {
             let cell = lattice.cell(w);
             let key = (cell.epsg, cell.res.to_bits(), cell.row, cell.col);
             if let Some(job) = cells.get_mut(&key) {
@@ -270,4 +280,87 @@ fn cells_of(
         }
     }
     cells.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use rsembed_raster::lattice::Lattice;
+    use rsembed_schemas::task::CellBlock;
+
+    use super::walk_order;
+
+    /// A scene whose corner is lattice pixel (`col0`, `row0`).
+    fn placed(col0: i64, row0: i64) -> Lattice {
+        Lattice {
+            epsg: 32633,
+            res: 10.0,
+            chip: 64,
+            stride: 64,
+            col0,
+            row0,
+        }
+    }
+
+    #[test]
+    fn cells_are_walked_row_major_each_with_every_acquisition_covering_it() {
+        // Two scenes of 128², the second cropped 64 pixels east and south.
+        let (a, b) = (placed(640, -7808), placed(704, -7744));
+        let windows = |l: &Lattice| {
+            let g = l.grid(128, 128);
+            g.windows(0..g.rows()).collect::<Vec<_>>()
+        };
+        let jobs = walk_order(
+            [(0, &a, windows(&a)), (1, &b, windows(&b))].into_iter(),
+            None,
+        );
+        let names: Vec<String> = jobs
+            .iter()
+            .map(|j| format!("{}/{}", j.cell.col, j.cell.row))
+            .collect();
+        // North to south, west to east; the shared cell once, with both.
+        assert_eq!(
+            names,
+            ["10/-122", "11/-122", "10/-121", "11/-121", "12/-121", "11/-120", "12/-120"]
+        );
+        let shared = &jobs[3];
+        assert_eq!(shared.members.len(), 2, "{}", shared.name);
+        assert_eq!(
+            (shared.members[0].1.x, shared.members[1].1.x),
+            (64, 0),
+            "one cell, a window of each scene"
+        );
+    }
+
+    #[test]
+    fn a_block_task_walks_only_its_cells() {
+        let a = placed(640, -7808);
+        let g = a.grid(128, 128);
+        let windows: Vec<_> = g.windows(0..g.rows()).collect();
+        let block = CellBlock {
+            lattice: "EPSG:32633/10/64".into(),
+            col: 11,
+            row: -122,
+            cols: 1,
+            rows: 2,
+        };
+        let jobs = walk_order([(0, &a, windows)].into_iter(), Some(&block));
+        let names: Vec<&str> = jobs.iter().map(|j| j.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["EPSG:32633/10/64/11/-122", "EPSG:32633/10/64/11/-121"]
+        );
+        let other = CellBlock {
+            lattice: "EPSG:32634/10/64".into(),
+            ..block
+        };
+        let g = a.grid(128, 128);
+        let jobs = walk_order(
+            [(0, &a, g.windows(0..g.rows()).collect())].into_iter(),
+            Some(&other),
+        );
+        assert!(
+            jobs.is_empty(),
+            "another lattice's block holds none of them"
+        );
+    }
 }
