@@ -251,6 +251,30 @@ fn median_of_clear_samples_in_physical_units() {
         );
     }
 
+    // Read cell by cell, the window job reads no more bytes than the same
+    // acquisitions embedded one by one (a job without windows on the lattice).
+    let one_by_one = p.join("one_by_one");
+    let mut cmd = run_cmd(Path::new(&server.url()), &one_by_one, &tiny_model());
+    cmd.args(["--json", "--chip-size", "64", "--scale", "0:0.255"])
+        .args(["--cloud-mask", "SCL", "--align", "crs"])
+        .args(["--datetime", "2024-01-01/2024-12-31"]);
+    let o = run_timeout(&mut cmd, LIMIT);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let alone: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let (window_bytes, alone_bytes) = (
+        summary["bytes_read"].as_u64().unwrap(),
+        alone["bytes_read"].as_u64().unwrap(),
+    );
+    assert!(
+        window_bytes > 0 && window_bytes <= alone_bytes,
+        "{summary} {alone}"
+    );
+
     // A rerun writes nothing twice; another job of the same command gives
     // the same chip ids.
     let files = |out: &Path| std::fs::read_dir(out.join("chips")).unwrap().count();

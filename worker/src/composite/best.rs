@@ -1,10 +1,13 @@
 //! `--composite best`: of a window's acquisitions, each cell's chip comes
 //! from the clearest one. A cell's chips are read one acquisition after
-//! another, and a worse one is dropped as soon as it is read, so a cell
-//! holds two 8-bit chips at most and only its chosen chip is preprocessed
-//! and embedded.
+//! another (`decode_concurrency` at once), and a worse one is dropped as
+//! soon as it is read, so a cell holds a few 8-bit chips at most and only
+//! its chosen chip is preprocessed and embedded.
 
 use std::cmp::Ordering as Order;
+use std::sync::Arc;
+
+use futures::StreamExt;
 
 use rsembed_raster::scene::SceneChip;
 use rsembed_schemas::chip::ErrorStage;
@@ -48,18 +51,34 @@ impl<'a> Rank<'a> {
     }
 }
 
-/// The cell's clearest chip of the window's acquisitions, embedded as that
-/// acquisition's chip (its `chip_id`, `source_uri` and window); none when
-/// its best chip is all cloud (the cell is unclear).
-pub(super) async fn cell(walk: &Walk, job: CellJob) -> (String, CellOutcome) {
-    let tiling = &walk.ctx.tiling;
+/// A cell read: its clearest chip so far.
+pub(super) struct Read {
+    name: String,
+    out: CellOutcome,
+    best: Option<(usize, SceneChip)>,
+}
+
+/// Reads the cell's chip of each acquisition that covers it (`walk.conc`
+/// at once) and keeps the clearest.
+pub(super) async fn read(walk: Arc<Walk>, job: CellJob) -> Read {
     let mut out = CellOutcome::default();
     let mut best: Option<(usize, SceneChip)> = None;
-    for (k, w) in job.members {
+    let mut chips = futures::stream::iter(job.members)
+        .map(|(k, w)| {
+            let walk = walk.clone();
+            async move {
+                let Some(a) = &walk.acquisitions[k] else {
+                    return (k, Ok(None));
+                };
+                (k, a.scene.chip(w, walk.ctx.tiling.min_valid).await)
+            }
+        })
+        .buffered(walk.conc);
+    while let Some((k, chip)) = chips.next().await {
         let Some(a) = &walk.acquisitions[k] else {
             continue;
         };
-        let chip = match a.scene.chip(w, tiling.min_valid).await {
+        let chip = match chip {
             Ok(Some(c)) => c,
             Ok(None) => continue,
             Err(e) => {
@@ -69,7 +88,7 @@ pub(super) async fn cell(walk: &Walk, job: CellJob) -> (String, CellOutcome) {
                 continue;
             }
         };
-        if let (Some(max), Some(cloud)) = (tiling.max_cloud, chip.cloud_fraction) {
+        if let (Some(max), Some(cloud)) = (walk.ctx.tiling.max_cloud, chip.cloud_fraction) {
             if cloud > max {
                 out.cloudy += 1;
                 crate::metrics::global().cloudy_chips_dropped.inc_by(1);
@@ -89,12 +108,28 @@ pub(super) async fn cell(walk: &Walk, job: CellJob) -> (String, CellOutcome) {
             best = Some((k, chip));
         }
     }
+    Read {
+        name: job.name,
+        out,
+        best,
+    }
+}
+
+/// The cell's clearest chip, preprocessed as that acquisition's chip (its
+/// `chip_id`, `source_uri` and window); none when it is all cloud (the cell
+/// is unclear).
+pub(super) async fn finish(walk: &Walk, read: Read) -> (String, CellOutcome) {
+    let Read {
+        name,
+        mut out,
+        best,
+    } = read;
     let Some((k, chip)) = best else {
-        return (job.name, out);
+        return (name, out);
     };
     if chip.cloud_fraction.is_some_and(|c| c >= 1.0) {
         out.unclear = true;
-        return (job.name, out);
+        return (name, out);
     }
     let input = &walk.acquisitions[k].as_ref().expect("chosen").input;
     match preprocess(&walk.ctx.pre, chip.rgb).await {
@@ -117,7 +152,7 @@ pub(super) async fn cell(walk: &Walk, job: CellJob) -> (String, CellOutcome) {
             .errors
             .push((k, input_error(input, ErrorStage::Preprocess, e))),
     }
-    (job.name, out)
+    (name, out)
 }
 
 #[cfg(test)]

@@ -10,6 +10,9 @@
 //! numbers of the lower one's acquisition and through its stretch. A pixel
 //! without a clear valid sample is padding (0) in the result.
 
+use std::sync::Arc;
+
+use futures::StreamExt;
 use rsembed_raster::pixels::Rgb8;
 use rsembed_raster::scene::SampleChip;
 use rsembed_schemas::chip::ErrorStage;
@@ -150,17 +153,34 @@ pub(crate) fn window_text(start: i64, end: i64) -> String {
     format!("{}/{}", f(start), f(end))
 }
 
-/// The cell's median row; none when no acquisition has a clear pixel in it
-/// (the cell is unclear when some gave a chip).
-pub(super) async fn cell(walk: &std::sync::Arc<Walk>, job: CellJob) -> (String, CellOutcome) {
-    let tiling = &walk.ctx.tiling;
+/// A cell read: the samples of every acquisition that gave a chip.
+pub(super) struct Read {
+    job: CellJob,
+    out: CellOutcome,
+    chips: Vec<(usize, SampleChip)>,
+}
+
+/// Reads the cell's samples of each acquisition that covers it
+/// (`walk.conc` at once), in acquisition order.
+pub(super) async fn read(walk: Arc<Walk>, job: CellJob) -> Read {
     let mut out = CellOutcome::default();
     let mut chips: Vec<(usize, SampleChip)> = Vec::new();
-    for &(k, w) in &job.members {
+    let mut reads = futures::stream::iter(job.members.clone())
+        .map(|(k, w)| {
+            let walk = walk.clone();
+            async move {
+                let Some(a) = &walk.acquisitions[k] else {
+                    return (k, Ok(None));
+                };
+                (k, a.scene.sample_chip(w, walk.ctx.tiling.min_valid).await)
+            }
+        })
+        .buffered(walk.conc);
+    while let Some((k, chip)) = reads.next().await {
         let Some(a) = &walk.acquisitions[k] else {
             continue;
         };
-        let chip = match a.scene.sample_chip(w, tiling.min_valid).await {
+        let chip = match chip {
             Ok(Some(c)) => c,
             Ok(None) => continue,
             Err(e) => {
@@ -169,7 +189,7 @@ pub(super) async fn cell(walk: &std::sync::Arc<Walk>, job: CellJob) -> (String, 
                 continue;
             }
         };
-        if let (Some(max), Some(cloud)) = (tiling.max_cloud, chip.cloud_fraction) {
+        if let (Some(max), Some(cloud)) = (walk.ctx.tiling.max_cloud, chip.cloud_fraction) {
             if cloud > max {
                 out.cloudy += 1;
                 crate::metrics::global().cloudy_chips_dropped.inc_by(1);
@@ -179,6 +199,17 @@ pub(super) async fn cell(walk: &std::sync::Arc<Walk>, job: CellJob) -> (String, 
         out.with_chips.push(k);
         chips.push((k, chip));
     }
+    Read { job, out, chips }
+}
+
+/// The cell's median row; none when no acquisition has a clear pixel in it
+/// (the cell is unclear when some gave a chip).
+pub(super) async fn finish(walk: &Arc<Walk>, read: Read) -> (String, CellOutcome) {
+    let Read {
+        job,
+        mut out,
+        chips,
+    } = read;
     if chips.is_empty() {
         return (job.name, out);
     }

@@ -93,6 +93,14 @@ pub(crate) struct Walk {
     pub(crate) acquisitions: Vec<Option<Acquisition>>,
     pub(crate) tiling_fp: String,
     pub(crate) window: rsembed_schemas::task::TaskWindow,
+    /// Acquisitions of a cell read at once, and composites made at once.
+    pub(crate) conc: usize,
+}
+
+/// A cell read, its composite still to make.
+enum Pending {
+    Best(best::Read),
+    Median(median::Read),
 }
 
 /// Starts the window task's walk into `tx`; the handle gives what it saw
@@ -139,19 +147,37 @@ pub(crate) fn spawn_window(
                 acquisitions,
                 tiling_fp,
                 window,
+                conc,
             });
-            let mut outcomes = futures::stream::iter(cells)
-                .map(|job| {
+            // One cell is read at a time (its acquisitions `conc` at once),
+            // so each file is read by one reader, chip after chip, in its
+            // own row-major order: its block cache serves every block a
+            // second chip needs, as when the scene is read alone. Reading
+            // two cells at once would fetch a block two cells share twice,
+            // before either had cached it. The composites (a median's
+            // arithmetic, the preprocessing) run `conc` at once behind it.
+            let reader = walk.clone();
+            let reads = futures::stream::iter(cells).then(move |job| {
+                let walk = reader.clone();
+                async move {
+                    match composite {
+                        Composite::Best => Pending::Best(best::read(walk, job).await),
+                        Composite::Median => Pending::Median(median::read(walk, job).await),
+                    }
+                }
+            });
+            let outcomes = reads
+                .map(|pending| {
                     let walk = walk.clone();
                     async move {
-                        match composite {
-                            Composite::Best => best::cell(&walk, job).await,
-                            Composite::Median => median::cell(&walk, job).await,
+                        match pending {
+                            Pending::Best(r) => best::finish(&walk, r).await,
+                            Pending::Median(r) => median::finish(&walk, r).await,
                         }
                     }
                 })
-                // In order: the walk stays row-major, as the caches expect.
                 .buffered(conc);
+            let mut outcomes = std::pin::pin!(outcomes);
             while let Some((name, o)) = outcomes.next().await {
                 chosen.cloudy_chips_dropped += o.cloudy;
                 for k in o.with_chips {
