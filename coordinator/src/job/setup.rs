@@ -251,7 +251,9 @@ pub fn window_spec(t: &TilingArgs) -> Result<(Option<WindowSpec>, Align)> {
     // scale that is one map for every scene gives them a common 8 bits.
     if composite == Composite::Median && t.scale.parse::<ScaleSpec>() == Ok(ScaleSpec::Auto) {
         return Err(Error::Usage(
-            "--composite median needs a fixed --scale (MIN:MAX, e.g. 0:0.3 in physical units,              or none): --scale auto stretches each scene by its own percentiles, which have no              common meaning across the acquisitions a median mixes"
+            "--composite median needs a fixed --scale (MIN:MAX, e.g. 0:0.3 in physical units, \
+             or none): --scale auto stretches each scene by its own percentiles, which have no \
+             common meaning across the acquisitions a median mixes"
                 .into(),
         ));
     }
