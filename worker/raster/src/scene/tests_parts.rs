@@ -472,9 +472,7 @@ fn samples_are_stored_numbers_that_give_the_chips_bytes() {
 fn samples_mark_clear_pixels_by_the_mask() {
     // QA_PIXEL on the scene grid: cloud (bit 3) on the left half of row 0.
     let mut qa = vec![0u16; (W * H) as usize];
-    for x in 0..8 {
-        qa[x] = 1 << 3;
-    }
+    qa[..8].fill(1 << 3);
     let scene = open(
         with_mask(MaskKind::QaPixel, mask_file(W, H, qa, Some(UTM))),
         ScaleSpec::None,
