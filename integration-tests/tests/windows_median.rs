@@ -5,7 +5,8 @@
 //! one of them cloudy over the top-left cell: there the median is that of
 //! the other three, which a fifth scene planted in Q3 holds pixel for pixel.
 //! Rows are named `rsembed:median/<cell>/<window>`, with stable chip ids; a
-//! rerun writes nothing twice; `--scale auto` is refused.
+//! rerun writes nothing twice; `--scale auto` is refused. An acquisition
+//! whose pixels cannot be read is one error row, and every cell keeps its row.
 
 use std::path::Path;
 use std::process::Command;
@@ -297,4 +298,72 @@ fn median_of_clear_samples_in_physical_units() {
             .collect()
     };
     assert_eq!(ids(rows(&again).as_array().unwrap()), ids(got));
+}
+
+#[test]
+fn an_acquisition_that_fails_is_one_error_and_the_cells_keep_their_rows() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path();
+    let a = clear_copy(
+        &make_scene(&p.join("a"), 128, ORIGIN, 7),
+        &p.join("a_clear"),
+    );
+    let b = clear_copy(
+        &make_scene(&p.join("b"), 128, ORIGIN, 8),
+        &p.join("b_clear"),
+    );
+    // `b`'s red band loses its last bytes: its header opens, its pixels do not read.
+    let red = b.path(BANDS[0]);
+    let len = std::fs::metadata(&red).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&red)
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
+    let mk = |id: &str, t: &str, s: &SceneFiles| {
+        let dir = s.dir.clone();
+        let href = move |n: &str| format!("file://{}", dir.join(n).display());
+        item(s, id, "s2", t, json!(0), ItemStyle::V11Offset, &href)
+    };
+    let items = vec![
+        mk("q1-a", "2024-02-01T10:00:00Z", &a),
+        mk("q1-broken", "2024-03-01T10:00:00Z", &b),
+    ];
+    let coll = p.join("s2.json");
+    std::fs::write(&coll, collection("s2").to_string()).unwrap();
+    let items_file = p.join("items.json");
+    stac::write_feature_collection(&items_file, &items);
+    let server = StacServer::start(&[&coll, &items_file]);
+
+    let out = p.join("out");
+    let o = windowed(&server.url(), &out, "median", "0:0.255");
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "an input failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let rows = duckdb(&format!(
+        "SELECT cell, scenes FROM '{}/chips/*.parquet' ORDER BY 1",
+        out.display()
+    ));
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 4, "every cell keeps its row: {rows:?}");
+    assert!(
+        rows.iter().all(|r| r[1] == 1),
+        "of the one acquisition read: {rows:?}"
+    );
+    let errors = duckdb(&format!(
+        "SELECT source_uri, stage, error FROM '{}/errors/*.parquet'",
+        out.display()
+    ));
+    let errors = errors.as_array().unwrap();
+    assert_eq!(errors.len(), 1, "one error row an acquisition: {errors:?}");
+    assert!(
+        errors[0][0].as_str().unwrap().ends_with("q1-broken"),
+        "{errors:?}"
+    );
+    // Its pixels, not its header: a read of the walk failed.
+    assert_eq!(errors[0][1], "decode", "{errors:?}");
 }
