@@ -157,8 +157,15 @@ pub(crate) fn spawn_window(
             // before either had cached it. The composites (a median's
             // arithmetic, the preprocessing) run `conc` at once behind it.
             let reader = walk.clone();
+            let mut row = None;
             let reads = futures::stream::iter(cells).then(move |job| {
                 let walk = reader.clone();
+                // A new row of cells: the blocks above it are done with.
+                let c = &job.cell;
+                if row != Some((c.epsg, c.res.to_bits(), c.row)) {
+                    row = Some((c.epsg, c.res.to_bits(), c.row));
+                    forget_rows_above(&walk, c);
+                }
                 async move {
                     match composite {
                         Composite::Best => Pending::Best(best::read(walk, job).await),
@@ -210,6 +217,19 @@ pub(crate) fn spawn_window(
         }
         .in_current_span(),
     )
+}
+
+/// Lets each acquisition on `cell`'s lattice forget the blocks above the
+/// cell's row, which the walk (row by row, north to south) has passed: its
+/// block caches then hold about a row of blocks each, not 64 MiB a file.
+fn forget_rows_above(walk: &Walk, cell: &Cell) {
+    for a in walk.acquisitions.iter().flatten() {
+        let Some(l) = &a.scene.lattice else { continue };
+        if l.epsg == cell.epsg && l.res.to_bits() == cell.res.to_bits() {
+            let top = cell.row.saturating_mul(i64::from(l.stride)) - l.row0;
+            a.scene.forget_rows_above(top);
+        }
+    }
 }
 
 /// Opens every acquisition, `conc` at once: the opened ones by input index,

@@ -255,6 +255,20 @@ impl Scene {
         }
     }
 
+    /// Lets every file of the scene forget the blocks wholly above scene
+    /// row `y` ([`TiffFile::forget_rows_above`]): a walk north to south
+    /// that has passed them.
+    pub fn forget_rows_above(&self, y: i64) {
+        for s in &self.sources {
+            s.tiff
+                .forget_rows_above(y.div_euclid(i64::from(s.factor.max(1))));
+        }
+        if let Some(m) = &self.mask {
+            m.tiff
+                .forget_rows_above(y.div_euclid(i64::from(m.factor.max(1))));
+        }
+    }
+
     /// Reads one chip; `None` when its valid fraction is below `min_valid`
     /// (or it has no valid pixel when `min_valid` is `None`).
     pub async fn chip(
