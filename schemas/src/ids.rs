@@ -126,6 +126,25 @@ mod tests {
     }
 
     #[test]
+    fn a_composite_chip_id_depends_on_every_field_and_is_no_scene_chips() {
+        let cell = "EPSG:32633/10/64/938/-7814";
+        let base = composite_chip_id(cell, 1, 2, "median", "t");
+        assert_eq!(base.len(), 32);
+        assert_eq!(base, composite_chip_id(cell, 1, 2, "median", "t"));
+        for other in [
+            composite_chip_id("EPSG:32633/10/64/939/-7814", 1, 2, "median", "t"),
+            composite_chip_id(cell, 0, 2, "median", "t"),
+            composite_chip_id(cell, 1, 3, "median", "t"),
+            composite_chip_id(cell, 1, 2, "mean", "t"),
+            composite_chip_id(cell, 1, 2, "median", "u"),
+        ] {
+            assert_ne!(base, other);
+        }
+        let uri = format!("rsembed:median/{cell}/x");
+        assert_ne!(base, chip_id(&uri, None, W, "t"), "its own domain");
+    }
+
+    #[test]
     fn chip_id_depends_on_every_field() {
         let base = chip_id("file:///a.png", Some("1-2"), W, "t");
         assert_ne!(base, chip_id("file:///b.png", Some("1-2"), W, "t"));
