@@ -33,6 +33,12 @@
 //! `3·H·W·4` bytes (768 KiB at 256²). `--tasks-in-flight T` tasks hold
 //! `T·(5·B + D)` at most; the engine's own copies (padding a piece to its
 //! bucket) come on top, one piece at a time.
+//!
+//! A window's task (`--windows`, `composite/`) sends one prepared chip per
+//! cell into the same channel, so the same bound holds for them; before
+//! preprocessing its walk holds what its composite reads of `D + 1` cells
+//! (a few 8-bit chips each for `best`, every covering acquisition's samples
+//! for `median`) and each open file's row of blocks (docs/time.md).
 
 use std::sync::Arc;
 
@@ -274,8 +280,8 @@ impl TaskRunner {
                     .map_err(|e| Error::EngineGone(format!("input stage panicked: {e}")))?;
                 ((rows, failures), read, None)
             }
-            Some(_) => {
-                let producer = crate::composite::spawn_window(&readers, job, task, tx);
+            Some(window) => {
+                let producer = crate::composite::spawn_window(&readers, job, task, window, tx);
                 let embedded = self.batch_and_embed(rx, &tiling_fp).await;
                 let (rows, failures) = embedded?;
                 let chosen = producer

@@ -5,18 +5,21 @@
 //!
 //! The task is read **cell by cell**: every acquisition is opened once (its
 //! headers), the cells they cover are walked in row-major order (north to
-//! south, west to east: each scene's own chip order, so its block cache
-//! serves neighbouring chips exactly as a scene read alone does, and no
-//! block is fetched twice more than there), and for each cell its window of
-//! every acquisition that covers it is read, combined, and only the result
-//! is sent on to the batcher. `decode_concurrency` cells run at once.
+//! south, west to east), and for each cell its window of every acquisition
+//! that covers it is read, combined, and only the result is sent on to the
+//! batcher. One cell is read at a time, its acquisitions
+//! `decode_concurrency` at once, so every file is read chip after chip in
+//! its own row-major order: the order a job of that scene alone reads it,
+//! so its block cache serves the same blocks and no block is fetched more
+//! often. The composites (a median's arithmetic, the preprocessing) run
+//! `decode_concurrency` at once behind the reads.
 //!
-//! Memory: per cell in flight, best holds one 8-bit chip per acquisition
-//! read so far at most (the best so far and the one read), median the
-//! samples of every acquisition that covers it (f32 per band and pixel); the
-//! open scenes keep their headers and block caches (decoded blocks the walk
-//! still needs: a row of blocks across each file at most, up to 64 MiB a
-//! file). Nothing grows with the number of cells.
+//! Memory: best holds a few 8-bit chips a cell, median the samples of every
+//! acquisition that covers it (f32 per band and pixel), for the cell being
+//! read and the `decode_concurrency` being composed; the open scenes keep
+//! their headers and block caches, which forget the blocks above each new
+//! row of cells (about a row of blocks a file). Nothing grows with the
+//! number of cells.
 
 mod best;
 mod median;
@@ -31,7 +34,7 @@ use rsembed_raster::scene::Scene;
 use rsembed_schemas::align::Cell;
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::ids::Window;
-use rsembed_schemas::task::{Task, TaskInput};
+use rsembed_schemas::task::{Task, TaskInput, TaskWindow};
 use rsembed_schemas::window::Composite;
 use tokio::sync::mpsc;
 use tracing::Instrument;
@@ -92,7 +95,7 @@ pub(crate) struct Walk {
     pub(crate) ctx: Arc<SceneContext>,
     pub(crate) acquisitions: Vec<Option<Acquisition>>,
     pub(crate) tiling_fp: String,
-    pub(crate) window: rsembed_schemas::task::TaskWindow,
+    pub(crate) window: TaskWindow,
     /// Acquisitions of a cell read at once, and composites made at once.
     pub(crate) conc: usize,
 }
@@ -109,6 +112,7 @@ pub(crate) fn spawn_window(
     runner: &Readers<'_>,
     job: &JobContext,
     task: &Task,
+    window: TaskWindow,
     tx: mpsc::Sender<Item>,
 ) -> tokio::task::JoinHandle<Chosen> {
     let ctx = Arc::new(SceneContext {
@@ -131,7 +135,6 @@ pub(crate) fn spawn_window(
     let tiling_fp = job.file_meta.tiling.fingerprint();
     tokio::spawn(
         async move {
-            let window = task.window.expect("a window's task");
             let mut chosen = Chosen::default();
             let mut failed: HashSet<usize> = HashSet::new();
             let (acquisitions, errors) = open_all(&ctx, &task.inputs, conc).await;
