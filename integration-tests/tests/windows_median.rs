@@ -4,6 +4,7 @@
 //! acquisition: the same embedding as its chip in a `best` run. Q2 has four,
 //! one of them cloudy over the top-left cell: there the median is that of
 //! the other three, which a fifth scene planted in Q3 holds pixel for pixel.
+//! Q4 has only the cloudy one, whose clouded cell has no row.
 //! Rows are named `rsembed:median/<cell>/<window>`, with stable chip ids; a
 //! rerun writes nothing twice; `--scale auto` is refused. An acquisition
 //! whose pixels cannot be read is one error row, and every cell keeps its row.
@@ -129,6 +130,8 @@ fn median_of_clear_samples_in_physical_units() {
         mk("q2-c", "2024-05-20T10:00:00Z", &c),
         mk("q2-d", "2024-06-01T10:00:00Z", &d),
         mk("q3-e", "2024-08-01T10:00:00Z", &e),
+        // Q4: only `d`, whose top-left cell is all cloud: no row there.
+        mk("q4-d", "2024-11-01T10:00:00Z", &d),
     ];
     let coll = p.join("s2.json");
     std::fs::write(&coll, collection("s2").to_string()).unwrap();
@@ -151,7 +154,7 @@ fn median_of_clear_samples_in_physical_units() {
         String::from_utf8_lossy(&o.stderr)
     );
     let summary: Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(summary["unclear_cells"], 0, "{summary}");
+    assert_eq!(summary["unclear_cells"], 1, "{summary}");
     let rows = |out: &Path| {
         duckdb(&format!(
             "SELECT cell, strftime(window_start, '%Y-%m'), source_uri, item_id, datetime, \
@@ -165,8 +168,8 @@ fn median_of_clear_samples_in_physical_units() {
     let got = got.as_array().unwrap();
     assert_eq!(
         got.len(),
-        12,
-        "four cells in each of three windows: {got:?}"
+        15,
+        "four cells a window, less Q4's cloudy one: {got:?}"
     );
     let (col0, row0) = ((ORIGIN.0 / 640.0) as i64, -(ORIGIN.1 / 640.0) as i64);
     let top_left = format!("EPSG:32633/10/64/{col0}/{row0}");
@@ -174,6 +177,7 @@ fn median_of_clear_samples_in_physical_units() {
         "2024-01" => "2024-01-01T00:00:00Z/2024-04-01T00:00:00Z",
         "2024-04" => "2024-04-01T00:00:00Z/2024-07-01T00:00:00Z",
         "2024-07" => "2024-07-01T00:00:00Z/2024-10-01T00:00:00Z",
+        "2024-10" => "2024-10-01T00:00:00Z/2025-01-01T00:00:00Z",
         other => panic!("no window {other}"),
     };
     for r in got {
@@ -202,6 +206,7 @@ fn median_of_clear_samples_in_physical_units() {
         );
         assert_eq!(r[7].as_f64(), Some(1.0), "{r}");
         assert!(r[14].is_string() && r[15] == "EPSG:32633", "{r}");
+        assert!(!(window == "2024-10" && cell == top_left), "all cloud: {r}");
         let scenes = r[5].as_i64().unwrap();
         let expected = match window {
             "2024-04" if cell == top_left => 3,
