@@ -372,3 +372,77 @@ fn an_acquisition_that_fails_is_one_error_and_the_cells_keep_their_rows() {
     // Its pixels, not its header: a read of the walk failed.
     assert_eq!(errors[0][1], "decode", "{errors:?}");
 }
+
+#[test]
+fn a_window_reads_no_more_bytes_than_its_scenes_one_by_one() {
+    // 512² scenes in 256² tiles, one cropped 64 pixels east and 32 south: its
+    // tiles and cells fall differently, and cells of both share tiles.
+    let tmp = tempfile::tempdir().unwrap();
+    let p = tmp.path();
+    let full = clear_copy(&make_scene(&p.join("a"), 512, ORIGIN, 7), &p.join("full"));
+    let cropped = SceneFiles {
+        dir: p.join("cropped"),
+        size: 448,
+        origin: (ORIGIN.0 + 640.0, ORIGIN.1 - 320.0),
+    };
+    std::fs::create_dir_all(&cropped.dir).unwrap();
+    let crop = |name: &str, win: [u32; 4]| {
+        let w = win.map(|v| v.to_string());
+        let mut args = vec![
+            "-of",
+            "COG",
+            "-co",
+            "BLOCKSIZE=256",
+            "-co",
+            "OVERVIEWS=NONE",
+        ];
+        args.extend(["-srcwin", &w[0], &w[1], &w[2], &w[3]]);
+        gdal_translate(&args, &full.path(name), &cropped.path(name));
+    };
+    for b in BANDS {
+        crop(b, [64, 32, 448, 448]);
+    }
+    crop("SCL.tif", [32, 16, 224, 224]);
+    let mk = |id: &str, t: &str, s: &SceneFiles| {
+        let dir = s.dir.clone();
+        let href = move |n: &str| format!("file://{}", dir.join(n).display());
+        item(s, id, "s2", t, json!(0), ItemStyle::V11Offset, &href)
+    };
+    let items = vec![
+        mk("full", "2024-02-01T10:00:00Z", &full),
+        mk("cropped", "2024-03-01T10:00:00Z", &cropped),
+    ];
+    let coll = p.join("s2.json");
+    std::fs::write(&coll, collection("s2").to_string()).unwrap();
+    let items_file = p.join("items.json");
+    stac::write_feature_collection(&items_file, &items);
+    let server = StacServer::start(&[&coll, &items_file]);
+
+    let bytes = |o: std::process::Output| {
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let s: Value = serde_json::from_slice(&o.stdout).unwrap();
+        s["bytes_read"].as_u64().unwrap()
+    };
+    let mut cmd = run_cmd(Path::new(&server.url()), &p.join("alone"), &tiny_model());
+    cmd.args(["--json", "--chip-size", "64", "--scale", "0:0.255"])
+        .args(["--cloud-mask", "SCL", "--align", "crs"])
+        .args(["--datetime", "2024-01-01/2024-12-31"]);
+    let alone = bytes(run_timeout(&mut cmd, LIMIT));
+    for composite in ["median", "best"] {
+        let window = bytes(windowed(
+            &server.url(),
+            &p.join(composite),
+            composite,
+            "0:0.255",
+        ));
+        assert!(
+            window > 0 && window <= alone,
+            "{composite}: {window} bytes, {alone} one by one"
+        );
+    }
+}
