@@ -316,7 +316,10 @@ pub struct WindowArgs {
     /// With `--windows`: how a window's acquisitions of a cell become its
     /// row. `best` (the default): the chip of the clearest acquisition
     /// (lowest `cloud_fraction`, then highest `valid_fraction`, then the
-    /// latest). `median` is not built yet.
+    /// latest). `median`: per pixel and band, the median of the clear, valid
+    /// samples of the window's acquisitions in physical units (the mean of
+    /// the two middle ones for an even count); needs a fixed `--scale`
+    /// (`MIN:MAX` or `none`).
     #[arg(long, env = "RSEMBED_COMPOSITE")]
     pub composite: Option<rsembed_schemas::window::Composite>,
     /// With `--windows`: acquisitions kept per window and block of cells

@@ -125,7 +125,7 @@ fn windows_are_refused_without_an_interval_on_scene_alignment_and_on_other_input
                 "--composite",
                 "median",
             ][..],
-            "not built yet",
+            "needs a fixed --scale",
         ),
         (&["--max-scenes", "3"][..], "need --windows"),
     ] {

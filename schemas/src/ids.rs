@@ -87,6 +87,25 @@ pub fn chip_id(
         .hex128()
 }
 
+/// The `chip_id` of a composite's row (`--composite median`): first 128
+/// bits of SHA-256 over (cell, window start, window end, composite, tiling
+/// fingerprint), in a domain of its own, so it never equals a scene chip's.
+pub fn composite_chip_id(
+    cell: &str,
+    window_start: i64,
+    window_end: i64,
+    composite: &str,
+    tiling_fingerprint: &str,
+) -> String {
+    IdHasher::new("rsembed.chip.composite.v1")
+        .str(cell)
+        .i64(window_start)
+        .i64(window_end)
+        .str(composite)
+        .str(tiling_fingerprint)
+        .hex128()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +123,25 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_eq!(a, chip_id("file:///a.png", Some("1-2"), W, "t"));
+    }
+
+    #[test]
+    fn a_composite_chip_id_depends_on_every_field_and_is_no_scene_chips() {
+        let cell = "EPSG:32633/10/64/938/-7814";
+        let base = composite_chip_id(cell, 1, 2, "median", "t");
+        assert_eq!(base.len(), 32);
+        assert_eq!(base, composite_chip_id(cell, 1, 2, "median", "t"));
+        for other in [
+            composite_chip_id("EPSG:32633/10/64/939/-7814", 1, 2, "median", "t"),
+            composite_chip_id(cell, 0, 2, "median", "t"),
+            composite_chip_id(cell, 1, 3, "median", "t"),
+            composite_chip_id(cell, 1, 2, "mean", "t"),
+            composite_chip_id(cell, 1, 2, "median", "u"),
+        ] {
+            assert_ne!(base, other);
+        }
+        let uri = format!("rsembed:median/{cell}/x");
+        assert_ne!(base, chip_id(&uri, None, W, "t"), "its own domain");
     }
 
     #[test]

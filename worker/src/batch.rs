@@ -171,12 +171,21 @@ impl TaskRunner {
                 .enumerate()
                 .map(|(i, p)| CellRow {
                     chip: ChipRow {
-                        stac: StacColumns::of(&p.input, p.cloud_fraction),
-                        chip_id: chip_id(
-                            &p.input.uri,
-                            p.input.version.as_deref(),
-                            p.window,
-                            tiling_fp,
+                        // A composite's row is named by its own identity.
+                        stac: p.identity.as_ref().map_or_else(
+                            || StacColumns::of(&p.input, p.cloud_fraction),
+                            |id| id.stac.clone(),
+                        ),
+                        chip_id: p.identity.as_ref().map_or_else(
+                            || {
+                                chip_id(
+                                    &p.input.uri,
+                                    p.input.version.as_deref(),
+                                    p.window,
+                                    tiling_fp,
+                                )
+                            },
+                            |id| id.chip_id.clone(),
                         ),
                         source_uri: p.input.uri,
                         source_version: p.input.version,

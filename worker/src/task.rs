@@ -33,6 +33,12 @@
 //! `3·H·W·4` bytes (768 KiB at 256²). `--tasks-in-flight T` tasks hold
 //! `T·(5·B + D)` at most; the engine's own copies (padding a piece to its
 //! bucket) come on top, one piece at a time.
+//!
+//! A window's task (`--windows`, `composite/`) sends one prepared chip per
+//! cell into the same channel, so the same bound holds for them; before
+//! preprocessing its walk holds what its composite reads of `D + 1` cells
+//! (a few 8-bit chips each for `best`, every covering acquisition's samples
+//! for `median`) and each open file's row of blocks (docs/time.md).
 
 use std::sync::Arc;
 
@@ -262,22 +268,33 @@ impl TaskRunner {
             decode_concurrency: self.decode_concurrency,
             tiff_limits: &self.tiff_limits,
         };
-        let producer = crate::input::spawn_readers(&readers, job, task.inputs.clone(), tx);
-
         let tiling_fp = job.file_meta.tiling.fingerprint();
-        // A window's task embeds each cell's clearest chip only.
-        let (embedded, chosen) = match task.window {
-            None => (self.batch_and_embed(rx, &tiling_fp).await, None),
-            Some(_) => {
-                let (ctx, crx) = mpsc::channel::<crate::input::Item>(self.batch_size.max(1) * 2);
-                let (e, c) = tokio::join!(
-                    self.batch_and_embed(crx, &tiling_fp),
-                    crate::composite::best_per_cell(rx, ctx)
-                );
-                (e, Some(c))
+        // A window's task is read cell by cell, and only each cell's
+        // composite goes on to the batcher (`crate::composite`).
+        let (embedded, read, chosen) = match task.window {
+            None => {
+                let producer = crate::input::spawn_readers(&readers, job, task.inputs.clone(), tx);
+                let embedded = self.batch_and_embed(rx, &tiling_fp).await;
+                let (rows, failures) = embedded?;
+                let read = producer
+                    .await
+                    .map_err(|e| Error::EngineGone(format!("input stage panicked: {e}")))?;
+                ((rows, failures), read, None)
+            }
+            Some(window) => {
+                let producer = crate::composite::spawn_window(&readers, job, task, window, tx);
+                let embedded = self.batch_and_embed(rx, &tiling_fp).await;
+                let (rows, failures) = embedded?;
+                let chosen = producer
+                    .await
+                    .map_err(|e| Error::EngineGone(format!("window stage panicked: {e}")))?;
+                let read = crate::input::ReadStats {
+                    cloudy_chips_dropped: chosen.cloudy_chips_dropped,
+                };
+                ((rows, failures), read, Some(chosen))
             }
         };
-        let (mut rows, mut failures) = embedded?;
+        let (mut rows, mut failures) = embedded;
         let unclear_cells = chosen.as_ref().map_or(0, |c| c.unclear_cells);
         if let (Some(w), Some(c)) = (task.window, &chosen) {
             for r in &mut rows {
@@ -292,9 +309,6 @@ impl TaskRunner {
                 );
             }
         }
-        let read = producer
-            .await
-            .map_err(|e| Error::EngineGone(format!("input stage panicked: {e}")))?;
         if read.cloudy_chips_dropped > 0 {
             self.counters.cloudy_dropped.fetch_add(
                 read.cloudy_chips_dropped,
@@ -344,6 +358,9 @@ impl TaskRunner {
         )?;
         let empty_inputs = match &chosen {
             None => empty_inputs(task, &rows, &failures),
+            // An acquisition of a block of cells that gives no chip in the
+            // block is normal (a split scene's collar block is too).
+            Some(_) if task.cells.is_some() => vec![],
             // An acquisition whose chips were all bettered is not empty.
             Some(c) => task
                 .inputs

@@ -247,9 +247,14 @@ pub fn window_spec(t: &TilingArgs) -> Result<(Option<WindowSpec>, Align)> {
         ));
     }
     let composite = w.composite.unwrap_or_default();
-    if composite == Composite::Median {
+    // A median mixes the samples of several scenes before scaling: only a
+    // scale that is one map for every scene gives them a common 8 bits.
+    if composite == Composite::Median && t.scale.parse::<ScaleSpec>() == Ok(ScaleSpec::Auto) {
         return Err(Error::Usage(
-            "--composite median is not built yet: use --composite best (the default)".into(),
+            "--composite median needs a fixed --scale (MIN:MAX, e.g. 0:0.3 in physical units, \
+             or none): --scale auto stretches each scene by its own percentiles, which have no \
+             common meaning across the acquisitions a median mixes"
+                .into(),
         ));
     }
     let max_scenes = w.max_scenes.unwrap_or(DEFAULT_MAX_SCENES);

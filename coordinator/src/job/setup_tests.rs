@@ -85,10 +85,20 @@ fn scene_alignment_median_and_stray_flags_are_refused() {
     flags.extend(["--align", "scene"]);
     let m = refused("submit", &flags);
     assert!(m.contains("--align crs"), "{m}");
-    let mut flags = QUARTERS.to_vec();
-    flags.extend(["--composite", "median"]);
-    let m = refused("run", &flags);
-    assert!(m.contains("not built yet"), "{m}");
+    // A median needs one fixed scale for every scene: `auto` (the default) is refused.
+    for scale in [&[][..], &["--scale", "auto"][..]] {
+        let mut flags = QUARTERS.to_vec();
+        flags.extend(["--composite", "median"]);
+        flags.extend(scale);
+        let m = refused("run", &flags);
+        assert!(m.contains("needs a fixed --scale"), "{m}");
+    }
+    for scale in ["0:3000", "none"] {
+        let mut flags = QUARTERS.to_vec();
+        flags.extend(["--composite", "median", "--scale", scale]);
+        let (w, _) = window_spec(&tiling_of("submit", &flags)).unwrap();
+        assert_eq!(w.unwrap().composite, Composite::Median, "{scale}");
+    }
     let mut flags = QUARTERS.to_vec();
     flags.extend(["--max-scenes", "0"]);
     assert!(refused("run", &flags).contains("--max-scenes must be positive"));

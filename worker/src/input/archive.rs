@@ -163,6 +163,7 @@ pub(crate) async fn produce_archive(
                                 pixels,
                                 cloud_fraction: None,
                                 cell: None,
+                                identity: None,
                                 queued: crate::metrics::global().queue_chips.hold(1),
                             }),
                         },

@@ -81,6 +81,7 @@ pub(super) async fn prepare(
             pixels,
             cloud_fraction: None,
             cell: None,
+            identity: None,
             queued: crate::metrics::global().queue_chips.hold(1),
         }),
         Ok(Err((stage, e))) => Err(input_error(&input, stage, e)),

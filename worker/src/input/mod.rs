@@ -35,7 +35,7 @@ pub use rsembed_raster::kind::InputKind;
 mod archive;
 pub mod chip;
 mod image;
-mod scene;
+pub(crate) mod scene;
 
 pub use chip::{ChipError, ChipReader};
 
@@ -63,9 +63,20 @@ pub(crate) struct Prepared {
     pub(crate) cell: Option<String>,
     /// The resized 8-bit image, HWC ([`crate::preprocess::Preprocessor::run`]).
     pub(crate) pixels: Vec<u8>,
+    /// A composite's row (`--composite median`), which is no chip of
+    /// `input`: its own `chip_id` and item columns. `None` for a scene's chip.
+    pub(crate) identity: Option<Box<RowIdentity>>,
     /// Counts the chip in [`metrics::names::QUEUE_CHIPS`] until it is sent to
     /// the engine (or dropped with its task).
     pub(crate) queued: Held<'static>,
+}
+
+/// What names a composite's row instead of its input.
+pub(crate) struct RowIdentity {
+    /// The row's `chip_id`.
+    pub(crate) chip_id: String,
+    /// Its item columns.
+    pub(crate) stac: rsembed_schemas::chip_file::rows::StacColumns,
 }
 
 /// What the readers of one task counted besides chips and error rows.
@@ -181,7 +192,7 @@ pub(crate) fn spawn_readers(
 /// a TIFF's) a whole image, embedded exactly as the same file in a folder is,
 /// with the item's columns. An asset the store cannot give goes the scene's
 /// way, which records the store's error.
-async fn item_kind(stores: &StoreCache, input: &TaskInput) -> InputKind {
+pub(crate) async fn item_kind(stores: &StoreCache, input: &TaskInput) -> InputKind {
     let Some(item) = input.item.as_deref() else {
         return InputKind::Scene;
     };

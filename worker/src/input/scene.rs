@@ -39,7 +39,7 @@ pub(crate) struct SceneContext {
     pub cloudy_dropped: AtomicU64,
 }
 
-type OpenError = (ErrorStage, Box<dyn std::error::Error + Send + Sync>);
+pub(crate) type OpenError = (ErrorStage, Box<dyn std::error::Error + Send + Sync>);
 
 /// What opening a scene needs: the part of [`SceneContext`] that a single
 /// chip's reader ([`crate::input::chip`]) shares with the task's, so both
@@ -53,7 +53,7 @@ pub(crate) struct Opener<'a> {
 }
 
 impl SceneContext {
-    fn opener(&self) -> Opener<'_> {
+    pub(crate) fn opener(&self) -> Opener<'_> {
         Opener {
             stores: &self.stores,
             counters: &self.counters,
@@ -196,6 +196,20 @@ pub(crate) async fn open_parts(ctx: &Opener<'_>, input: &TaskInput) -> Result<Sc
     .map_err(|e| (ErrorStage::Decode, Box::new(e) as _))
 }
 
+/// Opens a task input's scene: one file, or several (band files, a STAC
+/// item's assets, its mask). An item the planner found unreadable is its
+/// fetch error, not read.
+pub(crate) async fn open_input(ctx: &Opener<'_>, input: &TaskInput) -> Result<Scene, OpenError> {
+    if let Some(reason) = input.item.as_ref().and_then(|i| i.error.clone()) {
+        return Err((ErrorStage::Fetch, Box::new(std::io::Error::other(reason))));
+    }
+    if input.parts.is_empty() && input.item.is_none() {
+        open_single(ctx, input).await
+    } else {
+        open_parts(ctx, input).await
+    }
+}
+
 /// Reads every chip of a scene into `tx`; a failure becomes one error row for
 /// the input, after the chips read before it.
 pub(crate) async fn produce_scene(
@@ -203,21 +217,7 @@ pub(crate) async fn produce_scene(
     input: TaskInput,
     tx: mpsc::Sender<Item>,
 ) {
-    if let Some(reason) = input.item.as_ref().and_then(|i| i.error.clone()) {
-        // The planner found the item unreadable (an asset it lacks): it is
-        // reported, not read.
-        let e = std::io::Error::other(reason);
-        let _ = tx
-            .send(Err(input_error(&input, ErrorStage::Fetch, e)))
-            .await;
-        return;
-    }
-    let opened = if input.parts.is_empty() && input.item.is_none() {
-        open_single(&ctx.opener(), &input).await
-    } else {
-        open_parts(&ctx.opener(), &input).await
-    };
-    match opened {
+    match open_input(&ctx.opener(), &input).await {
         Ok(scene) => emit_chips(&ctx, &scene, &input, tx).await,
         Err((stage, e)) => {
             let _ = tx.send(Err(input_error(&input, stage, e))).await;
@@ -277,18 +277,9 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
                 continue;
             }
         }
-        let pre = ctx.pre.clone();
-        let rgb = chip.rgb;
-        let pixels = match tokio::task::spawn_blocking(move || pre.run(&rgb)).await {
-            Ok(Ok(p)) => p,
-            Ok(Err(e)) => {
-                let _ = tx
-                    .send(Err(input_error(input, ErrorStage::Preprocess, e)))
-                    .await;
-                return;
-            }
-            Err(join) => {
-                let e = std::io::Error::other(format!("preprocess panicked: {join}"));
+        let pixels = match preprocess(&ctx.pre, chip.rgb).await {
+            Ok(p) => p,
+            Err(e) => {
                 let _ = tx
                     .send(Err(input_error(input, ErrorStage::Preprocess, e)))
                     .await;
@@ -305,10 +296,26 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
             pixels,
             cloud_fraction: chip.cloud_fraction,
             cell: chip.cell,
+            identity: None,
             queued: crate::metrics::global().queue_chips.hold(1),
         });
         if tx.send(item).await.is_err() {
             return;
         }
+    }
+}
+
+/// The resized 8-bit image the model takes, on the blocking pool.
+pub(crate) async fn preprocess(
+    pre: &Arc<Preprocessor>,
+    rgb: rsembed_raster::pixels::Rgb8,
+) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
+    let pre = pre.clone();
+    match tokio::task::spawn_blocking(move || pre.run(&rgb)).await {
+        Ok(Ok(p)) => Ok(p),
+        Ok(Err(e)) => Err(Box::new(e)),
+        Err(join) => Err(Box::new(std::io::Error::other(format!(
+            "preprocess panicked: {join}"
+        )))),
     }
 }

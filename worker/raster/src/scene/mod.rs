@@ -12,6 +12,7 @@
 
 mod plan;
 mod read;
+mod samples;
 
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ mod tests_parts;
 use crate::tiff::{RangeRead, TiffError, TiffFile};
 
 pub use plan::{plan_band_grid, plan_grid, planned_layout};
+pub use samples::SampleChip;
 
 /// An object already in memory (a tar member), read through the same
 /// interface as storage, so it gives exactly what the stored file gives.
@@ -187,6 +189,13 @@ pub struct SceneChip {
     pub cell: Option<String>,
 }
 
+/// Where a chip lies: what [`Scene::place`] gives.
+struct Place {
+    footprint: Option<Footprint>,
+    centre: Option<[f64; 2]>,
+    cell: Option<String>,
+}
+
 /// One file of a scene and the channels it provides.
 struct Source {
     tiff: TiffFile,
@@ -220,6 +229,8 @@ pub struct Scene {
     pub lattice: Option<Lattice>,
     /// Source CRS label (`EPSG:32618`), when known.
     pub crs_label: Option<String>,
+    /// Per channel, the physical units of its stored numbers (empty: none).
+    units: Vec<Option<Units>>,
     /// `stretch` as 16-bit lookup tables (192 KiB), for 16-bit sources.
     u16_luts: std::sync::OnceLock<[Box<[u8; 65536]>; 3]>,
 }
@@ -244,6 +255,20 @@ impl Scene {
         }
     }
 
+    /// Lets every file of the scene forget the blocks wholly above scene
+    /// row `y` ([`TiffFile::forget_rows_above`]): a walk north to south
+    /// that has passed them.
+    pub fn forget_rows_above(&self, y: i64) {
+        for s in &self.sources {
+            s.tiff
+                .forget_rows_above(y.div_euclid(i64::from(s.factor.max(1))));
+        }
+        if let Some(m) = &self.mask {
+            m.tiff
+                .forget_rows_above(y.div_euclid(i64::from(m.factor.max(1))));
+        }
+    }
+
     /// Reads one chip; `None` when its valid fraction is below `min_valid`
     /// (or it has no valid pixel when `min_valid` is `None`).
     pub async fn chip(
@@ -265,6 +290,21 @@ impl Scene {
             Some(m) => self.cloud_count(m, window, &w.valid).await?.fraction(),
             None => None,
         };
+        let place = self.place(window);
+        Ok(Some(SceneChip {
+            window,
+            valid_fraction,
+            crs: self.crs_label.clone(),
+            footprint: place.footprint,
+            centre: place.centre,
+            rgb: self.to_rgb8(&w),
+            cloud_fraction,
+            cell: place.cell,
+        }))
+    }
+
+    /// Where a chip of `window` lies: its footprint, centre and cell.
+    fn place(&self, window: Window) -> Place {
         let (cw, ch) = (f64::from(window.width), f64::from(window.height));
         // On a lattice, through the lattice's affine from the chip's lattice
         // pixel: a cell's footprint is the same from every scene.
@@ -283,16 +323,11 @@ impl Scene {
             .geo
             .as_ref()
             .and_then(|(gt, _, p)| p.centre(lattice_gt.as_ref().unwrap_or(gt), x, y, cw, ch));
-        Ok(Some(SceneChip {
-            window,
-            valid_fraction,
-            crs: self.crs_label.clone(),
+        Place {
             footprint,
             centre,
-            rgb: self.to_rgb8(&w),
-            cloud_fraction,
             cell: self.lattice.as_ref().map(|l| l.cell(window).to_string()),
-        }))
+        }
     }
 }
 

@@ -260,6 +260,7 @@ impl Scene {
             grid,
             lattice,
             crs_label,
+            units: extras.units.clone(),
             u16_luts: std::sync::OnceLock::new(),
         };
         scene.stretch = match scale {

@@ -135,7 +135,7 @@ fn fill_rgb<T: Copy>(
 
 /// Where each pixel of a scene window falls in a window of a grid `factor`
 /// times coarser (nearest neighbour: the coarse pixel that contains it).
-struct CoarseMap {
+pub(super) struct CoarseMap {
     win: Window,
     factor: i64,
     /// The coarse window's origin and width.
@@ -147,7 +147,7 @@ struct CoarseMap {
 impl CoarseMap {
     /// Calls `f(i, k)` for every pixel of the scene window, row-major: `i`
     /// its index in the window, `k` the index of its coarse pixel.
-    fn for_each(&self, mut f: impl FnMut(usize, usize)) {
+    pub(super) fn for_each(&self, mut f: impl FnMut(usize, usize)) {
         let (w, h) = (i64::from(self.win.width), i64::from(self.win.height));
         let mut i = 0;
         for j in 0..h {
@@ -164,7 +164,7 @@ impl CoarseMap {
 /// Reads the part of `tiff` (`bands`, on a grid `factor` times coarser than
 /// the scene's) under the scene window `win`, with the map from the scene
 /// window's pixels to it.
-async fn read_coarse(
+pub(super) async fn read_coarse(
     tiff: &TiffFile,
     bands: &[usize],
     factor: u32,

@@ -416,3 +416,78 @@ fn a_mask_off_the_scene_grid_is_an_error() {
         );
     }
 }
+
+/// A chip's samples through the scene's own stretch, pixel by pixel.
+fn samples_to_rgb(scene: &Scene, s: &SampleChip) -> Vec<u8> {
+    let n = s.valid.len();
+    (0..n)
+        .flat_map(|i| {
+            (0..3).map(move |c| {
+                if s.valid[i] {
+                    scene.to_u8(c, f64::from(s.values[c * n + i]))
+                } else {
+                    0
+                }
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn samples_are_stored_numbers_that_give_the_chips_bytes() {
+    let mut after = parts(
+        (0..3)
+            .map(|b| part(&format!("B{b}"), u16_file(&[b], |v| 10 * v + 1000), &[]))
+            .collect(),
+    );
+    after.units = vec![units(1e-4, -0.1); 3];
+    let scene = open(after, ScaleSpec::Range(0.0, 0.255)).unwrap();
+    for w in scene.windows(None) {
+        let chip = futures::executor::block_on(scene.chip(w, None))
+            .unwrap()
+            .unwrap();
+        let s = futures::executor::block_on(scene.sample_chip(w, None))
+            .unwrap()
+            .unwrap();
+        assert_eq!(samples_to_rgb(&scene, &s), chip.rgb.data, "{w:?}");
+        assert_eq!(
+            (s.valid_fraction, s.cloud_fraction, &s.cell, &s.footprint),
+            (
+                chip.valid_fraction,
+                chip.cloud_fraction,
+                &chip.cell,
+                &chip.footprint
+            )
+        );
+        assert_eq!(s.clear, s.valid, "no mask: every valid pixel is clear");
+        // Physical units: DN 10·v + 1000 is reflectance v/1000.
+        let dn = f64::from(s.values[0]);
+        let physical = scene.physical(0, dn);
+        assert!((physical - (dn - 1000.0) / 10_000.0).abs() < 1e-12);
+        assert!((scene.stored(0, physical) - dn).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn samples_mark_clear_pixels_by_the_mask() {
+    // QA_PIXEL on the scene grid: cloud (bit 3) on the left half of row 0.
+    let mut qa = vec![0u16; (W * H) as usize];
+    qa[..8].fill(1 << 3);
+    let scene = open(
+        with_mask(MaskKind::QaPixel, mask_file(W, H, qa, Some(UTM))),
+        ScaleSpec::None,
+    )
+    .unwrap();
+    let w = scene.windows(None)[0];
+    let chip = futures::executor::block_on(scene.chip(w, None))
+        .unwrap()
+        .unwrap();
+    let s = futures::executor::block_on(scene.sample_chip(w, None))
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.cloud_fraction, chip.cloud_fraction);
+    // The chip's top-left 4×4 is nodata: of row 0's cloud, x 4..8 is valid.
+    let cleared: Vec<usize> = (0..64).filter(|&i| s.valid[i] && !s.clear[i]).collect();
+    assert_eq!(cleared, [4, 5, 6, 7]);
+    assert!(s.clear.iter().zip(&s.valid).all(|(c, v)| !c || *v));
+}

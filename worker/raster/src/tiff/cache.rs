@@ -76,6 +76,26 @@ impl BlockCache {
     }
 }
 
+impl BlockCache {
+    /// Drops the blocks `done` says no later read needs.
+    pub(crate) fn forget(&self, done: impl Fn(&Key) -> bool) {
+        let mut g = self
+            .inner
+            .lock()
+            .expect("block cache lock poisoned: this is a bug");
+        let Inner { map, order, bytes } = &mut *g;
+        order.retain(|k| {
+            if !done(k) {
+                return true;
+            }
+            if let Some(Some(v)) = map.remove(k) {
+                *bytes -= v.len();
+            }
+            false
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +115,19 @@ mod tests {
         );
         c.put((0, false, 4), Some(Arc::new(vec![0; 11])));
         assert!(c.get(&(0, false, 4)).is_none(), "too large to keep");
+    }
+
+    #[test]
+    fn forgotten_blocks_free_their_room() {
+        let c = BlockCache::new(10);
+        c.put((0, false, 1), Some(Arc::new(vec![0; 5])));
+        c.put((0, false, 2), Some(Arc::new(vec![0; 5])));
+        c.forget(|k| k.2 == 1);
+        assert!(c.get(&(0, false, 1)).is_none());
+        c.put((0, false, 3), Some(Arc::new(vec![0; 5])));
+        assert!(
+            c.get(&(0, false, 2)).is_some() && c.get(&(0, false, 3)).is_some(),
+            "the forgotten block's room is free: nothing else was evicted"
+        );
     }
 }

@@ -326,6 +326,28 @@ impl TiffFile {
         self.masks[0].is_some()
     }
 
+    /// Forgets the decoded blocks of the main image (and its mask) that lie
+    /// wholly above row `y`: a reader that walks the image north to south
+    /// (a window's cells, `rsembed_worker`'s composites) never reads them
+    /// again, and they need not hold the cache's memory until it is full.
+    pub fn forget_rows_above(&self, y: i64) {
+        let Ok(y) = u64::try_from(y) else {
+            return;
+        };
+        self.cache.forget(|&(level, mask, index)| {
+            let l = match (level, mask) {
+                (0, false) => &self.levels[0],
+                (0, true) => match &self.masks[0] {
+                    Some(m) => m,
+                    None => return false,
+                },
+                _ => return false,
+            };
+            let by = (index as u64 % (l.across * l.down).max(1)) / l.across.max(1);
+            (by + 1) * u64::from(l.info.block_height) <= y
+        });
+    }
+
     /// Reads the window [x, x+w) × [y, y+h) of `level` (0 = full resolution, i = overviews()[i-1]) for the 0-based `bands`.
     ///
     /// Pixels outside the raster are padding: value 0.0 and valid = false. Only

@@ -227,6 +227,42 @@ fn only_intersecting_tiles_are_fetched() {
 }
 
 #[test]
+fn a_walk_north_to_south_forgets_blocks_above_it_at_no_extra_read() {
+    use std::sync::atomic::Ordering::Relaxed;
+    // 45x37 in 16x16 tiles, read in 10x10 windows row by row: once keeping
+    // every block, once forgetting those above each new row of windows.
+    let walk = |forget: bool| {
+        let r = MemReader::new(fixture("u8_lzw_tp.tif"));
+        // No prefetch: the whole small file would be in it.
+        let limits = TiffLimits {
+            prefetch_bytes: 0,
+            ..TiffLimits::default()
+        };
+        let f = block_on(TiffFile::open(r.clone(), limits)).unwrap();
+        let before = r.bytes.load(Relaxed);
+        let mut windows = Vec::new();
+        for y in (0..37).step_by(10) {
+            if forget {
+                f.forget_rows_above(y);
+            }
+            for x in (0..45).step_by(10) {
+                windows.push(block_on(f.read_window(0, x, y, 10, 10, &[0, 1, 2])).unwrap());
+            }
+        }
+        let walked = r.bytes.load(Relaxed) - before;
+        // The first row of tiles again: read anew only if it was forgotten.
+        block_on(f.read_window(0, 0, 0, 10, 10, &[0, 1, 2])).unwrap();
+        (windows, walked, r.bytes.load(Relaxed) - before - walked)
+    };
+    let (kept, kept_bytes, kept_again) = walk(false);
+    let (forgot, forgot_bytes, forgot_again) = walk(true);
+    assert_eq!(kept, forgot, "the same pixels");
+    assert_eq!(kept_bytes, forgot_bytes, "no block is read twice");
+    assert_eq!(kept_again, 0);
+    assert!(forgot_again > 0, "the top row of tiles was forgotten");
+}
+
+#[test]
 fn geo_tags_are_read() {
     let f = open_bytes(fixture("u8_none_tp.tif")).unwrap();
     let g = f.geo_tags();
