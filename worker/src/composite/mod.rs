@@ -137,7 +137,8 @@ pub(crate) fn spawn_window(
         async move {
             let mut chosen = Chosen::default();
             let mut failed: HashSet<usize> = HashSet::new();
-            let (acquisitions, errors) = open_all(&ctx, &task.inputs, conc).await;
+            let (acquisitions, errors) =
+                open_all(&ctx, &task.inputs, conc, task.cells.is_some()).await;
             for (k, e) in errors {
                 failed.insert(k);
                 if tx.send(Err(e)).await.is_err() {
@@ -236,16 +237,27 @@ fn forget_rows_above(walk: &Walk, cell: &Cell) {
 }
 
 /// Opens every acquisition, `conc` at once: the opened ones by input index,
-/// and the error rows of those that could not be.
+/// and the error rows of those that could not be. In a task of one block of
+/// cells (`block`), an acquisition must lie where its item says.
 async fn open_all(
     ctx: &Arc<SceneContext>,
     inputs: &[TaskInput],
     conc: usize,
+    block: bool,
 ) -> (Vec<Option<Acquisition>>, Vec<(usize, ErrorRow)>) {
     let opened: Vec<Result<Acquisition, ErrorRow>> = futures::stream::iter(inputs.to_vec())
         .map(|input| {
             let ctx = ctx.clone();
-            async move { open_one(&ctx, input).await }
+            async move {
+                let a = open_one(&ctx, input).await?;
+                match block.then(|| misplaced(&a)).flatten() {
+                    Some(why) => {
+                        let e = std::io::Error::other(why);
+                        Err(input_error(&a.input, ErrorStage::Decode, e))
+                    }
+                    None => Ok(a),
+                }
+            }
         })
         .buffered(conc)
         .collect()
@@ -281,6 +293,35 @@ async fn open_one(ctx: &SceneContext, input: TaskInput) -> Result<Acquisition, E
         }
         Err((stage, e)) => Err(input_error(&input, stage, e)),
     }
+}
+
+/// Why an acquisition is not where its item's `proj:transform` and
+/// `proj:code` put it, when it is not. The planner gave it to the tasks of
+/// the blocks its item overlaps: cut from elsewhere, its cells in other
+/// blocks would be lost and those it does cut here would be another place's.
+fn misplaced(a: &Acquisition) -> Option<String> {
+    let proj = a.input.item.as_deref()?.proj?;
+    let file = a.scene.lattice.as_ref()?;
+    let said = Lattice::of_scene(
+        Some(&rsembed_raster::geo::GeoTransform(proj.transform)),
+        Some(&rsembed_raster::geo::Crs::Epsg(proj.epsg)),
+        file.chip,
+        file.stride,
+    );
+    let same = said.as_ref().is_ok_and(|l| {
+        l.epsg == file.epsg
+            && (l.res - file.res).abs() <= file.res * 1e-9
+            && (l.col0, l.row0) == (file.col0, file.row0)
+    });
+    (!same).then(|| {
+        format!(
+            "--windows: the item places the scene at EPSG:{} {:?} (proj:code, proj:transform), \
+             but its file is at EPSG:{}, lattice pixel ({}, {}) of {} units: the planner split \
+             the window by the item's place, so the scene is left out rather than cut into \
+             another block's cells",
+            proj.epsg, proj.transform, file.epsg, file.col0, file.row0, file.res
+        )
+    })
 }
 
 /// The cells the acquisitions cover (those of `block` when the task is one
