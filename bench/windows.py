@@ -19,6 +19,8 @@ output, --reps times after one warm-up of each:
 
 - window:   run --windows P3M --datetime 2024-01-01/2024-12-31 (one row per
             quarter and cell, `--composite best`);
+- window in blocks: the same with --task-chips (default 16: blocks of 4 x 4
+            cells, tasks a fraction of a scene, to show what block edges cost);
 - one by one: run --align crs --datetime 2024-01-01/2024-12-31 (every chip of
             every acquisition, each scene on its own, as without windows).
 
@@ -119,11 +121,13 @@ def make_items(root, size, scenes):
     return f
 
 
-def run(items, out, windows):
+def run(items, out, windows, task_chips=None):
     cmd = [str(BIN), "run", "--input", str(items), "--output", str(out), "--model", str(MODEL),
            "--datetime", "2024-01-01/2024-12-31", "--assets", "red,green,blue", "--cloud-mask", "scl",
            "--scale", "0:0.3", "--json"]
     cmd += ["--windows", "P3M"] if windows else ["--align", "crs"]
+    if task_chips:
+        cmd += ["--task-chips", str(task_chips)]
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True)
@@ -139,6 +143,8 @@ def main():
     ap.add_argument("--size", type=int, default=1536)
     ap.add_argument("--scenes", type=int, default=12)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--block-cells", type=int, default=16,
+                    help="a third job: the window job in blocks of about this many cells (--task-chips)")
     a = ap.parse_args()
     if not BIN.exists():
         sys.exit(f"build it first: cargo build --release -p rsembed-coordinator --bin rsembed ({BIN})")
@@ -146,10 +152,12 @@ def main():
         root = Path(tmp)
         items = make_items(root, a.size, a.scenes)
         on_disk = sum(f.stat().st_size for f in root.rglob("*.tif"))
-        results = {"window": [], "one_by_one": []}
+        blocks = f"window_blocks_{a.block_cells}"
+        results = {"window": [], blocks: [], "one_by_one": []}
         for rep in range(a.reps + 1):
-            for name, windows in (("window", True), ("one_by_one", False)):
-                r = run(items, root / f"out-{name}", windows)
+            for name, windows, tc in (("window", True, None), (blocks, True, a.block_cells),
+                                      ("one_by_one", False, None)):
+                r = run(items, root / f"out-{name}", windows, tc)
                 if rep > 0:
                     results[name].append(r)
         med = {k: statistics.median(w for w, *_ in v) for k, v in results.items()}
@@ -157,12 +165,14 @@ def main():
         print(f"{a.scenes} acquisitions of {a.size}² px (every other cropped), {on_disk / 2**20:.1f} MiB of COGs")
         print("| job | wall (median of %d) | bytes read | chips embedded | unclear cells |" % a.reps)
         print("| --- | ---: | ---: | ---: | ---: |")
-        for k in ("window", "one_by_one"):
+        for k in ("window", blocks, "one_by_one"):
             _, b, c, u = results[k][0]
             lo, hi = rng[k]
             print(f"| {k} | {med[k]:.2f} s ({lo:.2f}–{hi:.2f}) | {b / 2**20:.2f} MiB | {c} | {u} |")
         bw, bo = results["window"][0][1], results["one_by_one"][0][1]
         print(f"window ÷ one by one: time {med['window'] / med['one_by_one']:.3f}, bytes read {bw / bo:.4f}")
+        bb = results[blocks][0][1]
+        print(f"{blocks} ÷ one by one: time {med[blocks] / med['one_by_one']:.3f}, bytes read {bb / bo:.4f}")
         if bw > bo:
             sys.exit("the window job read more bytes than the one-by-one job")
 

@@ -228,17 +228,38 @@ fn cell_key(west: bool, b: [f64; 4], cell: f64) -> Key {
 /// The extent of a task's rows.
 pub fn of_rows<R: AsChipRow>(rows: &[R]) -> FileExtent {
     let mut b = ExtentBuilder::default();
-    for r in rows {
-        let r = r.chip();
+    for row in rows {
+        let r = row.chip();
+        let window = row
+            .cells()
+            .and_then(|c| Some((c.window_start?, c.window_end?)));
+        let (t, end) = row_time(r.stac.datetime, r.stac.end_datetime, window);
         b.add(
             &r.source_uri,
             r.footprint.as_ref().map(|f| f.bbox),
-            r.stac.datetime,
-            r.stac.end_datetime,
+            t,
+            end,
             r.stac.item_id.as_deref(),
         );
     }
     b.finish()
+}
+
+/// A row's time range for the extent: its acquisition's, or, for a
+/// composite of a window's acquisitions (a median row has no one
+/// acquisition), its window's, whose end is exclusive: the last microsecond
+/// before it. Without this a median task's file, and its STAC item, would
+/// have no date.
+fn row_time(
+    datetime: Option<i64>,
+    end: Option<i64>,
+    window: Option<(i64, i64)>,
+) -> (Option<i64>, Option<i64>) {
+    match (datetime, window) {
+        (Some(t), _) => (Some(t), end),
+        (None, Some((a, b))) => (Some(a), Some(b.saturating_sub(1).max(a))),
+        (None, None) => (None, None),
+    }
 }
 
 /// The footer entry that records `extent` ([`EXTENT_KEY`]).

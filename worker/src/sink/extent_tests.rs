@@ -277,3 +277,13 @@ fn the_footer_entry_round_trips_and_a_bad_one_is_none() {
     let json = serde_json::to_string(&e).unwrap();
     assert!(json.len() < 400, "{} bytes: {json}", json.len());
 }
+
+#[test]
+fn a_composite_row_is_dated_by_its_window() {
+    // A scene's chip: its acquisition, whatever its window.
+    assert_eq!(row_time(Some(5), None, Some((0, 10))), (Some(5), None));
+    assert_eq!(row_time(Some(5), Some(7), None), (Some(5), Some(7)));
+    // A median row: its window, the end exclusive.
+    assert_eq!(row_time(None, None, Some((0, 10))), (Some(0), Some(9)));
+    assert_eq!(row_time(None, None, None), (None, None));
+}
