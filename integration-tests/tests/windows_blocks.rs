@@ -8,6 +8,8 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rsembed_integration_tests::cluster::{finalize, wait_finished, Worker};
+use rsembed_integration_tests::nats::NatsServer;
 use rsembed_integration_tests::rasters::gdal_translate;
 use rsembed_integration_tests::stac::{collection, StacServer};
 use rsembed_integration_tests::stac_scenes::{item, make_scene, ItemStyle, SceneFiles};
@@ -168,6 +170,49 @@ fn one_cell_blocks_give_the_rows_of_the_whole_window() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(chip_files(&blocks), 8);
     assert_eq!(rows(&blocks), a);
+
+    // Distributed: submit plans the same blocks, two workers share them,
+    // and the rows are those of the embedded run.
+    let nats = NatsServer::start();
+    let dist = tmp.path().join("dist");
+    let mut c = rsembed();
+    c.args([
+        "submit",
+        "--nats",
+        &nats.url(),
+        "--input",
+        &placed.url(),
+        "--output",
+    ])
+    .arg(&dist)
+    .arg("--model")
+    .arg(tiny_model())
+    .args(["--json", "--chip-size", "64", "--scale", "0:0.255"])
+    .args(["--assets", "red,green,blue", "--cloud-mask", "scl"])
+    .args(["--windows", "P3M", "--datetime", "2024-01-01/2024-12-31"])
+    .args(["--task-chips", "1"]);
+    let o = run_timeout(&mut c, LIMIT);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let submitted: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(submitted["tasks"], 8, "{submitted}");
+    let workers = [
+        Worker::start(&nats.url(), "w0", &[], &[]),
+        Worker::start(&nats.url(), "w1", &[], &[]),
+    ];
+    let st = wait_finished(&nats.url(), &dist, LIMIT);
+    assert_eq!(
+        (st["done"].as_u64(), st["failed"].as_u64()),
+        (Some(8), Some(0)),
+        "{st}"
+    );
+    assert_eq!(
+        st["unclear_cells"], 2,
+        "the clouded cell, each quarter: {st}"
+    );
+    drop(workers);
+    let (code, report) = finalize(&nats.url(), &dist);
+    assert_eq!(code, Some(0), "finalize: {report}");
+    assert_eq!(rows(&dist), a);
 }
 
 #[test]

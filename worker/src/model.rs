@@ -196,6 +196,14 @@ impl ModelDir {
                 ),
             )
         };
+        // The wrapper ends in the float graph's own nodes: a float entry
+        // naming another output describes a graph it does not wrap.
+        if u8g.output != float.output {
+            return Err(stale(&format!(
+                "output than the float entry's `{}` (it gives `{}`)",
+                float.output, u8g.output
+            )));
+        }
         let (wrapped, _) = sha256_file(&self.graph_path(float)?)?;
         if wrapped != u8g.wraps_sha256 {
             return Err(stale(&format!("{} than this one", float.file)));

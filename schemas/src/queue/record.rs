@@ -41,7 +41,7 @@ pub struct DoneRecord {
     /// Seconds the task took on the worker.
     pub seconds: f32,
     /// A window task's cells with no clear pixel: stored after the rest, in
-    /// [`RECORD_FORMAT_WINDOW`] only.
+    /// `RECORD_FORMAT_WINDOW` only.
     #[serde(skip)]
     pub unclear_cells: u64,
 }
@@ -176,7 +176,7 @@ impl DoneRecord {
     }
 
     /// The stored bytes: [`RECORD_FORMAT`], then the record; or
-    /// [`RECORD_FORMAT_WINDOW`], the record and its unclear cells.
+    /// `RECORD_FORMAT_WINDOW`, the record and its unclear cells.
     pub fn encode(&self) -> Vec<u8> {
         let window = self.unclear_cells > 0;
         let mut out = vec![if window {
