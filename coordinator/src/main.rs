@@ -336,7 +336,7 @@ async fn plan_cmd(args: PlanArgs) -> anyhow::Result<ExitCode> {
         println!("rsembed plan: {}", input.url);
         if let Some(w) = v.get("windows") {
             println!(
-                "  {:<15}{} of {}, composite {}, at most {} acquisitions a window; \
+                "  {:<15}{} of {}, composite {}, at most {} acquisitions a block of cells; \
                  {} items outside every window",
                 "windows",
                 w["windows"].as_array().map_or(0, Vec::len),

@@ -1,19 +1,16 @@
 //! `--composite best`: of a window's acquisitions, each cell's chip comes
-//! from the clearest one. A cell's chips are read one acquisition after
-//! another (`decode_concurrency` at once), and a worse one is dropped as
-//! soon as it is read, so a cell holds a few 8-bit chips at most and only
-//! its chosen chip is preprocessed and embedded.
+//! from the clearest one. A cell's chips are read (`decode_concurrency` at
+//! once) as 8-bit chips, 192 KiB each at 256 pixels, and only the chosen one
+//! is preprocessed and embedded.
 
 use std::cmp::Ordering as Order;
 use std::sync::Arc;
-
-use futures::StreamExt;
 
 use rsembed_raster::scene::SceneChip;
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::task::TaskInput;
 
-use super::{CellJob, CellOutcome, Walk};
+use super::{read_chips, CellJob, CellOutcome, Walk};
 use crate::input::scene::preprocess;
 use crate::input::{input_error, Prepared};
 
@@ -58,52 +55,21 @@ pub(super) struct Read {
     best: Option<(usize, SceneChip)>,
 }
 
-/// Reads the cell's chip of each acquisition that covers it (`walk.conc`
-/// at once) and keeps the clearest.
+/// Reads the cell's chip of each acquisition that covers it and keeps the
+/// clearest.
 pub(super) async fn read(walk: Arc<Walk>, job: CellJob) -> Read {
     let mut out = CellOutcome::default();
+    let chips = read_chips(&walk, job.members, &mut out, |s, w, m| {
+        Box::pin(s.chip(w, m))
+    })
+    .await;
+    out.scenes = chips.len() as i32;
+    let input = |k: usize| &walk.acquisitions[k].as_ref().expect("read").input;
     let mut best: Option<(usize, SceneChip)> = None;
-    let mut chips = futures::stream::iter(job.members)
-        .map(|(k, w)| {
-            let walk = walk.clone();
-            async move {
-                let Some(a) = &walk.acquisitions[k] else {
-                    return (k, Ok(None));
-                };
-                (k, a.scene.chip(w, walk.ctx.tiling.min_valid).await)
-            }
-        })
-        .buffered(walk.conc);
-    while let Some((k, chip)) = chips.next().await {
-        let Some(a) = &walk.acquisitions[k] else {
-            continue;
-        };
-        let chip = match chip {
-            Ok(Some(c)) => c,
-            Ok(None) => continue,
-            Err(e) => {
-                // The cell is chosen among the others (see docs/time.md).
-                out.errors
-                    .push((k, input_error(&a.input, ErrorStage::Decode, e)));
-                continue;
-            }
-        };
-        if let (Some(max), Some(cloud)) = (walk.ctx.tiling.max_cloud, chip.cloud_fraction) {
-            if cloud > max {
-                out.cloudy += 1;
-                crate::metrics::global().cloudy_chips_dropped.inc_by(1);
-                continue;
-            }
-        }
-        out.scenes += 1;
-        out.with_chips.push(k);
-        let replace = match &best {
-            None => true,
-            Some((h, held)) => {
-                let held_input = &walk.acquisitions[*h].as_ref().expect("held").input;
-                Rank::of(&chip, &a.input).better(&Rank::of(held, held_input))
-            }
-        };
+    for (k, chip) in chips {
+        let replace = best
+            .as_ref()
+            .is_none_or(|(h, held)| Rank::of(&chip, input(k)).better(&Rank::of(held, input(*h))));
         if replace {
             best = Some((k, chip));
         }

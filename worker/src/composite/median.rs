@@ -12,7 +12,6 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use rsembed_raster::pixels::Rgb8;
 use rsembed_raster::scene::SampleChip;
 use rsembed_schemas::chip::ErrorStage;
@@ -20,7 +19,7 @@ use rsembed_schemas::chip_file::rows::StacColumns;
 use rsembed_schemas::ids::{composite_chip_id, Window};
 use rsembed_schemas::task::TaskInput;
 
-use super::{CellJob, CellOutcome, Walk};
+use super::{read_chips, CellJob, CellOutcome, Walk};
 use crate::input::scene::preprocess;
 use crate::input::{input_error, Prepared, RowIdentity};
 
@@ -160,45 +159,14 @@ pub(super) struct Read {
     chips: Vec<(usize, SampleChip)>,
 }
 
-/// Reads the cell's samples of each acquisition that covers it
-/// (`walk.conc` at once), in acquisition order.
+/// Reads the cell's samples of each acquisition that covers it, in
+/// acquisition order.
 pub(super) async fn read(walk: Arc<Walk>, job: CellJob) -> Read {
     let mut out = CellOutcome::default();
-    let mut chips: Vec<(usize, SampleChip)> = Vec::new();
-    let mut reads = futures::stream::iter(job.members.clone())
-        .map(|(k, w)| {
-            let walk = walk.clone();
-            async move {
-                let Some(a) = &walk.acquisitions[k] else {
-                    return (k, Ok(None));
-                };
-                (k, a.scene.sample_chip(w, walk.ctx.tiling.min_valid).await)
-            }
-        })
-        .buffered(walk.conc);
-    while let Some((k, chip)) = reads.next().await {
-        let Some(a) = &walk.acquisitions[k] else {
-            continue;
-        };
-        let chip = match chip {
-            Ok(Some(c)) => c,
-            Ok(None) => continue,
-            Err(e) => {
-                out.errors
-                    .push((k, input_error(&a.input, ErrorStage::Decode, e)));
-                continue;
-            }
-        };
-        if let (Some(max), Some(cloud)) = (walk.ctx.tiling.max_cloud, chip.cloud_fraction) {
-            if cloud > max {
-                out.cloudy += 1;
-                crate::metrics::global().cloudy_chips_dropped.inc_by(1);
-                continue;
-            }
-        }
-        out.with_chips.push(k);
-        chips.push((k, chip));
-    }
+    let chips = read_chips(&walk, job.members.clone(), &mut out, |s, w, m| {
+        Box::pin(s.sample_chip(w, m))
+    })
+    .await;
     Read { job, out, chips }
 }
 

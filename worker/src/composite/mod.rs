@@ -14,8 +14,8 @@
 //! often. The composites (a median's arithmetic, the preprocessing) run
 //! `decode_concurrency` at once behind the reads.
 //!
-//! Memory: best holds a few 8-bit chips a cell, median the samples of every
-//! acquisition that covers it (f32 per band and pixel), for the cell being
+//! Memory: best holds the 8-bit chip of every acquisition that covers a
+//! cell, median its samples (f32 per band and pixel), for the cell being
 //! read and the `decode_concurrency` being composed; the open scenes keep
 //! their headers and block caches, which forget the blocks above each new
 //! row of cells (about a row of blocks a file). Nothing grows with the
@@ -88,6 +88,85 @@ pub(crate) struct CellOutcome {
     pub(crate) errors: Vec<(usize, ErrorRow)>,
     /// Chips over `--max-cloud`.
     pub(crate) cloudy: u64,
+}
+
+/// A chip of one acquisition as a composite reads it.
+pub(crate) trait CellChip: Send + 'static {
+    /// What `--max-cloud` checks.
+    fn cloud_fraction(&self) -> Option<f32>;
+}
+
+impl CellChip for rsembed_raster::scene::SceneChip {
+    fn cloud_fraction(&self) -> Option<f32> {
+        self.cloud_fraction
+    }
+}
+
+impl CellChip for rsembed_raster::scene::SampleChip {
+    fn cloud_fraction(&self) -> Option<f32> {
+        self.cloud_fraction
+    }
+}
+
+/// How a composite reads one acquisition's chip of a cell: `Scene::chip` or
+/// `Scene::sample_chip`, given the window and `--min-valid`.
+pub(crate) type ChipRead<T> = for<'a> fn(
+    &'a Scene,
+    Window,
+    Option<f32>,
+) -> futures::future::BoxFuture<
+    'a,
+    Result<Option<T>, rsembed_raster::scene::SceneError>,
+>;
+
+/// Reads a cell's chip of each acquisition in `members` (`walk.conc` at
+/// once), in acquisition order. A chip below `--min-valid` is none, one over
+/// `--max-cloud` is counted and left out, and a failed read is its
+/// acquisition's error row: the cell is composed of the others (see
+/// docs/time.md).
+pub(crate) async fn read_chips<T: CellChip>(
+    walk: &Arc<Walk>,
+    members: Vec<(usize, Window)>,
+    out: &mut CellOutcome,
+    read: ChipRead<T>,
+) -> Vec<(usize, T)> {
+    let mut reads = futures::stream::iter(members)
+        .map(|(k, w)| {
+            let walk = walk.clone();
+            async move {
+                let Some(a) = &walk.acquisitions[k] else {
+                    return (k, Ok(None));
+                };
+                (k, read(&a.scene, w, walk.ctx.tiling.min_valid).await)
+            }
+        })
+        .buffered(walk.conc);
+    let mut chips = Vec::new();
+    while let Some((k, chip)) = reads.next().await {
+        let Some(a) = &walk.acquisitions[k] else {
+            continue;
+        };
+        let chip = match chip {
+            Ok(Some(c)) => c,
+            Ok(None) => continue,
+            Err(e) => {
+                out.errors
+                    .push((k, input_error(&a.input, ErrorStage::Decode, e)));
+                continue;
+            }
+        };
+        let max = walk.ctx.tiling.max_cloud;
+        if let (Some(max), Some(cloud)) = (max, chip.cloud_fraction()) {
+            if cloud > max {
+                out.cloudy += 1;
+                crate::metrics::global().cloudy_chips_dropped.inc_by(1);
+                continue;
+            }
+        }
+        out.with_chips.push(k);
+        chips.push((k, chip));
+    }
+    chips
 }
 
 /// What a cell's composite needs besides its cell.

@@ -277,15 +277,9 @@ impl Scene {
         min_valid: Option<f32>,
     ) -> Result<Option<SceneChip>, SceneError> {
         let w = self.read(window).await?;
-        let valid = w.valid.iter().filter(|v| **v).count();
-        let valid_fraction = valid as f32 / w.valid.len().max(1) as f32;
-        let keep = match min_valid {
-            Some(m) => valid > 0 && valid_fraction >= m,
-            None => valid > 0,
-        };
-        if !keep {
+        let Some(valid_fraction) = kept(&w.valid, min_valid) else {
             return Ok(None);
-        }
+        };
         let cloud_fraction = match &self.mask {
             Some(m) => self.cloud_count(m, window, &w.valid).await?.fraction(),
             None => None,
@@ -329,6 +323,15 @@ impl Scene {
             cell: self.lattice.as_ref().map(|l| l.cell(window).to_string()),
         }
     }
+}
+
+/// The share of valid pixels of a chip whose validity is `valid`, when the
+/// chip is kept: it has a valid pixel, and at least `min_valid` of them.
+pub(crate) fn kept(valid: &[bool], min_valid: Option<f32>) -> Option<f32> {
+    let n = valid.iter().filter(|v| **v).count();
+    let fraction = n as f32 / valid.len().max(1) as f32;
+    let keep = n > 0 && min_valid.is_none_or(|m| fraction >= m);
+    keep.then_some(fraction)
 }
 
 #[cfg(test)]

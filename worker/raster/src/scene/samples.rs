@@ -49,15 +49,9 @@ impl Scene {
         min_valid: Option<f32>,
     ) -> Result<Option<SampleChip>, SceneError> {
         let w = self.read(window).await?;
-        let valid = w.valid.iter().filter(|v| **v).count();
-        let valid_fraction = valid as f32 / w.valid.len().max(1) as f32;
-        let keep = match min_valid {
-            Some(m) => valid > 0 && valid_fraction >= m,
-            None => valid > 0,
-        };
-        if !keep {
+        let Some(valid_fraction) = super::kept(&w.valid, min_valid) else {
             return Ok(None);
-        }
+        };
         let (clear, cloud_fraction) = match &self.mask {
             Some(m) => {
                 let (clear, count) = self.clear_pixels(m, window, &w.valid).await?;
