@@ -21,28 +21,29 @@ pub(super) fn scene_proj<'a>(
     grid: [u32; 2],
 ) -> Option<ItemProj> {
     let props = &item.properties.additional_fields;
+    let is_grid =
+        |m: &Map<String, Value>| shape(m) == Some(Some((u64::from(grid[1]), u64::from(grid[0]))));
     // The asset that gives the grid is the one whose transform is the grid's.
     let on_grid = assets
         .into_iter()
         .map(|a| &a.additional_fields)
-        .find(|m| shape(m) == Some(grid) && m.contains_key("proj:transform"));
+        .find(|m| is_grid(m) && m.contains_key("proj:transform"));
     let (transform, epsg) = match on_grid {
         Some(m) => (transform(m)?, epsg(m).or_else(|| epsg(props))?),
-        None if shape(props).is_none_or(|s| s == grid) => (transform(props)?, epsg(props)?),
+        None if shape(props).is_none() || is_grid(props) => (transform(props)?, epsg(props)?),
         None => return None,
     };
     Some(ItemProj { epsg, transform })
 }
 
-/// `proj:shape` [rows, columns] as (width, height).
-fn shape(m: &Map<String, Value>) -> Option<[u32; 2]> {
-    match m.get("proj:shape")?.as_array()?.as_slice() {
-        [h, w] => Some([
-            u32::try_from(w.as_u64()?).ok()?,
-            u32::try_from(h.as_u64()?).ok()?,
-        ]),
+/// `proj:shape` of `m` as (rows, columns): `None` without one, `Some(None)`
+/// when it is not two whole numbers.
+pub(super) fn shape(m: &Map<String, Value>) -> Option<Option<(u64, u64)>> {
+    let v = m.get("proj:shape")?;
+    Some(v.as_array().and_then(|a| match a.as_slice() {
+        [h, w] => Some((h.as_u64()?, w.as_u64()?)),
         _ => None,
-    }
+    }))
 }
 
 /// `proj:code` `EPSG:<n>`, else `proj:epsg` `<n>`.

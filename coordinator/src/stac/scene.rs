@@ -321,19 +321,17 @@ fn scene_shape(
     max_pixels: u64,
 ) -> Result<Option<[u32; 2]>, String> {
     let shape_of = |m: &Map<String, Value>| -> Option<Result<[u32; 2], String>> {
-        let v = m.get("proj:shape")?;
-        let parsed = v.as_array().and_then(|a| match a.as_slice() {
-            [h, w] => Some((h.as_u64()?, w.as_u64()?)),
-            _ => None,
-        });
-        Some(match parsed {
+        Some(match super::proj::shape(m)? {
             Some((h, w)) if h > 0 && w > 0 && h.saturating_mul(w) <= max_pixels => {
                 Ok([w as u32, h as u32])
             }
             Some((h, w)) if h > 0 && w > 0 => Err(format!(
                 "proj:shape {h}x{w} is larger than the reader's {max_pixels} pixels"
             )),
-            _ => Err(format!("proj:shape {v} is not [rows, columns]")),
+            _ => Err(format!(
+                "proj:shape {} is not [rows, columns]",
+                m["proj:shape"]
+            )),
         })
     };
     let mut best: Option<[u32; 2]> = None;

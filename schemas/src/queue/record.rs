@@ -22,7 +22,7 @@ pub const RECORD_FORMAT: u8 = 1;
 /// The first byte of a record that counts a window task's unclear cells:
 /// format 1's bytes, then the count. Only such a record is written in it, so
 /// every other job's records stay readable by a coordinator before it.
-pub const RECORD_FORMAT_WINDOW: u8 = 2;
+const RECORD_FORMAT_WINDOW: u8 = 2;
 
 /// Coordinates on the outline grid of 10⁻⁷ degrees.
 const PER_DEGREE: f64 = 1e7;
@@ -248,10 +248,6 @@ fn ms_rfc3339(ms: i64) -> String {
         .unwrap_or_default()
 }
 
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
 /// Width of a rate bucket, ms.
 const BUCKET_MS: i64 = 10_000;
 /// The rate covers the tasks that finished in the last this many ms of
@@ -276,7 +272,7 @@ pub struct JobTotals {
     /// Inputs that gave neither a chip nor an error row.
     pub inputs_without_chips: u64,
     /// A windowed job's cells with no clear pixel in their window.
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "super::is_zero")]
     pub unclear_cells: u64,
     /// Chips finished per 10 s, over the last five minutes of
     /// finishing: the rate, in bounded space.

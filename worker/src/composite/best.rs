@@ -11,8 +11,8 @@ use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::task::TaskInput;
 
 use super::{read_chips, CellJob, CellOutcome, Walk};
-use crate::input::scene::preprocess;
-use crate::input::{input_error, Prepared};
+use crate::input::input_error;
+use crate::input::scene::prepared;
 
 /// What ranks a chip among a cell's candidates.
 #[derive(Debug, Clone, Copy)]
@@ -98,22 +98,8 @@ pub(super) async fn finish(walk: &Walk, read: Read) -> (String, CellOutcome) {
         return (name, out);
     }
     let input = &walk.acquisitions[k].as_ref().expect("chosen").input;
-    match preprocess(&walk.ctx.pre, chip.rgb).await {
-        Ok(pixels) => {
-            out.row = Some(Prepared {
-                input: input.clone(),
-                window: chip.window,
-                valid_fraction: chip.valid_fraction,
-                crs: chip.crs,
-                footprint: chip.footprint,
-                centre: chip.centre,
-                cloud_fraction: chip.cloud_fraction,
-                cell: chip.cell,
-                pixels,
-                identity: None,
-                queued: crate::metrics::global().queue_chips.hold(1),
-            })
-        }
+    match prepared(&walk.ctx.pre, input, chip).await {
+        Ok(p) => out.row = Some(p),
         Err(e) => out
             .errors
             .push((k, input_error(input, ErrorStage::Preprocess, e))),

@@ -8,7 +8,9 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use object_store::ObjectStoreExt;
 use rsembed_raster::scale::{ScaleSpec, StretchCache};
-use rsembed_raster::scene::{MemRange, Scene, SceneMask, ScenePart, SceneParts, StretchMemo};
+use rsembed_raster::scene::{
+    MemRange, Scene, SceneChip, SceneMask, ScenePart, SceneParts, StretchMemo,
+};
 use rsembed_raster::tiff::TiffLimits;
 use rsembed_schemas::chip::ErrorStage;
 use rsembed_schemas::job::TilingSpec;
@@ -277,8 +279,8 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
                 continue;
             }
         }
-        let pixels = match preprocess(&ctx.pre, chip.rgb).await {
-            Ok(p) => p,
+        let item = match prepared(&ctx.pre, input, chip).await {
+            Ok(p) => Ok(p),
             Err(e) => {
                 let _ = tx
                     .send(Err(input_error(input, ErrorStage::Preprocess, e)))
@@ -286,23 +288,33 @@ async fn emit_chips(ctx: &SceneContext, scene: &Scene, input: &TaskInput, tx: mp
                 return;
             }
         };
-        let item = Ok(Prepared {
-            input: input.clone(),
-            window: chip.window,
-            valid_fraction: chip.valid_fraction,
-            crs: chip.crs,
-            footprint: chip.footprint,
-            centre: chip.centre,
-            pixels,
-            cloud_fraction: chip.cloud_fraction,
-            cell: chip.cell,
-            identity: None,
-            queued: crate::metrics::global().queue_chips.hold(1),
-        });
         if tx.send(item).await.is_err() {
             return;
         }
     }
+}
+
+/// A scene's chip of `input` ready for the model: its image preprocessed
+/// (on the blocking pool), its place and fractions as the chip has them.
+pub(crate) async fn prepared(
+    pre: &Arc<Preprocessor>,
+    input: &TaskInput,
+    chip: SceneChip,
+) -> Result<Prepared, Box<dyn std::error::Error + Send + Sync>> {
+    let pixels = preprocess(pre, chip.rgb).await?;
+    Ok(Prepared {
+        input: input.clone(),
+        window: chip.window,
+        valid_fraction: chip.valid_fraction,
+        crs: chip.crs,
+        footprint: chip.footprint,
+        centre: chip.centre,
+        pixels,
+        cloud_fraction: chip.cloud_fraction,
+        cell: chip.cell,
+        identity: None,
+        queued: crate::metrics::global().queue_chips.hold(1),
+    })
 }
 
 /// The resized 8-bit image the model takes, on the blocking pool.
